@@ -1,0 +1,238 @@
+//! Diagnostics: user mistakes are data.
+//!
+//! Every stage pushes into a [`Diagnostics`] collection and goes on; nothing stops at the
+//! first error. [`Diagnostics::sorted`] orders them by location and code so output is
+//! deterministic whatever the order of files, documents or passes. The same renderer
+//! serves the CLI and the snapshot tests.
+
+use crate::source::{SourceMap, Span};
+use serde::Serialize;
+use std::fmt::Write;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Error,
+    Warning,
+    Note,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+            Severity::Note => "note",
+        }
+    }
+}
+
+/// A secondary location, e.g. the other definition of a duplicate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Related {
+    pub span: Span,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub severity: Severity,
+    /// Stable code such as `SVC101`; documented in `compiler/src/codes.rs`.
+    pub code: &'static str,
+    pub message: String,
+    pub span: Option<Span>,
+    /// The field path inside the object, e.g. `spec.ports[0].nodePort`.
+    pub path: Option<String>,
+    /// What to do next.
+    pub hint: Option<String>,
+    pub related: Vec<Related>,
+}
+
+impl Diagnostic {
+    pub fn new(severity: Severity, code: &'static str, message: impl Into<String>) -> Self {
+        Diagnostic {
+            severity,
+            code,
+            message: message.into(),
+            span: None,
+            path: None,
+            hint: None,
+            related: Vec::new(),
+        }
+    }
+    pub fn error(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(Severity::Error, code, message)
+    }
+    pub fn warning(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(Severity::Warning, code, message)
+    }
+    pub fn note(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(Severity::Note, code, message)
+    }
+    pub fn at(mut self, span: Span) -> Self {
+        self.span = Some(span);
+        self
+    }
+    pub fn at_opt(mut self, span: Option<Span>) -> Self {
+        self.span = span.or(self.span);
+        self
+    }
+    pub fn path(mut self, path: impl Into<String>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+    pub fn related(mut self, span: Span, message: impl Into<String>) -> Self {
+        self.related.push(Related {
+            span,
+            message: message.into(),
+        });
+        self
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Diagnostics {
+    pub items: Vec<Diagnostic>,
+}
+
+impl Diagnostics {
+    pub fn push(&mut self, d: Diagnostic) {
+        self.items.push(d);
+    }
+    pub fn extend(&mut self, other: Diagnostics) {
+        self.items.extend(other.items);
+    }
+    pub fn has_errors(&self) -> bool {
+        self.count(Severity::Error) > 0
+    }
+    pub fn count(&self, sev: Severity) -> usize {
+        self.items.iter().filter(|d| d.severity == sev).count()
+    }
+    /// Sort by (file name, line, column, code, message) and drop exact duplicates.
+    pub fn sort(&mut self, sources: &SourceMap) {
+        let key = |d: &Diagnostic| {
+            (
+                d.span.map(|s| sources.name(s.file).to_string()),
+                d.span.map(|s| (s.line, s.col)),
+                d.code,
+                d.message.clone(),
+            )
+        };
+        self.items.sort_by_cached_key(key);
+        self.items.dedup();
+    }
+}
+
+/// Render like rustc: `error[SVC101]: message`, `--> file:line:col`, a code frame with a
+/// caret under the offending value, the field path and a hint.
+pub fn render_text(d: &Diagnostic, sources: &SourceMap) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}[{}]: {}", d.severity.as_str(), d.code, d.message);
+    if let Some(span) = d.span {
+        frame(&mut out, sources, span, None);
+    }
+    for r in &d.related {
+        frame(&mut out, sources, r.span, Some(&r.message));
+    }
+    if let Some(p) = &d.path {
+        let _ = writeln!(out, "   = field: {p}");
+    }
+    if let Some(h) = &d.hint {
+        let _ = writeln!(out, "   = help: {h}");
+    }
+    out
+}
+
+fn frame(out: &mut String, sources: &SourceMap, span: Span, label: Option<&str>) {
+    let _ = writeln!(out, "  --> {}", sources.location(span));
+    if let Some(text) = sources.line_text(span.file, span.line) {
+        let gutter = span.line.to_string();
+        let pad = " ".repeat(gutter.len());
+        let text = text.replace('\t', " ");
+        let chars = text.chars().count() as u32;
+        let start = span.col.saturating_sub(1).min(chars);
+        let len = span.len.clamp(1, (chars - start).max(1));
+        let _ = writeln!(out, "{pad} |");
+        let _ = writeln!(out, "{gutter} | {text}");
+        let _ = write!(
+            out,
+            "{pad} | {}{}",
+            " ".repeat(start as usize),
+            "^".repeat(len as usize)
+        );
+        match label {
+            Some(l) => {
+                let _ = writeln!(out, " {l}");
+            }
+            None => out.push('\n'),
+        }
+    } else if let Some(l) = label {
+        let _ = writeln!(out, "   = note: {l}");
+    }
+}
+
+/// Render all diagnostics plus a summary line, as the CLI prints them.
+pub fn render_all(diags: &Diagnostics, sources: &SourceMap) -> String {
+    let mut out = String::new();
+    for d in &diags.items {
+        out.push_str(&render_text(d, sources));
+        out.push('\n');
+    }
+    let (e, w) = (
+        diags.count(Severity::Error),
+        diags.count(Severity::Warning),
+    );
+    if e + w > 0 {
+        let _ = writeln!(out, "{e} error(s), {w} warning(s)");
+    }
+    out
+}
+
+/// The JSON form of one diagnostic (`--format json`).
+#[derive(Serialize)]
+pub struct JsonDiagnostic<'a> {
+    pub severity: Severity,
+    pub code: &'a str,
+    pub message: &'a str,
+    pub file: Option<&'a str>,
+    pub line: Option<u32>,
+    pub column: Option<u32>,
+    pub path: Option<&'a str>,
+    pub hint: Option<&'a str>,
+    pub related: Vec<JsonRelated<'a>>,
+}
+
+#[derive(Serialize)]
+pub struct JsonRelated<'a> {
+    pub file: &'a str,
+    pub line: u32,
+    pub column: u32,
+    pub message: &'a str,
+}
+
+pub fn to_json<'a>(d: &'a Diagnostic, sources: &'a SourceMap) -> JsonDiagnostic<'a> {
+    JsonDiagnostic {
+        severity: d.severity,
+        code: d.code,
+        message: &d.message,
+        file: d.span.map(|s| sources.name(s.file)),
+        line: d.span.map(|s| s.line),
+        column: d.span.map(|s| s.col),
+        path: d.path.as_deref(),
+        hint: d.hint.as_deref(),
+        related: d
+            .related
+            .iter()
+            .map(|r| JsonRelated {
+                file: sources.name(r.span.file),
+                line: r.span.line,
+                column: r.span.col,
+                message: &r.message,
+            })
+            .collect(),
+    }
+}

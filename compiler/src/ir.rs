@@ -1,0 +1,391 @@
+//! The IR: plain data that every back end reads.
+//!
+//! Two levels:
+//! - [`Module`]: the cluster as the API server would hold it after validation, endpoint
+//!   resolution and allocation. Target- and node-independent.
+//! - [`NodeView`]: what one node's proxy programs for one IP family, produced by
+//!   `passes::node`. Every kube-proxy decision (endpoint sets after traffic policies,
+//!   topology and terminating fallback; masquerading; node-port addresses; REJECT/DROP)
+//!   is recorded here once.
+//!
+//! Architecture Invariant: back ends only read these types. They never look at the
+//! Kubernetes objects and never recompute a decision recorded here.
+//!
+//! Architecture Invariant: every `Vec` is sorted by a stable key (documented on the field),
+//! never by input order, so the same manifests in any file order give the same IR.
+//!
+//! Cross references are plain indices (`ServiceId`, indices into `NodeView::ports[..].endpoints`).
+
+use crate::net::{Cidr, IpFamily};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// Index into [`Module::services`].
+pub type ServiceId = u32;
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Module {
+    pub cluster: ClusterConfig,
+    pub proxy: ProxyConfig,
+    /// Sorted by (namespace, name).
+    pub services: Vec<Service>,
+    /// Sorted by name.
+    pub nodes: Vec<Node>,
+}
+
+/// What the API server decides: kube-apiserver's flags.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterConfig {
+    /// `--service-cluster-ip-range`: at most one per family, primary first.
+    pub service_cidrs: Vec<Cidr>,
+    /// `--service-node-port-range`, inclusive.
+    pub node_port_range: (u16, u16),
+    pub cluster_domain: String,
+}
+
+/// kube-proxy's KubeProxyConfiguration, with upstream defaults filled in.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyConfig {
+    /// `mode` as written (`iptables` when unset).
+    pub mode: String,
+    /// `clusterCIDR`, comma-separated in the config: at most one per family.
+    pub cluster_cidrs: Vec<Cidr>,
+    pub detect_local: DetectLocalMode,
+    pub masquerade_all: bool,
+    /// `iptables.masqueradeBit` (default 14). The mark is `1 << bit`.
+    pub masquerade_bit: u8,
+    /// `iptables.localhostNodePorts` (default true).
+    pub localhost_node_ports: bool,
+    /// `nodePortAddresses`: CIDRs, or the special value `primary`. Empty = all local addresses.
+    pub node_port_addresses: Vec<NodePortAddress>,
+    /// `ipvs.scheduler` (default `rr`).
+    pub ipvs_scheduler: String,
+    /// `conntrack.tcpBeLiberal` (0 when unset): kube-proxy leaves out the INVALID drop when set.
+    pub conntrack_tcp_be_liberal: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "mode", content = "value")]
+pub enum DetectLocalMode {
+    /// Nothing is local: no detector.
+    None,
+    /// By `clusterCIDR` (the default when clusterCIDR is set; `None` otherwise).
+    ClusterCIDR,
+    /// By the node's `spec.podCIDRs`.
+    NodeCIDR,
+    /// `detectLocal.bridgeInterface`.
+    BridgeInterface(String),
+    /// `detectLocal.interfaceNamePrefix`.
+    InterfaceNamePrefix(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum NodePortAddress {
+    Cidr(Cidr),
+    /// The node's primary IPs (one per family).
+    Primary,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum ServiceType {
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum TrafficPolicy {
+    Cluster,
+    Local,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Protocol {
+    TCP,
+    UDP,
+    SCTP,
+}
+
+impl Protocol {
+    /// Lower case, as iptables, nft and the chain-name hashes write it.
+    pub fn lower(self) -> &'static str {
+        match self {
+            Protocol::TCP => "tcp",
+            Protocol::UDP => "udp",
+            Protocol::SCTP => "sctp",
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::TCP => "TCP",
+            Protocol::UDP => "UDP",
+            Protocol::SCTP => "SCTP",
+        }
+    }
+    /// IANA protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::TCP => 6,
+            Protocol::UDP => 17,
+            Protocol::SCTP => 132,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Service {
+    pub namespace: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: ServiceType,
+    /// `clusterIP: None`.
+    pub headless: bool,
+    /// `spec.clusterIPs` after allocation, primary first. Empty for headless and
+    /// ExternalName services, and when `--no-allocate` left them unset.
+    pub cluster_ips: Vec<IpAddr>,
+    pub ip_families: Vec<IpFamily>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_name: Option<String>,
+    /// Sorted as written (kube-proxy keeps spec order; we sort for determinism).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip`, in status order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub load_balancer_ingress: Vec<LoadBalancerIngress>,
+    /// `spec.loadBalancerSourceRanges`, or the annotation
+    /// `service.beta.kubernetes.io/load-balancer-source-ranges` when the spec has none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub load_balancer_source_ranges: Vec<Cidr>,
+    pub external_traffic_policy: TrafficPolicy,
+    pub internal_traffic_policy: TrafficPolicy,
+    /// `Some(timeoutSeconds)` when sessionAffinity is ClientIP (default 10800).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_affinity_timeout: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_check_node_port: Option<u16>,
+    /// The deprecated `spec.topologyKeys` (seed 000), in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub topology_keys: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traffic_distribution: Option<String>,
+    /// In spec order (port order is part of the Service's identity for users).
+    pub ports: Vec<ServicePort>,
+    /// Field paths whose values svc-compile allocated (not written by the user),
+    /// e.g. `spec.clusterIPs[0]`, `spec.ports[1].nodePort`. Sorted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allocated: Vec<String>,
+}
+
+impl Service {
+    /// kube-proxy's `ExternallyAccessible`: LoadBalancer, NodePort, or any service with externalIPs.
+    pub fn externally_accessible(&self) -> bool {
+        matches!(self.kind, ServiceType::NodePort | ServiceType::LoadBalancer)
+            || !self.external_ips.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerIngress {
+    pub ip: IpAddr,
+    /// `ipMode: Proxy`: the load balancer proxies, so kube-proxy does not capture the IP.
+    pub proxy_mode: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    /// Empty when the port has no name.
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<u16>,
+    pub target_port: TargetPort,
+    /// Sorted by the string `ip:port` (kube-proxy's order); deduplicated with a
+    /// non-terminating endpoint winning over a terminating one.
+    pub endpoints: Vec<Endpoint>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum TargetPort {
+    Number(u16),
+    Name(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    /// `hints.forZones[].name`, sorted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hint_zones: Vec<String>,
+    /// `hints.forNodes[].name`, sorted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hint_nodes: Vec<String>,
+    /// Where it came from: `EndpointSlice ns/name`, `Endpoints ns/name` (mirrored) or `Pod ns/name`.
+    pub source: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Node {
+    pub name: String,
+    /// `status.addresses` of type InternalIP then ExternalIP, each in status order.
+    pub addresses: Vec<IpAddr>,
+    pub labels: BTreeMap<String, String>,
+    pub pod_cidrs: Vec<Cidr>,
+}
+
+impl Node {
+    /// `topology.kubernetes.io/zone`.
+    pub fn zone(&self) -> Option<&str> {
+        self.labels
+            .get("topology.kubernetes.io/zone")
+            .map(String::as_str)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-node view
+// ---------------------------------------------------------------------------------------
+
+/// What one node programs for one family. Produced by `passes::node::node_view`.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub node_name: String,
+    pub family: IpFamily,
+    /// The node's IPs of this family, primary first.
+    pub node_ips: Vec<IpAddr>,
+    /// `1 << masqueradeBit`.
+    pub masquerade_mark: u32,
+    pub masquerade_all: bool,
+    /// How "traffic from a local pod" is recognised; `None` = no detector.
+    pub local_detector: Option<LocalDetector>,
+    /// Where NodePorts are accepted.
+    pub node_port_addresses: NodePortAddresses,
+    /// Effective localhostNodePorts (always false for IPv6).
+    pub localhost_node_ports: bool,
+    /// Whether the martian-packet rule (filter KUBE-FIREWALL) is written.
+    pub martian_rule: bool,
+    /// kube-proxy's large-cluster mode (more than 1000 endpoints on this family).
+    pub large_cluster: bool,
+    /// Drop INVALID conntrack state in KUBE-FORWARD (false with conntrack.tcpBeLiberal).
+    pub drop_invalid: bool,
+    /// The service CIDRs of this family (nftables' "unallocated ClusterIP" drop).
+    pub service_cidrs: Vec<Cidr>,
+    /// One entry per (service, port) that the proxy handles on this family, sorted by
+    /// (namespace, name, port name, protocol). Headless and ExternalName services are not here.
+    pub ports: Vec<PortView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "value")]
+pub enum LocalDetector {
+    /// Source inside this CIDR (clusterCIDR or the node's podCIDR).
+    Cidr(Cidr),
+    BridgeInterface(String),
+    InterfaceNamePrefix(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "ips")]
+pub enum NodePortAddresses {
+    /// Any local address (`-m addrtype --dst-type LOCAL`).
+    All,
+    /// Only these node IPs.
+    Ips(Vec<IpAddr>),
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortView {
+    pub service: ServiceId,
+    pub namespace: String,
+    pub name: String,
+    /// Empty when the port has no name.
+    pub port_name: String,
+    pub protocol: Protocol,
+    /// kube-proxy's ServicePortName string: `ns/name:port`, or `ns/name` for an unnamed port.
+    pub spn: String,
+    /// The cluster IP of this family; `None` when unallocated (`--no-allocate`).
+    pub cluster_ip: Option<IpAddr>,
+    pub port: u16,
+    pub node_port: Option<u16>,
+    /// This family's externalIPs, in spec order.
+    pub external_ips: Vec<IpAddr>,
+    /// This family's LoadBalancer ingress IPs that the proxy captures (ipMode VIP), in status order.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// This family's loadBalancerSourceRanges.
+    pub source_ranges: Vec<Cidr>,
+    /// Some source range contains a node IP (kube-proxy then also accepts `-s lbIP`).
+    pub source_ranges_include_node: bool,
+    pub health_check_node_port: Option<u16>,
+    pub affinity_timeout: Option<u32>,
+    pub externally_accessible: bool,
+    /// ITP=Local.
+    pub internal_local: bool,
+    /// ETP=Local on an externally accessible service.
+    pub external_local: bool,
+    /// Any endpoint anywhere is ready, or serving and terminating.
+    pub has_endpoints: bool,
+    /// Every endpoint of this family, sorted by the string `ip:port`; the sets below index it.
+    pub endpoints: Vec<EndpointView>,
+    /// Endpoints used for cluster-wide traffic (after topology and the terminating
+    /// fallback). Empty when nothing uses them. Indices into `endpoints`, ascending.
+    pub cluster_endpoints: Vec<u32>,
+    /// Endpoints used for node-local traffic. Empty when nothing uses them.
+    pub local_endpoints: Vec<u32>,
+    /// Why endpoints were filtered, for humans (`topologyKeys: zone`, `hints: zone a`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
+}
+
+impl PortView {
+    /// Endpoints some chain dispatches to (cluster ∪ local), ascending.
+    pub fn reachable_endpoints(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .cluster_endpoints
+            .iter()
+            .chain(&self.local_endpoints)
+            .copied()
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+    /// The internal (cluster IP) traffic uses the local set.
+    pub fn internal_uses_local(&self) -> bool {
+        self.internal_local
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointView {
+    pub ip: IpAddr,
+    pub port: u16,
+    /// `ip:port` (`[ip]:port` for IPv6).
+    pub addr: String,
+    /// On this node.
+    pub is_local: bool,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}

@@ -1,0 +1,172 @@
+//! Small address helpers: CIDRs and families, with the text forms Kubernetes uses.
+
+use serde::{Serialize, Serializer};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum IpFamily {
+    IPv4,
+    IPv6,
+}
+
+impl IpFamily {
+    pub fn of(ip: &IpAddr) -> IpFamily {
+        match ip {
+            IpAddr::V4(_) => IpFamily::IPv4,
+            IpAddr::V6(_) => IpFamily::IPv6,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpFamily::IPv4 => "IPv4",
+            IpFamily::IPv6 => "IPv6",
+        }
+    }
+    pub fn bits(self) -> u8 {
+        match self {
+            IpFamily::IPv4 => 32,
+            IpFamily::IPv6 => 128,
+        }
+    }
+}
+
+/// A network prefix such as `10.96.0.0/12`. The address is kept as written; use
+/// [`Cidr::network`] for the masked form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(&self.addr)
+    }
+    fn mask(&self) -> u128 {
+        let bits = self.family().bits() as u32;
+        let p = self.prefix as u32;
+        if p == 0 {
+            0
+        } else {
+            (!0u128 << (bits - p)) & width_mask(bits)
+        }
+    }
+    pub fn network(&self) -> Cidr {
+        Cidr {
+            addr: from_u128(to_u128(&self.addr) & self.mask(), self.family()),
+            prefix: self.prefix,
+        }
+    }
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        IpFamily::of(ip) == self.family()
+            && (to_u128(ip) & self.mask()) == (to_u128(&self.addr) & self.mask())
+    }
+    /// Number of addresses, saturating at u128::MAX.
+    pub fn size(&self) -> u128 {
+        let host_bits = (self.family().bits() - self.prefix) as u32;
+        if host_bits >= 128 {
+            u128::MAX
+        } else {
+            1u128 << host_bits
+        }
+    }
+    /// The `i`-th address of the prefix (0 = network address).
+    pub fn nth(&self, i: u128) -> IpAddr {
+        let base = to_u128(&self.network().addr);
+        from_u128(base.wrapping_add(i), self.family())
+    }
+    /// Offset of `ip` inside the prefix.
+    pub fn offset(&self, ip: &IpAddr) -> u128 {
+        to_u128(ip).wrapping_sub(to_u128(&self.network().addr))
+    }
+    pub fn is_host(&self) -> bool {
+        self.prefix == self.family().bits()
+    }
+}
+
+fn width_mask(bits: u32) -> u128 {
+    if bits >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << bits) - 1
+    }
+}
+
+pub fn to_u128(ip: &IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u32::from(*a) as u128,
+        IpAddr::V6(a) => u128::from(*a),
+    }
+}
+
+pub fn from_u128(v: u128, fam: IpFamily) -> IpAddr {
+    match fam {
+        IpFamily::IPv4 => IpAddr::V4(Ipv4Addr::from(v as u32)),
+        IpFamily::IPv6 => IpAddr::V6(Ipv6Addr::from(v)),
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Cidr, String> {
+        let (a, p) = s
+            .split_once('/')
+            .ok_or_else(|| format!("`{s}` is not a CIDR (expected ADDRESS/PREFIX)"))?;
+        let addr: IpAddr = parse_ip(a).ok_or_else(|| format!("`{a}` is not an IP address"))?;
+        let prefix: u8 = p
+            .parse()
+            .ok()
+            .filter(|p| *p <= IpFamily::of(&addr).bits())
+            .ok_or_else(|| format!("`{p}` is not a valid prefix length"))?;
+        Ok(Cidr { addr, prefix })
+    }
+}
+
+impl Serialize for Cidr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Parse an IP the way the API server's strict validation does: no leading zeros in IPv4
+/// octets, no zone suffix.
+pub fn parse_ip(s: &str) -> Option<IpAddr> {
+    if s.contains('%') {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// `ip:port`, with brackets for IPv6, as Go's `net.JoinHostPort` writes it.
+pub fn join_host_port(ip: &IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(a) => format!("{a}:{port}"),
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn cidr_contains_and_nth() {
+        let c: Cidr = "10.96.0.0/12".parse().unwrap();
+        assert!(c.contains(&"10.96.0.1".parse().unwrap()));
+        assert!(c.contains(&"10.111.255.255".parse().unwrap()));
+        assert!(!c.contains(&"10.112.0.0".parse().unwrap()));
+        assert_eq!(c.nth(1).to_string(), "10.96.0.1");
+        assert_eq!(c.size(), 1 << 20);
+        let v6: Cidr = "fd00:10:96::/112".parse().unwrap();
+        assert!(v6.contains(&"fd00:10:96::ffff".parse().unwrap()));
+        assert_eq!(v6.nth(10).to_string(), "fd00:10:96::a");
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+    }
+}

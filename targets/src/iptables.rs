@@ -1,0 +1,1 @@
+//! iptables-restore output at kube-proxy (iptables mode) parity.

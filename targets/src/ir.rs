@@ -1,0 +1,23 @@
+//! The `ir` target: the resolved IR as stable JSON.
+
+use svc_compiler::ir::{Module, NodeView};
+
+/// `--target ir`: the module, and the per-node views when a node was selected.
+pub fn write_string(module: &Module, views: &[NodeView]) -> String {
+    #[derive(serde::Serialize)]
+    struct Out<'a> {
+        #[serde(rename = "irVersion")]
+        ir_version: u32,
+        module: &'a Module,
+        #[serde(rename = "nodeViews", skip_serializing_if = "<[_]>::is_empty")]
+        node_views: &'a [NodeView],
+    }
+    let mut s = serde_json::to_string_pretty(&Out {
+        ir_version: 1,
+        module,
+        node_views: views,
+    })
+    .expect("IR serialises");
+    s.push('\n');
+    s
+}

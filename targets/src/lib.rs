@@ -1,0 +1,10 @@
+//! svc-compile back ends. Each module has the same small face: an `Options` struct and a
+//! `write_string` that turns IR into text. Nothing here does I/O.
+//!
+//! Architecture Invariant: targets read `ir::Module` / `ir::NodeView` and never recompute a
+//! decision a pass recorded there.
+
+pub mod common;
+pub mod ir;
+pub mod iptables;
+pub mod nftables;

@@ -1,0 +1,1 @@
+//! nftables output at kube-proxy (nftables mode) parity.
