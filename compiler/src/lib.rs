@@ -8,3 +8,4 @@ pub mod ir;
 pub mod net;
 pub mod passes;
 pub mod source;
+pub mod tree;
