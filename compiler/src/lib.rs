@@ -3,8 +3,10 @@
 //! Architecture Invariant: nothing in this crate touches the file system, runs a process
 //! or reads the environment. Inputs arrive as a [`source::SourceMap`]; outputs are data.
 
+pub mod decode;
 pub mod diag;
 pub mod ir;
+pub mod k8s;
 pub mod net;
 pub mod passes;
 pub mod source;

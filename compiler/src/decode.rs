@@ -1,0 +1,261 @@
+//! Reading typed values out of the located tree, with diagnostics for wrong types and
+//! unknown fields. Used by [`crate::k8s`].
+
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::source::Span;
+use crate::tree::{Entry, Node, Value};
+
+/// A value and where it was written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sp<T> {
+    pub v: T,
+    pub span: Span,
+}
+
+impl<T> Sp<T> {
+    pub fn new(v: T, span: Span) -> Self {
+        Sp { v, span }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IntOrString {
+    Int(i64),
+    Str(String),
+}
+
+pub struct Decoder<'d> {
+    pub diags: &'d mut Diagnostics,
+}
+
+/// The entries of one mapping, checked against the fields the kind knows.
+pub struct Fields<'a> {
+    entries: &'a [Entry],
+    pub span: Span,
+}
+
+impl<'a> Fields<'a> {
+    pub fn get(&self, key: &str) -> Option<&'a Node> {
+        self.entries
+            .iter()
+            .find(|e| e.key == key)
+            .map(|e| &e.value)
+            .filter(|n| n.value != Value::Null)
+    }
+    pub fn entries(&self) -> &'a [Entry] {
+        self.entries
+    }
+}
+
+pub fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn type_error(n: &Node, want: &str, path: &str) -> Diagnostic {
+    let found = n.kind_name();
+    let d = Diagnostic::error(
+        "SVC004",
+        format!("`{path}` must be {want}, found a {found}"),
+    )
+    .at(n.span)
+    .path(path);
+    match (&n.value, want) {
+        (Value::Scalar { plain: false, text }, w)
+            if w.contains("integer") && text.parse::<i64>().is_ok() =>
+        {
+            d.hint(format!("remove the quotes: `{text}`"))
+        }
+        _ => d,
+    }
+}
+
+impl Decoder<'_> {
+    /// A mapping with known fields; unknown ones are warnings (SVC003). `known` = `None`
+    /// accepts anything (server-owned status, free-form fields).
+    pub fn map<'a>(
+        &mut self,
+        n: &'a Node,
+        path: &str,
+        what: &str,
+        known: Option<&[&str]>,
+    ) -> Option<Fields<'a>> {
+        let Value::Map(entries) = &n.value else {
+            if n.value != Value::Null {
+                self.diags.push(type_error(n, "a mapping", path));
+            }
+            return None;
+        };
+        if let Some(known) = known {
+            for e in entries {
+                if !known.contains(&e.key.as_str()) {
+                    let mut d = Diagnostic::warning(
+                        "SVC003",
+                        format!("unknown field `{}` in {what}", e.key),
+                    )
+                    .at(e.key_span)
+                    .path(join(path, &e.key));
+                    if let Some(s) = closest(&e.key, known) {
+                        d = d.hint(format!("did you mean `{s}`?"));
+                    } else {
+                        d = d.hint(
+                            "the API server would drop this field; remove it or check the spelling",
+                        );
+                    }
+                    self.diags.push(d);
+                }
+            }
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for e in entries {
+            if seen.contains(&e.key.as_str()) {
+                let first = entries.iter().find(|x| x.key == e.key).unwrap();
+                self.diags.push(
+                    Diagnostic::error("SVC005", format!("duplicate key `{}`", e.key))
+                        .at(e.key_span)
+                        .path(join(path, &e.key))
+                        .related(first.key_span, "first written here")
+                        .hint("a mapping may hold each key once; the API server would reject it"),
+                );
+            } else {
+                seen.push(&e.key);
+            }
+        }
+        Some(Fields {
+            entries,
+            span: n.span,
+        })
+    }
+
+    pub fn str_(&mut self, n: Option<&Node>, path: &str) -> Option<Sp<String>> {
+        let n = n?;
+        match &n.value {
+            Value::Null => None,
+            Value::Scalar { text, .. } => Some(Sp::new(text.clone(), n.span)),
+            _ => {
+                self.diags.push(type_error(n, "a string", path));
+                None
+            }
+        }
+    }
+
+    pub fn int(&mut self, n: Option<&Node>, path: &str) -> Option<Sp<i64>> {
+        let n = n?;
+        match &n.value {
+            Value::Null => None,
+            Value::Scalar { text, plain: true } if text.parse::<i64>().is_ok() => {
+                Some(Sp::new(text.parse().unwrap(), n.span))
+            }
+            _ => {
+                self.diags.push(type_error(n, "an integer", path));
+                None
+            }
+        }
+    }
+
+    pub fn bool_(&mut self, n: Option<&Node>, path: &str) -> Option<Sp<bool>> {
+        let n = n?;
+        match &n.value {
+            Value::Null => None,
+            Value::Scalar { text, plain: true } if crate::tree::is_plain_bool(text) => {
+                Some(Sp::new(text.eq_ignore_ascii_case("true"), n.span))
+            }
+            _ => {
+                self.diags
+                    .push(type_error(n, "a boolean (true or false)", path));
+                None
+            }
+        }
+    }
+
+    pub fn int_or_string(&mut self, n: Option<&Node>, path: &str) -> Option<Sp<IntOrString>> {
+        let n = n?;
+        match &n.value {
+            Value::Null => None,
+            Value::Scalar { text, plain: true } if text.parse::<i64>().is_ok() => {
+                Some(Sp::new(IntOrString::Int(text.parse().unwrap()), n.span))
+            }
+            Value::Scalar { text, .. } => Some(Sp::new(IntOrString::Str(text.clone()), n.span)),
+            _ => {
+                self.diags
+                    .push(type_error(n, "an integer or a string", path));
+                None
+            }
+        }
+    }
+
+    pub fn seq<'a>(&mut self, n: Option<&'a Node>, path: &str) -> &'a [Node] {
+        let Some(n) = n else { return &[] };
+        match &n.value {
+            Value::Null => &[],
+            Value::Seq(items) => items,
+            _ => {
+                self.diags.push(type_error(n, "a list", path));
+                &[]
+            }
+        }
+    }
+
+    pub fn str_list(&mut self, n: Option<&Node>, path: &str) -> Vec<Sp<String>> {
+        let items = self.seq(n, path);
+        let mut out = Vec::with_capacity(items.len());
+        for (i, it) in items.iter().enumerate() {
+            if let Some(s) = self.str_(Some(it), &format!("{path}[{i}]")) {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// A `map[string]string` (labels, selector, annotations), in written order.
+    pub fn str_map(&mut self, n: Option<&Node>, path: &str) -> Vec<(Sp<String>, Sp<String>)> {
+        let Some(n) = n else { return Vec::new() };
+        let Some(f) = self.map(n, path, "", None) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in f.entries() {
+            let p = join(path, &e.key);
+            let v = match &e.value.value {
+                Value::Null => Some(Sp::new(String::new(), e.value.span)),
+                _ => self.str_(Some(&e.value), &p),
+            };
+            if let Some(v) = v {
+                out.push((Sp::new(e.key.clone(), e.key_span), v));
+            }
+        }
+        out
+    }
+}
+
+/// The closest known name within edit distance 2, for "did you mean".
+pub fn closest<'k>(word: &str, known: &[&'k str]) -> Option<&'k str> {
+    known
+        .iter()
+        .map(|k| {
+            (
+                edit_distance(&word.to_ascii_lowercase(), &k.to_ascii_lowercase()),
+                *k,
+            )
+        })
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}

@@ -1,0 +1,1109 @@
+//! Typed Kubernetes objects as written, with locations.
+//!
+//! Decoding checks only shapes (types, unknown fields); the API server's value rules live
+//! in `passes::validate`. Optional fields stay `Option` so passes can tell "unset" from a
+//! written default.
+
+use crate::decode::{join, Decoder, Fields, IntOrString, Sp};
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::source::Span;
+use crate::tree::{Document, Node, Value};
+
+#[derive(Clone, Debug, Default)]
+pub struct Meta {
+    pub name: Sp<String>,
+    pub namespace: Sp<String>,
+    pub labels: Vec<(Sp<String>, Sp<String>)>,
+    pub annotations: Vec<(Sp<String>, Sp<String>)>,
+    pub deletion_timestamp: bool,
+}
+
+impl Meta {
+    pub fn label(&self, k: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(key, _)| key.v == k)
+            .map(|(_, v)| v.v.as_str())
+    }
+    pub fn annotation(&self, k: &str) -> Option<&Sp<String>> {
+        self.annotations
+            .iter()
+            .find(|(key, _)| key.v == k)
+            .map(|(_, v)| v)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Service {
+    pub span: Span,
+    pub meta: Meta,
+    pub type_: Option<Sp<String>>,
+    pub cluster_ip: Option<Sp<String>>,
+    pub cluster_ips: Vec<Sp<String>>,
+    pub ip_families: Vec<Sp<String>>,
+    pub ip_family_policy: Option<Sp<String>>,
+    pub selector: Option<Vec<(Sp<String>, Sp<String>)>>,
+    pub selector_span: Option<Span>,
+    pub ports: Vec<Port>,
+    pub ports_span: Option<Span>,
+    pub external_ips: Vec<Sp<String>>,
+    pub external_name: Option<Sp<String>>,
+    pub load_balancer_ip: Option<Sp<String>>,
+    pub load_balancer_source_ranges: Vec<Sp<String>>,
+    pub external_traffic_policy: Option<Sp<String>>,
+    pub internal_traffic_policy: Option<Sp<String>>,
+    pub session_affinity: Option<Sp<String>>,
+    pub affinity_timeout: Option<Sp<i64>>,
+    pub health_check_node_port: Option<Sp<i64>>,
+    pub publish_not_ready_addresses: bool,
+    pub topology_keys: Vec<Sp<String>>,
+    pub topology_keys_span: Option<Span>,
+    pub traffic_distribution: Option<Sp<String>>,
+    pub lb_ingress: Vec<LbIngress>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Port {
+    pub span: Span,
+    pub name: Option<Sp<String>>,
+    pub protocol: Option<Sp<String>>,
+    pub port: Option<Sp<i64>>,
+    pub target_port: Option<Sp<IntOrString>>,
+    pub node_port: Option<Sp<i64>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct LbIngress {
+    pub ip: Option<Sp<String>>,
+    pub hostname: Option<Sp<String>>,
+    pub ip_mode: Option<Sp<String>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct EndpointSlice {
+    pub span: Span,
+    pub meta: Meta,
+    pub address_type: Option<Sp<String>>,
+    pub endpoints: Vec<SliceEndpoint>,
+    pub ports: Vec<SlicePort>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SliceEndpoint {
+    pub span: Span,
+    pub addresses: Vec<Sp<String>>,
+    pub ready: Option<bool>,
+    pub serving: Option<bool>,
+    pub terminating: Option<bool>,
+    pub node_name: Option<Sp<String>>,
+    pub zone: Option<Sp<String>>,
+    pub hint_zones: Vec<String>,
+    pub hint_nodes: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SlicePort {
+    pub span: Span,
+    pub name: Option<Sp<String>>,
+    pub protocol: Option<Sp<String>>,
+    pub port: Option<Sp<i64>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Endpoints {
+    pub span: Span,
+    pub meta: Meta,
+    pub subsets: Vec<Subset>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Subset {
+    pub addresses: Vec<EpAddress>,
+    pub not_ready: Vec<EpAddress>,
+    pub ports: Vec<SlicePort>,
+}
+
+#[derive(Clone, Debug)]
+pub struct EpAddress {
+    pub ip: Sp<String>,
+    pub node_name: Option<Sp<String>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeObj {
+    pub span: Span,
+    pub meta: Meta,
+    pub pod_cidrs: Vec<Sp<String>>,
+    /// (type, address)
+    pub addresses: Vec<(String, Sp<String>)>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Pod {
+    pub span: Span,
+    pub meta: Meta,
+    pub node_name: Option<Sp<String>>,
+    pub host_network: bool,
+    pub pod_ips: Vec<Sp<String>>,
+    pub ready: bool,
+    pub phase: Option<String>,
+    pub container_ports: Vec<ContainerPort>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ContainerPort {
+    pub name: Option<String>,
+    pub port: i64,
+    pub protocol: String,
+}
+
+/// kube-proxy's own configuration, as users keep it.
+#[derive(Clone, Debug, Default)]
+pub struct ProxyConfigDoc {
+    pub span: Span,
+    pub mode: Option<Sp<String>>,
+    pub cluster_cidr: Option<Sp<String>>,
+    pub detect_local_mode: Option<Sp<String>>,
+    pub bridge_interface: Option<Sp<String>>,
+    pub interface_name_prefix: Option<Sp<String>>,
+    pub node_port_addresses: Vec<Sp<String>>,
+    pub masquerade_all: Option<Sp<bool>>,
+    pub masquerade_bit: Option<Sp<i64>>,
+    pub localhost_node_ports: Option<Sp<bool>>,
+    pub ipvs_scheduler: Option<Sp<String>>,
+    pub tcp_be_liberal: Option<Sp<bool>>,
+}
+
+/// Our own settings document (`kind: ClusterConfig`, apiVersion `svc-compile/v1alpha1`),
+/// carrying what kube-apiserver's flags decide.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterConfigDoc {
+    pub span: Span,
+    pub service_cluster_ip_range: Option<Sp<String>>,
+    pub service_node_port_range: Option<Sp<String>>,
+    pub cluster_domain: Option<Sp<String>>,
+}
+
+pub const CLUSTER_CONFIG_API: &str = "svc-compile/v1alpha1";
+
+#[derive(Clone, Debug, Default)]
+pub struct Objects {
+    pub services: Vec<Service>,
+    pub slices: Vec<EndpointSlice>,
+    pub endpoints: Vec<Endpoints>,
+    pub nodes: Vec<NodeObj>,
+    pub pods: Vec<Pod>,
+    pub proxy_configs: Vec<ProxyConfigDoc>,
+    pub cluster_configs: Vec<ClusterConfigDoc>,
+}
+
+impl Objects {
+    pub fn extend(&mut self, o: Objects) {
+        self.services.extend(o.services);
+        self.slices.extend(o.slices);
+        self.endpoints.extend(o.endpoints);
+        self.nodes.extend(o.nodes);
+        self.pods.extend(o.pods);
+        self.proxy_configs.extend(o.proxy_configs);
+        self.cluster_configs.extend(o.cluster_configs);
+    }
+}
+
+const META_FIELDS: &[&str] = &[
+    "name",
+    "namespace",
+    "labels",
+    "annotations",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "ownerReferences",
+    "finalizers",
+    "generateName",
+    "selfLink",
+];
+
+/// Decode every object of a document (a `List` yields its items).
+pub fn decode_document(doc: &Document, out: &mut Objects, diags: &mut Diagnostics) {
+    let mut d = Decoder { diags };
+    decode_object(&doc.root, "", &mut d, out);
+}
+
+fn decode_object(root: &Node, path: &str, d: &mut Decoder, out: &mut Objects) {
+    let Value::Map(_) = &root.value else {
+        d.diags.push(
+            Diagnostic::error(
+                "SVC006",
+                format!(
+                    "expected a Kubernetes object (a mapping), found a {}",
+                    root.kind_name()
+                ),
+            )
+            .at(root.span)
+            .hint("each YAML document must be one object with apiVersion and kind"),
+        );
+        return;
+    };
+    let api = d.str_(root.get("apiVersion"), &join(path, "apiVersion"));
+    let kind = d.str_(root.get("kind"), &join(path, "kind"));
+    let (Some(api), Some(kind)) = (api, kind) else {
+        d.diags.push(
+            Diagnostic::error("SVC006", "object without `apiVersion` and `kind`")
+                .at(root.span)
+                .hint("add `apiVersion: v1` and `kind: Service` (or the kind this object is)"),
+        );
+        return;
+    };
+    let a = api.v.as_str();
+    match kind.v.as_str() {
+        k if k == "List" || (k.ends_with("List") && root.get("items").is_some()) => {
+            let items_path = join(path, "items");
+            for (i, it) in d.seq(root.get("items"), &items_path).iter().enumerate() {
+                decode_object(it, &format!("{items_path}[{i}]"), d, out);
+            }
+        }
+        "Service" if a == "v1" => {
+            if let Some(s) = service(root, path, d) {
+                out.services.push(s)
+            }
+        }
+        "Endpoints" if a == "v1" => {
+            if let Some(s) = endpoints(root, path, d) {
+                out.endpoints.push(s)
+            }
+        }
+        "EndpointSlice" if a == "discovery.k8s.io/v1" || a == "discovery.k8s.io/v1beta1" => {
+            if let Some(s) = endpoint_slice(root, path, a.ends_with("v1beta1"), d) {
+                out.slices.push(s)
+            }
+        }
+        "Node" if a == "v1" => {
+            if let Some(s) = node(root, path, d) {
+                out.nodes.push(s)
+            }
+        }
+        "Pod" if a == "v1" => {
+            if let Some(s) = pod(root, path, d) {
+                out.pods.push(s)
+            }
+        }
+        "KubeProxyConfiguration" if a == "kubeproxy.config.k8s.io/v1alpha1" => {
+            out.proxy_configs.push(proxy_config(root, path, d));
+        }
+        "ConfigMap" if a == "v1" && is_kube_proxy_configmap(root) => {
+            kube_proxy_configmap(root, path, d, out);
+        }
+        "ClusterConfig" if a == CLUSTER_CONFIG_API => {
+            out.cluster_configs.push(cluster_config(root, path, d));
+        }
+        k @ ("Service"
+        | "Endpoints"
+        | "EndpointSlice"
+        | "Node"
+        | "Pod"
+        | "KubeProxyConfiguration"
+        | "ClusterConfig") => {
+            d.diags.push(
+                Diagnostic::error(
+                    "SVC007",
+                    format!("unsupported apiVersion `{a}` for kind {k}"),
+                )
+                .at(api.span)
+                .path(join(path, "apiVersion"))
+                .hint(match k {
+                    "EndpointSlice" => "use discovery.k8s.io/v1 (or v1beta1)",
+                    "KubeProxyConfiguration" => "use kubeproxy.config.k8s.io/v1alpha1",
+                    "ClusterConfig" => "use svc-compile/v1alpha1",
+                    _ => "use v1",
+                }),
+            );
+        }
+        k => {
+            d.diags.push(
+                Diagnostic::note(
+                    "SVC008",
+                    format!(
+                        "skipped {k} `{}`: svc-compile does not read this kind",
+                        object_name(root)
+                    ),
+                )
+                .at(kind.span)
+                .path(join(path, "kind")),
+            );
+        }
+    }
+}
+
+fn object_name(root: &Node) -> String {
+    let m = root.get("metadata");
+    let name = m
+        .and_then(|m| m.get("name"))
+        .and_then(Node::as_str)
+        .unwrap_or("?");
+    match m.and_then(|m| m.get("namespace")).and_then(Node::as_str) {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+fn top<'a>(
+    root: &'a Node,
+    path: &str,
+    what: &str,
+    extra: &[&str],
+    d: &mut Decoder,
+) -> Option<Fields<'a>> {
+    let mut known = vec!["apiVersion", "kind", "metadata"];
+    known.extend_from_slice(extra);
+    d.map(root, path, what, Some(&known))
+}
+
+fn meta(root: &Node, path: &str, what: &str, d: &mut Decoder, namespaced: bool) -> Option<Meta> {
+    let mp = join(path, "metadata");
+    let Some(m) = root
+        .get("metadata")
+        .and_then(|n| d.map(n, &mp, "metadata", Some(META_FIELDS)))
+    else {
+        d.diags.push(
+            Diagnostic::error("SVC009", format!("{what} without `metadata.name`"))
+                .at(root.span)
+                .path(mp)
+                .hint("every object needs metadata.name"),
+        );
+        return None;
+    };
+    let Some(name) = d.str_(m.get("name"), &join(&mp, "name")) else {
+        d.diags.push(
+            Diagnostic::error("SVC009", format!("{what} without `metadata.name`"))
+                .at(m.span)
+                .path(join(&mp, "name"))
+                .hint("every object needs metadata.name"),
+        );
+        return None;
+    };
+    let namespace = d
+        .str_(m.get("namespace"), &join(&mp, "namespace"))
+        .unwrap_or_else(|| {
+            Sp::new(
+                if namespaced {
+                    "default".into()
+                } else {
+                    String::new()
+                },
+                name.span,
+            )
+        });
+    Some(Meta {
+        labels: d.str_map(m.get("labels"), &join(&mp, "labels")),
+        annotations: d.str_map(m.get("annotations"), &join(&mp, "annotations")),
+        deletion_timestamp: m.get("deletionTimestamp").is_some(),
+        name,
+        namespace,
+    })
+}
+
+const SERVICE_SPEC: &[&str] = &[
+    "ports",
+    "selector",
+    "clusterIP",
+    "clusterIPs",
+    "type",
+    "externalIPs",
+    "sessionAffinity",
+    "loadBalancerIP",
+    "loadBalancerSourceRanges",
+    "externalName",
+    "externalTrafficPolicy",
+    "healthCheckNodePort",
+    "publishNotReadyAddresses",
+    "sessionAffinityConfig",
+    "ipFamilies",
+    "ipFamilyPolicy",
+    "allocateLoadBalancerNodePorts",
+    "loadBalancerClass",
+    "internalTrafficPolicy",
+    "topologyKeys",
+    "trafficDistribution",
+    "ipFamily",
+];
+const SERVICE_PORT: &[&str] = &[
+    "name",
+    "protocol",
+    "appProtocol",
+    "port",
+    "targetPort",
+    "nodePort",
+];
+
+fn service(root: &Node, path: &str, d: &mut Decoder) -> Option<Service> {
+    let f = top(root, path, "Service", &["spec", "status"], d)?;
+    let meta = meta(root, path, "Service", d, true)?;
+    let sp = join(path, "spec");
+    let empty = Node {
+        span: root.span,
+        value: Value::Map(Vec::new()),
+    };
+    let spec_node = f.get("spec").unwrap_or(&empty);
+    let s = d.map(spec_node, &sp, "Service spec", Some(SERVICE_SPEC))?;
+    let p = |k: &str| join(&sp, k);
+    let mut ports = Vec::new();
+    let pp = p("ports");
+    for (i, n) in d.seq(s.get("ports"), &pp).iter().enumerate() {
+        let ip = format!("{pp}[{i}]");
+        let Some(pf) = d.map(n, &ip, "Service port", Some(SERVICE_PORT)) else {
+            continue;
+        };
+        ports.push(Port {
+            span: n.span,
+            name: d.str_(pf.get("name"), &join(&ip, "name")),
+            protocol: d.str_(pf.get("protocol"), &join(&ip, "protocol")),
+            port: d.int(pf.get("port"), &join(&ip, "port")),
+            target_port: d.int_or_string(pf.get("targetPort"), &join(&ip, "targetPort")),
+            node_port: d.int(pf.get("nodePort"), &join(&ip, "nodePort")),
+        });
+    }
+    let (affinity_timeout, _) = {
+        let ap = p("sessionAffinityConfig");
+        let t = s
+            .get("sessionAffinityConfig")
+            .and_then(|n| d.map(n, &ap, "sessionAffinityConfig", Some(&["clientIP"])))
+            .and_then(|f| f.get("clientIP"))
+            .and_then(|n| {
+                d.map(
+                    n,
+                    &join(&ap, "clientIP"),
+                    "clientIP",
+                    Some(&["timeoutSeconds"]),
+                )
+            })
+            .and_then(|f| {
+                d.int(
+                    f.get("timeoutSeconds"),
+                    &join(&ap, "clientIP.timeoutSeconds"),
+                )
+            });
+        (t, ())
+    };
+    let mut lb_ingress = Vec::new();
+    if let Some(st) = f.get("status") {
+        let stp = join(path, "status");
+        if let Some(stf) = d.map(
+            st,
+            &stp,
+            "Service status",
+            Some(&["loadBalancer", "conditions"]),
+        ) {
+            let lbp = join(&stp, "loadBalancer");
+            if let Some(lb) = stf
+                .get("loadBalancer")
+                .and_then(|n| d.map(n, &lbp, "loadBalancer status", Some(&["ingress"])))
+            {
+                let ingp = join(&lbp, "ingress");
+                for (i, n) in d.seq(lb.get("ingress"), &ingp).iter().enumerate() {
+                    let ip = format!("{ingp}[{i}]");
+                    if let Some(g) = d.map(
+                        n,
+                        &ip,
+                        "load balancer ingress",
+                        Some(&["ip", "hostname", "ipMode", "ports"]),
+                    ) {
+                        lb_ingress.push(LbIngress {
+                            ip: d.str_(g.get("ip"), &join(&ip, "ip")),
+                            hostname: d.str_(g.get("hostname"), &join(&ip, "hostname")),
+                            ip_mode: d.str_(g.get("ipMode"), &join(&ip, "ipMode")),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let selector = s
+        .get("selector")
+        .map(|n| d.str_map(Some(n), &p("selector")));
+    let mut ip_families = d.str_list(s.get("ipFamilies"), &p("ipFamilies"));
+    // `ipFamily` was the pre-1.20 single-family field (seed 001); read it as ipFamilies.
+    if ip_families.is_empty() {
+        if let Some(f) = d.str_(s.get("ipFamily"), &p("ipFamily")) {
+            ip_families.push(f);
+        }
+    }
+    Some(Service {
+        span: root.span,
+        type_: d.str_(s.get("type"), &p("type")),
+        cluster_ip: d.str_(s.get("clusterIP"), &p("clusterIP")),
+        cluster_ips: d.str_list(s.get("clusterIPs"), &p("clusterIPs")),
+        ip_families,
+        ip_family_policy: d.str_(s.get("ipFamilyPolicy"), &p("ipFamilyPolicy")),
+        selector_span: s.get("selector").map(|n| n.span),
+        selector,
+        ports_span: s.get("ports").map(|n| n.span),
+        ports,
+        external_ips: d.str_list(s.get("externalIPs"), &p("externalIPs")),
+        external_name: d.str_(s.get("externalName"), &p("externalName")),
+        load_balancer_ip: d.str_(s.get("loadBalancerIP"), &p("loadBalancerIP")),
+        load_balancer_source_ranges: d.str_list(
+            s.get("loadBalancerSourceRanges"),
+            &p("loadBalancerSourceRanges"),
+        ),
+        external_traffic_policy: d
+            .str_(s.get("externalTrafficPolicy"), &p("externalTrafficPolicy")),
+        internal_traffic_policy: d
+            .str_(s.get("internalTrafficPolicy"), &p("internalTrafficPolicy")),
+        session_affinity: d.str_(s.get("sessionAffinity"), &p("sessionAffinity")),
+        affinity_timeout,
+        health_check_node_port: d.int(s.get("healthCheckNodePort"), &p("healthCheckNodePort")),
+        publish_not_ready_addresses: d
+            .bool_(
+                s.get("publishNotReadyAddresses"),
+                &p("publishNotReadyAddresses"),
+            )
+            .is_some_and(|b| b.v),
+        topology_keys_span: s.get("topologyKeys").map(|n| n.span),
+        topology_keys: d.str_list(s.get("topologyKeys"), &p("topologyKeys")),
+        traffic_distribution: d.str_(s.get("trafficDistribution"), &p("trafficDistribution")),
+        lb_ingress,
+        meta,
+    })
+}
+
+const SLICE_TOP: &[&str] = &["addressType", "endpoints", "ports"];
+const SLICE_EP: &[&str] = &[
+    "addresses",
+    "conditions",
+    "hostname",
+    "targetRef",
+    "nodeName",
+    "zone",
+    "hints",
+    "deprecatedTopology",
+    "topology",
+];
+
+fn slice_ports(items: &[Node], path: &str, d: &mut Decoder) -> Vec<SlicePort> {
+    let mut ports = Vec::new();
+    for (i, n) in items.iter().enumerate() {
+        let pp = format!("{path}[{i}]");
+        if let Some(f) = d.map(
+            n,
+            &pp,
+            "endpoint port",
+            Some(&["name", "protocol", "port", "appProtocol"]),
+        ) {
+            ports.push(SlicePort {
+                span: n.span,
+                name: d.str_(f.get("name"), &join(&pp, "name")),
+                protocol: d.str_(f.get("protocol"), &join(&pp, "protocol")),
+                port: d.int(f.get("port"), &join(&pp, "port")),
+            });
+        }
+    }
+    ports
+}
+
+fn endpoint_slice(root: &Node, path: &str, beta: bool, d: &mut Decoder) -> Option<EndpointSlice> {
+    let f = top(root, path, "EndpointSlice", SLICE_TOP, d)?;
+    let meta = meta(root, path, "EndpointSlice", d, true)?;
+    let mut endpoints = Vec::new();
+    let ep = join(path, "endpoints");
+    for (i, n) in d.seq(f.get("endpoints"), &ep).iter().enumerate() {
+        let p = format!("{ep}[{i}]");
+        let Some(e) = d.map(n, &p, "endpoint", Some(SLICE_EP)) else {
+            continue;
+        };
+        let cp = join(&p, "conditions");
+        let (mut ready, mut serving, mut terminating) = (None, None, None);
+        if let Some(c) = e.get("conditions").and_then(|n| {
+            d.map(
+                n,
+                &cp,
+                "endpoint conditions",
+                Some(&["ready", "serving", "terminating"]),
+            )
+        }) {
+            ready = d.bool_(c.get("ready"), &join(&cp, "ready")).map(|b| b.v);
+            serving = d
+                .bool_(c.get("serving"), &join(&cp, "serving"))
+                .map(|b| b.v);
+            terminating = d
+                .bool_(c.get("terminating"), &join(&cp, "terminating"))
+                .map(|b| b.v);
+        }
+        let (mut hint_zones, mut hint_nodes) = (Vec::new(), Vec::new());
+        let hp = join(&p, "hints");
+        if let Some(h) = e
+            .get("hints")
+            .and_then(|n| d.map(n, &hp, "endpoint hints", Some(&["forZones", "forNodes"])))
+        {
+            for (key, out) in [("forZones", &mut hint_zones), ("forNodes", &mut hint_nodes)] {
+                let kp = join(&hp, key);
+                for (j, z) in d.seq(h.get(key), &kp).iter().enumerate() {
+                    let zp = format!("{kp}[{j}]");
+                    if let Some(zf) = d.map(z, &zp, "hint", Some(&["name"])) {
+                        if let Some(name) = d.str_(zf.get("name"), &join(&zp, "name")) {
+                            out.push(name.v);
+                        }
+                    }
+                }
+                out.sort();
+            }
+        }
+        let mut node_name = d.str_(e.get("nodeName"), &join(&p, "nodeName"));
+        let mut zone = d.str_(e.get("zone"), &join(&p, "zone"));
+        // v1beta1 kept node and zone in a topology map.
+        let topo_key = if beta {
+            "topology"
+        } else {
+            "deprecatedTopology"
+        };
+        let topo = d.str_map(e.get(topo_key), &join(&p, topo_key));
+        for (k, v) in topo {
+            match k.v.as_str() {
+                "kubernetes.io/hostname" if node_name.is_none() => node_name = Some(v),
+                "topology.kubernetes.io/zone" if zone.is_none() => zone = Some(v),
+                _ => {}
+            }
+        }
+        endpoints.push(SliceEndpoint {
+            span: n.span,
+            addresses: d.str_list(e.get("addresses"), &join(&p, "addresses")),
+            ready,
+            serving,
+            terminating,
+            node_name,
+            zone,
+            hint_zones,
+            hint_nodes,
+        });
+    }
+    let pp = join(path, "ports");
+    let port_nodes = d.seq(f.get("ports"), &pp);
+    Some(EndpointSlice {
+        span: root.span,
+        address_type: d.str_(f.get("addressType"), &join(path, "addressType")),
+        ports: slice_ports(port_nodes, &pp, d),
+        endpoints,
+        meta,
+    })
+}
+
+fn endpoints(root: &Node, path: &str, d: &mut Decoder) -> Option<Endpoints> {
+    let f = top(root, path, "Endpoints", &["subsets"], d)?;
+    let meta = meta(root, path, "Endpoints", d, true)?;
+    let sp = join(path, "subsets");
+    let mut subsets = Vec::new();
+    for (i, n) in d.seq(f.get("subsets"), &sp).iter().enumerate() {
+        let p = format!("{sp}[{i}]");
+        let Some(s) = d.map(
+            n,
+            &p,
+            "Endpoints subset",
+            Some(&["addresses", "notReadyAddresses", "ports"]),
+        ) else {
+            continue;
+        };
+        let addrs = |key: &str, d: &mut Decoder| {
+            let ap = join(&p, key);
+            let mut out = Vec::new();
+            for (j, a) in d.seq(s.get(key), &ap).iter().enumerate() {
+                let aap = format!("{ap}[{j}]");
+                if let Some(af) = d.map(
+                    a,
+                    &aap,
+                    "endpoint address",
+                    Some(&["ip", "hostname", "nodeName", "targetRef"]),
+                ) {
+                    match d.str_(af.get("ip"), &join(&aap, "ip")) {
+                        Some(ip) => out.push(EpAddress {
+                            ip,
+                            node_name: d.str_(af.get("nodeName"), &join(&aap, "nodeName")),
+                        }),
+                        None => d.diags.push(
+                            Diagnostic::error("SVC010", "endpoint address without `ip`")
+                                .at(a.span)
+                                .path(aap),
+                        ),
+                    }
+                }
+            }
+            out
+        };
+        let addresses = addrs("addresses", d);
+        let not_ready = addrs("notReadyAddresses", d);
+        let pp = join(&p, "ports");
+        let port_nodes = d.seq(s.get("ports"), &pp);
+        subsets.push(Subset {
+            addresses,
+            not_ready,
+            ports: slice_ports(port_nodes, &pp, d),
+        });
+    }
+    Some(Endpoints {
+        span: root.span,
+        meta,
+        subsets,
+    })
+}
+
+fn node(root: &Node, path: &str, d: &mut Decoder) -> Option<NodeObj> {
+    let f = top(root, path, "Node", &["spec", "status"], d)?;
+    let meta = meta(root, path, "Node", d, false)?;
+    let sp = join(path, "spec");
+    let mut pod_cidrs = Vec::new();
+    if let Some(s) = f.get("spec").and_then(|n| {
+        d.map(
+            n,
+            &sp,
+            "Node spec",
+            Some(&[
+                "podCIDR",
+                "podCIDRs",
+                "providerID",
+                "taints",
+                "unschedulable",
+                "externalID",
+                "configSource",
+            ]),
+        )
+    }) {
+        pod_cidrs = d.str_list(s.get("podCIDRs"), &join(&sp, "podCIDRs"));
+        if pod_cidrs.is_empty() {
+            pod_cidrs.extend(d.str_(s.get("podCIDR"), &join(&sp, "podCIDR")));
+        }
+    }
+    let mut addresses = Vec::new();
+    let stp = join(path, "status");
+    if let Some(st) = f
+        .get("status")
+        .and_then(|n| d.map(n, &stp, "Node status", None))
+    {
+        let ap = join(&stp, "addresses");
+        for (i, a) in d.seq(st.get("addresses"), &ap).iter().enumerate() {
+            let p = format!("{ap}[{i}]");
+            if let Some(af) = d.map(a, &p, "node address", Some(&["type", "address"])) {
+                if let (Some(t), Some(addr)) = (
+                    d.str_(af.get("type"), &join(&p, "type")),
+                    d.str_(af.get("address"), &join(&p, "address")),
+                ) {
+                    addresses.push((t.v, addr));
+                }
+            }
+        }
+    }
+    Some(NodeObj {
+        span: root.span,
+        meta,
+        pod_cidrs,
+        addresses,
+    })
+}
+
+fn pod(root: &Node, path: &str, d: &mut Decoder) -> Option<Pod> {
+    // Pod specs are large and owned by other tools; read what we need, warn on nothing
+    // below spec/status.
+    let f = top(root, path, "Pod", &["spec", "status"], d)?;
+    let meta = meta(root, path, "Pod", d, true)?;
+    let sp = join(path, "spec");
+    let mut node_name = None;
+    let mut host_network = false;
+    let mut container_ports = Vec::new();
+    if let Some(s) = f.get("spec").and_then(|n| d.map(n, &sp, "Pod spec", None)) {
+        node_name = d.str_(s.get("nodeName"), &join(&sp, "nodeName"));
+        host_network = d
+            .bool_(s.get("hostNetwork"), &join(&sp, "hostNetwork"))
+            .is_some_and(|b| b.v);
+        let cp = join(&sp, "containers");
+        for (i, c) in d.seq(s.get("containers"), &cp).iter().enumerate() {
+            let p = format!("{cp}[{i}]");
+            let Some(cf) = d.map(c, &p, "container", None) else {
+                continue;
+            };
+            let pp = join(&p, "ports");
+            for (j, port) in d.seq(cf.get("ports"), &pp).iter().enumerate() {
+                let q = format!("{pp}[{j}]");
+                let Some(pf) = d.map(
+                    port,
+                    &q,
+                    "container port",
+                    Some(&["name", "containerPort", "protocol", "hostPort", "hostIP"]),
+                ) else {
+                    continue;
+                };
+                if let Some(n) = d.int(pf.get("containerPort"), &join(&q, "containerPort")) {
+                    container_ports.push(ContainerPort {
+                        name: d.str_(pf.get("name"), &join(&q, "name")).map(|s| s.v),
+                        port: n.v,
+                        protocol: d
+                            .str_(pf.get("protocol"), &join(&q, "protocol"))
+                            .map_or("TCP".into(), |s| s.v),
+                    });
+                }
+            }
+        }
+    }
+    let stp = join(path, "status");
+    let mut pod_ips = Vec::new();
+    let mut ready = false;
+    let mut phase = None;
+    if let Some(st) = f
+        .get("status")
+        .and_then(|n| d.map(n, &stp, "Pod status", None))
+    {
+        let ip = join(&stp, "podIPs");
+        for (i, n) in d.seq(st.get("podIPs"), &ip).iter().enumerate() {
+            let p = format!("{ip}[{i}]");
+            if let Some(x) = d.map(n, &p, "pod IP", Some(&["ip"])) {
+                pod_ips.extend(d.str_(x.get("ip"), &join(&p, "ip")));
+            }
+        }
+        if pod_ips.is_empty() {
+            pod_ips.extend(d.str_(st.get("podIP"), &join(&stp, "podIP")));
+        }
+        phase = d.str_(st.get("phase"), &join(&stp, "phase")).map(|s| s.v);
+        let cp = join(&stp, "conditions");
+        for (i, c) in d.seq(st.get("conditions"), &cp).iter().enumerate() {
+            let p = format!("{cp}[{i}]");
+            if let Some(cf) = d.map(c, &p, "pod condition", None) {
+                let t = d.str_(cf.get("type"), &join(&p, "type"));
+                let s = d.str_(cf.get("status"), &join(&p, "status"));
+                if t.is_some_and(|t| t.v == "Ready") {
+                    ready = s.is_some_and(|s| s.v == "True");
+                }
+            }
+        }
+    }
+    Some(Pod {
+        span: root.span,
+        meta,
+        node_name,
+        host_network,
+        pod_ips,
+        ready,
+        phase,
+        container_ports,
+    })
+}
+
+const PROXY_TOP: &[&str] = &[
+    "bindAddress",
+    "bindAddressHardFail",
+    "clientConnection",
+    "clusterCIDR",
+    "configSyncPeriod",
+    "conntrack",
+    "detectLocal",
+    "detectLocalMode",
+    "enableProfiling",
+    "featureGates",
+    "healthzBindAddress",
+    "hostnameOverride",
+    "iptables",
+    "ipvs",
+    "linux",
+    "logging",
+    "metricsBindAddress",
+    "mode",
+    "nftables",
+    "nodePortAddresses",
+    "oomScoreAdj",
+    "portRange",
+    "showHiddenMetricsForVersion",
+    "udpIdleTimeout",
+    "winkernel",
+    "windowsRunAsService",
+];
+
+fn proxy_config(root: &Node, path: &str, d: &mut Decoder) -> ProxyConfigDoc {
+    let mut known = vec!["apiVersion", "kind"];
+    known.extend_from_slice(PROXY_TOP);
+    let mut out = ProxyConfigDoc {
+        span: root.span,
+        ..Default::default()
+    };
+    let Some(f) = d.map(root, path, "KubeProxyConfiguration", Some(&known)) else {
+        return out;
+    };
+    let p = |k: &str| join(path, k);
+    out.mode = d.str_(f.get("mode"), &p("mode"));
+    out.cluster_cidr = d.str_(f.get("clusterCIDR"), &p("clusterCIDR"));
+    out.detect_local_mode = d.str_(f.get("detectLocalMode"), &p("detectLocalMode"));
+    if let Some(dl) = f.get("detectLocal").and_then(|n| {
+        d.map(
+            n,
+            &p("detectLocal"),
+            "detectLocal",
+            Some(&["bridgeInterface", "interfaceNamePrefix"]),
+        )
+    }) {
+        out.bridge_interface = d.str_(dl.get("bridgeInterface"), &p("detectLocal.bridgeInterface"));
+        out.interface_name_prefix = d.str_(
+            dl.get("interfaceNamePrefix"),
+            &p("detectLocal.interfaceNamePrefix"),
+        );
+    }
+    out.node_port_addresses = d.str_list(f.get("nodePortAddresses"), &p("nodePortAddresses"));
+    let ipt = &[
+        "masqueradeAll",
+        "masqueradeBit",
+        "localhostNodePorts",
+        "minSyncPeriod",
+        "syncPeriod",
+    ];
+    if let Some(i) = f
+        .get("iptables")
+        .and_then(|n| d.map(n, &p("iptables"), "iptables settings", Some(ipt)))
+    {
+        out.masquerade_all = d.bool_(i.get("masqueradeAll"), &p("iptables.masqueradeAll"));
+        out.masquerade_bit = d.int(i.get("masqueradeBit"), &p("iptables.masqueradeBit"));
+        out.localhost_node_ports = d.bool_(
+            i.get("localhostNodePorts"),
+            &p("iptables.localhostNodePorts"),
+        );
+    }
+    // Newer configs keep masqueradeAll under `linux` (and nftables mode under `nftables`).
+    if let Some(l) = f.get("linux").and_then(|n| {
+        d.map(
+            n,
+            &p("linux"),
+            "linux settings",
+            Some(&["conntrack", "masqueradeAll", "oomScoreAdj"]),
+        )
+    }) {
+        if out.masquerade_all.is_none() {
+            out.masquerade_all = d.bool_(l.get("masqueradeAll"), &p("linux.masqueradeAll"));
+        }
+    }
+    if let Some(n) = f.get("nftables").and_then(|n| {
+        d.map(
+            n,
+            &p("nftables"),
+            "nftables settings",
+            Some(&[
+                "masqueradeAll",
+                "masqueradeBit",
+                "minSyncPeriod",
+                "syncPeriod",
+            ]),
+        )
+    }) {
+        if out.mode.as_ref().is_some_and(|m| m.v == "nftables") {
+            if let Some(v) = d.bool_(n.get("masqueradeAll"), &p("nftables.masqueradeAll")) {
+                out.masquerade_all.get_or_insert(v);
+            }
+            if let Some(v) = d.int(n.get("masqueradeBit"), &p("nftables.masqueradeBit")) {
+                out.masquerade_bit.get_or_insert(v);
+            }
+        }
+    }
+    let ipvs = &[
+        "scheduler",
+        "excludeCIDRs",
+        "strictARP",
+        "syncPeriod",
+        "minSyncPeriod",
+        "tcpTimeout",
+        "tcpFinTimeout",
+        "udpTimeout",
+    ];
+    if let Some(i) = f
+        .get("ipvs")
+        .and_then(|n| d.map(n, &p("ipvs"), "ipvs settings", Some(ipvs)))
+    {
+        out.ipvs_scheduler = d.str_(i.get("scheduler"), &p("ipvs.scheduler"));
+    }
+    let ct = &[
+        "maxPerCore",
+        "min",
+        "tcpEstablishedTimeout",
+        "tcpCloseWaitTimeout",
+        "tcpBeLiberal",
+        "udpTimeout",
+        "udpStreamTimeout",
+    ];
+    if let Some(c) = f
+        .get("conntrack")
+        .and_then(|n| d.map(n, &p("conntrack"), "conntrack settings", Some(ct)))
+    {
+        out.tcp_be_liberal = d.bool_(c.get("tcpBeLiberal"), &p("conntrack.tcpBeLiberal"));
+    }
+    out
+}
+
+fn is_kube_proxy_configmap(root: &Node) -> bool {
+    root.get("data")
+        .and_then(|d| d.get("config.conf"))
+        .is_some()
+        && root
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(Node::as_str)
+            == Some("kube-proxy")
+}
+
+/// kubeadm keeps kube-proxy's configuration in ConfigMap kube-system/kube-proxy under
+/// `data["config.conf"]`: parse that embedded YAML, with its lines mapped back to the file.
+fn kube_proxy_configmap(root: &Node, _path: &str, d: &mut Decoder, out: &mut Objects) {
+    let Some(conf) = root.get("data").and_then(|n| n.get("config.conf")) else {
+        return;
+    };
+    let Some(text) = conf.as_str() else { return };
+    // A block scalar's content starts on the line after its indicator.
+    let (docs, diags) = crate::tree::parse_yaml(conf.span.file, text);
+    for mut g in diags.items {
+        if let Some(s) = g.span.as_mut() {
+            s.line += conf.span.line;
+        }
+        d.diags.push(g);
+    }
+    for doc in docs {
+        let mut root = doc.root;
+        shift_lines(&mut root, conf.span.line, conf.span.col + 1);
+        let mut sub = Objects::default();
+        decode_object(&root, "data[config.conf]", d, &mut sub);
+        out.proxy_configs.extend(sub.proxy_configs);
+    }
+}
+
+fn shift_lines(n: &mut Node, lines: u32, cols: u32) {
+    n.span.line += lines;
+    n.span.col += cols;
+    match &mut n.value {
+        Value::Seq(items) => items.iter_mut().for_each(|i| shift_lines(i, lines, cols)),
+        Value::Map(es) => es.iter_mut().for_each(|e| {
+            e.key_span.line += lines;
+            e.key_span.col += cols;
+            shift_lines(&mut e.value, lines, cols)
+        }),
+        _ => {}
+    }
+}
+
+fn cluster_config(root: &Node, path: &str, d: &mut Decoder) -> ClusterConfigDoc {
+    let known = [
+        "apiVersion",
+        "kind",
+        "metadata",
+        "serviceClusterIPRange",
+        "serviceNodePortRange",
+        "clusterDomain",
+    ];
+    let mut out = ClusterConfigDoc {
+        span: root.span,
+        ..Default::default()
+    };
+    if let Some(f) = d.map(root, path, "ClusterConfig", Some(&known)) {
+        out.service_cluster_ip_range = d.str_(
+            f.get("serviceClusterIPRange"),
+            &join(path, "serviceClusterIPRange"),
+        );
+        out.service_node_port_range = d.str_(
+            f.get("serviceNodePortRange"),
+            &join(path, "serviceNodePortRange"),
+        );
+        out.cluster_domain = d.str_(f.get("clusterDomain"), &join(path, "clusterDomain"));
+    }
+    out
+}
