@@ -1,1 +1,7 @@
-//! The one integration-test binary.
+//! The one integration-test binary: CLI behaviour, golden snapshots, properties and
+//! real-kernel tests.
+
+mod cli;
+mod golden;
+mod properties;
+mod support;

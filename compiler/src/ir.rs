@@ -40,6 +40,7 @@ pub struct Module {
 #[serde(rename_all = "camelCase")]
 pub struct ClusterConfig {
     /// `--service-cluster-ip-range`: at most one per family, primary first.
+    #[serde(rename = "serviceCIDRs")]
     pub service_cidrs: Vec<Cidr>,
     /// `--service-node-port-range`, inclusive.
     pub node_port_range: (u16, u16),
@@ -53,6 +54,7 @@ pub struct ProxyConfig {
     /// `mode` as written (`iptables` when unset).
     pub mode: String,
     /// `clusterCIDR`, comma-separated in the config: at most one per family.
+    #[serde(rename = "clusterCIDRs")]
     pub cluster_cidrs: Vec<Cidr>,
     pub detect_local: DetectLocalMode,
     pub masquerade_all: bool,
@@ -148,12 +150,14 @@ pub struct Service {
     pub headless: bool,
     /// `spec.clusterIPs` after allocation, primary first. Empty for headless and
     /// ExternalName services, and when `--no-allocate` left them unset.
+    #[serde(rename = "clusterIPs")]
     pub cluster_ips: Vec<IpAddr>,
     pub ip_families: Vec<IpFamily>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub external_name: Option<String>,
     /// Sorted as written (kube-proxy keeps spec order; we sort for determinism).
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(rename = "externalIPs")]
     pub external_ips: Vec<IpAddr>,
     /// `status.loadBalancer.ingress[].ip`, in status order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -177,7 +181,7 @@ pub struct Service {
     /// In spec order (port order is part of the Service's identity for users).
     pub ports: Vec<ServicePort>,
     /// Field paths whose values svc-compile allocated (not written by the user),
-    /// e.g. `spec.clusterIPs[0]`, `spec.ports[1].nodePort`. Sorted.
+    /// e.g. `spec.clusterIPs(IPv4)`, `spec.ports[1].nodePort`. Sorted.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub allocated: Vec<String>,
 }
@@ -249,6 +253,7 @@ pub struct Node {
     /// `status.addresses` of type InternalIP then ExternalIP, each in status order.
     pub addresses: Vec<IpAddr>,
     pub labels: BTreeMap<String, String>,
+    #[serde(rename = "podCIDRs")]
     pub pod_cidrs: Vec<Cidr>,
 }
 
@@ -272,6 +277,7 @@ pub struct NodeView {
     pub node_name: String,
     pub family: IpFamily,
     /// The node's IPs of this family, primary first.
+    #[serde(rename = "nodeIPs")]
     pub node_ips: Vec<IpAddr>,
     /// `1 << masqueradeBit`.
     pub masquerade_mark: u32,
@@ -289,6 +295,7 @@ pub struct NodeView {
     /// Drop INVALID conntrack state in KUBE-FORWARD (false with conntrack.tcpBeLiberal).
     pub drop_invalid: bool,
     /// The service CIDRs of this family (nftables' "unallocated ClusterIP" drop).
+    #[serde(rename = "serviceCIDRs")]
     pub service_cidrs: Vec<Cidr>,
     /// One entry per (service, port) that the proxy handles on this family, sorted by
     /// (namespace, name, port name, protocol). Headless and ExternalName services are not here.
@@ -325,12 +332,15 @@ pub struct PortView {
     /// kube-proxy's ServicePortName string: `ns/name:port`, or `ns/name` for an unnamed port.
     pub spn: String,
     /// The cluster IP of this family; `None` when unallocated (`--no-allocate`).
+    #[serde(rename = "clusterIP")]
     pub cluster_ip: Option<IpAddr>,
     pub port: u16,
     pub node_port: Option<u16>,
     /// This family's externalIPs, in spec order.
+    #[serde(rename = "externalIPs")]
     pub external_ips: Vec<IpAddr>,
     /// This family's LoadBalancer ingress IPs that the proxy captures (ipMode VIP), in status order.
+    #[serde(rename = "loadBalancerIPs")]
     pub load_balancer_ips: Vec<IpAddr>,
     /// This family's loadBalancerSourceRanges.
     pub source_ranges: Vec<Cidr>,

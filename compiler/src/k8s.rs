@@ -297,6 +297,8 @@ fn decode_object(root: &Node, path: &str, d: &mut Decoder, out: &mut Objects) {
         "ConfigMap" if a == "v1" && is_kube_proxy_configmap(root) => {
             kube_proxy_configmap(root, path, d, out);
         }
+        // Our own lock file may sit among the manifests: nothing to read here.
+        "AllocationLock" if a == CLUSTER_CONFIG_API => {}
         "ClusterConfig" if a == CLUSTER_CONFIG_API => {
             out.cluster_configs.push(cluster_config(root, path, d));
         }

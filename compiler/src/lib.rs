@@ -2,6 +2,10 @@
 //!
 //! Architecture Invariant: nothing in this crate touches the file system, runs a process
 //! or reads the environment. Inputs arrive as a [`source::SourceMap`]; outputs are data.
+//!
+//! Pipeline ([`compile`]): parse (files in parallel) → decode → validate → resolve →
+//! allocate → lower → [`ir::Module`]. Per node and family, [`passes::node::node_view`]
+//! then gives the [`ir::NodeView`] the back ends render.
 
 pub mod decode;
 pub mod diag;
@@ -11,3 +15,120 @@ pub mod net;
 pub mod passes;
 pub mod source;
 pub mod tree;
+
+use diag::{Diagnostic, Diagnostics};
+use k8s::Objects;
+use net::Cidr;
+use passes::allocate::Lock;
+use passes::Settings;
+use source::{FileId, SourceMap};
+
+/// Settings that come from the command line. `None` = not given (the ClusterConfig
+/// document, then the default, applies).
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub service_cidrs: Option<Vec<Cidr>>,
+    pub node_port_range: Option<(u16, u16)>,
+    pub cluster_domain: Option<String>,
+    /// `--no-allocate` sets this to false: compile objects exactly as given.
+    pub allocate: bool,
+    /// The lock file, already added to the source map.
+    pub lock: Option<FileId>,
+}
+
+pub struct Compilation {
+    pub module: ir::Module,
+    pub objects: Objects,
+    pub settings: Settings,
+    /// The allocations to write back with `--write-lock`.
+    pub lock: Lock,
+    /// Sorted.
+    pub diags: Diagnostics,
+}
+
+/// Compile the manifests in `inputs` (files of `sources`). Never fails: problems are
+/// diagnostics; the module is built from whatever was valid.
+pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compilation {
+    use rayon::prelude::*;
+    let mut diags = Diagnostics::default();
+    let parsed: Vec<(Objects, Diagnostics)> = inputs
+        .par_iter()
+        .map(|&f| {
+            let (docs, mut d) = tree::parse_file(f, &sources.file(f).text);
+            let mut objs = Objects::default();
+            for doc in &docs {
+                k8s::decode_document(doc, &mut objs, &mut d);
+            }
+            (objs, d)
+        })
+        .collect();
+    let mut objects = Objects::default();
+    for (o, d) in parsed {
+        objects.extend(o);
+        diags.extend(d);
+    }
+    let settings = settings(&objects, opts, &mut diags);
+    passes::validate::validate(&objects, &settings, &mut diags);
+    let lock = match opts.lock {
+        Some(f) => {
+            let (docs, d) = tree::parse_file(f, &sources.file(f).text);
+            diags.extend(d);
+            docs.first()
+                .map(|doc| passes::allocate::read_lock(&doc.root, &mut diags))
+                .unwrap_or_default()
+        }
+        None => Lock::default(),
+    };
+    let resolved = passes::resolve::resolve(&objects);
+    let (allocs, new_lock) =
+        passes::allocate::allocate(&objects, &settings, &lock, opts.allocate, &mut diags);
+    let module = passes::lower::lower(&objects, &settings, resolved, allocs);
+    diags.sort(sources);
+    Compilation {
+        module,
+        objects,
+        settings,
+        lock: new_lock,
+        diags,
+    }
+}
+
+/// Merge the ClusterConfig document (if any) with the flags; flags win.
+fn settings(objects: &Objects, opts: &Options, diags: &mut Diagnostics) -> Settings {
+    let mut s = Settings::default();
+    if let Some(doc) = objects.cluster_configs.first() {
+        if let Some(r) = &doc.service_cluster_ip_range {
+            match passes::parse_service_cidrs(&r.v) {
+                Ok(c) => s.service_cidrs = c,
+                Err(e) => diags.push(
+                    Diagnostic::error("SVC370", e)
+                        .at(r.span)
+                        .path("serviceClusterIPRange"),
+                ),
+            }
+        }
+        if let Some(r) = &doc.service_node_port_range {
+            match passes::parse_port_range(&r.v) {
+                Ok(p) => s.node_port_range = p,
+                Err(e) => diags.push(
+                    Diagnostic::error("SVC371", e)
+                        .at(r.span)
+                        .path("serviceNodePortRange"),
+                ),
+            }
+        }
+        if let Some(d) = &doc.cluster_domain {
+            s.cluster_domain = d.v.clone();
+        }
+    }
+    if let Some(c) = &opts.service_cidrs {
+        s.service_cidrs = c.clone();
+    }
+    if let Some(r) = opts.node_port_range {
+        s.node_port_range = r;
+    }
+    if let Some(d) = &opts.cluster_domain {
+        s.cluster_domain = d.clone();
+    }
+    s
+}

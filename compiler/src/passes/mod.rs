@@ -1,7 +1,10 @@
 //! Passes, called in a fixed order by [`crate::compile`]: validate → resolve → allocate →
 //! lower; then, per node and family, `node`.
 
+pub mod allocate;
+pub mod lower;
 pub mod node;
+pub mod resolve;
 pub mod validate;
 
 use crate::net::Cidr;
@@ -26,4 +29,39 @@ impl Default for Settings {
             cluster_domain: "cluster.local".into(),
         }
     }
+}
+
+/// Parse `--service-cluster-ip-range` (comma-separated, at most one range per family).
+pub fn parse_service_cidrs(s: &str) -> Result<Vec<Cidr>, String> {
+    let v: Vec<Cidr> = s
+        .split(',')
+        .map(|c| c.trim().parse::<Cidr>().map(|c| c.network()))
+        .collect::<Result<_, _>>()?;
+    if v.is_empty() || v.len() > 2 || (v.len() == 2 && v[0].family() == v[1].family()) {
+        return Err(format!(
+            "`{s}` must be one range, or two of different families"
+        ));
+    }
+    Ok(v)
+}
+
+/// Parse `--service-node-port-range` (`30000-32767`, or `30000+2768`).
+pub fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("`{s}` is not a port range such as 30000-32767");
+    let (lo, hi) = if let Some((a, b)) = s.split_once('-') {
+        (
+            a.trim().parse::<u16>().map_err(|_| bad())?,
+            b.trim().parse::<u16>().map_err(|_| bad())?,
+        )
+    } else if let Some((a, n)) = s.split_once('+') {
+        let lo = a.trim().parse::<u16>().map_err(|_| bad())?;
+        let n = n.trim().parse::<u16>().map_err(|_| bad())?;
+        (lo, lo.checked_add(n).ok_or_else(bad)?)
+    } else {
+        return Err(bad());
+    };
+    if lo == 0 || lo > hi {
+        return Err(bad());
+    }
+    Ok((lo, hi))
 }

@@ -1,0 +1,516 @@
+//! Allocation of cluster IPs, node ports and health-check node ports.
+//!
+//! Deterministic and stable:
+//! 1. values the user wrote are reserved first and always win;
+//! 2. values in the lock file are kept for services that still need them;
+//! 3. what is left is allocated from a slot derived from a hash of the service's identity,
+//!    probing upward to the next free value, services taken in (namespace, name) order.
+//!
+//! So the order of files and documents never matters, and with the lock in place adding,
+//! removing or editing one service never moves another's allocation.
+//! Reserved like kube-apiserver: the network address, the IPv4 broadcast address and the
+//! first host address (the `default/kubernetes` service's, which gets it when unset).
+
+use crate::decode::IntOrString;
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::k8s::{Objects, Service};
+use crate::net::{parse_ip, Cidr, IpFamily};
+use crate::passes::Settings;
+use crate::tree::{Node, Value};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashSet};
+use std::fmt::Write;
+use std::net::IpAddr;
+
+/// What was decided for one service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Allocation {
+    pub cluster_ips: Vec<IpAddr>,
+    /// Per port, spec order.
+    pub node_ports: Vec<Option<u16>>,
+    pub health_check_node_port: Option<u16>,
+    /// Field paths that svc-compile filled.
+    pub allocated: Vec<String>,
+}
+
+/// The lock file: every allocation, keyed by `namespace/name`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lock {
+    pub services: BTreeMap<String, LockEntry>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockEntry {
+    pub cluster_ips: Vec<IpAddr>,
+    /// Keyed by (port name, or the port number when unnamed; protocol).
+    pub node_ports: BTreeMap<(String, String), u16>,
+    pub health_check_node_port: Option<u16>,
+}
+
+pub const LOCK_KIND: &str = "AllocationLock";
+
+pub fn is_headless(s: &Service) -> bool {
+    s.cluster_ip.as_ref().is_some_and(|c| c.v == "None")
+}
+
+fn svc_type(s: &Service) -> &str {
+    s.type_.as_ref().map_or("ClusterIP", |t| t.v.as_str())
+}
+
+fn port_key(p: &crate::k8s::Port) -> (String, String) {
+    let name = match &p.name {
+        Some(n) if !n.v.is_empty() => n.v.clone(),
+        _ => p.port.as_ref().map_or(String::new(), |p| p.v.to_string()),
+    };
+    let proto = p
+        .protocol
+        .as_ref()
+        .map_or("TCP".to_string(), |p| p.v.clone());
+    (name, proto)
+}
+
+fn hash64(s: &str) -> u64 {
+    let d = Sha256::digest(s.as_bytes());
+    u64::from_be_bytes(d[..8].try_into().unwrap())
+}
+
+/// Families the service gets cluster IPs for, primary first.
+fn wanted_families(s: &Service, settings: &Settings, diags: &mut Diagnostics) -> Vec<IpFamily> {
+    let cluster: Vec<IpFamily> = settings.service_cidrs.iter().map(|c| c.family()).collect();
+    let written: Vec<IpFamily> = written_ips(s).iter().map(IpFamily::of).collect();
+    let asked: Vec<IpFamily> = s
+        .ip_families
+        .iter()
+        .filter_map(|f| match f.v.as_str() {
+            "IPv4" => Some(IpFamily::IPv4),
+            "IPv6" => Some(IpFamily::IPv6),
+            _ => None,
+        })
+        .collect();
+    let policy = s.ip_family_policy.as_ref().map(|p| p.v.as_str());
+    let primary = written
+        .first()
+        .or(asked.first())
+        .or(cluster.first())
+        .copied()
+        .unwrap_or(IpFamily::IPv4);
+    let mut fams = vec![primary];
+    let dual = match policy {
+        Some("RequireDualStack") => {
+            if cluster.len() < 2 {
+                let p = s.ip_family_policy.as_ref().unwrap();
+                diags.push(
+                    Diagnostic::error("SVC350", "ipFamilyPolicy RequireDualStack, but the cluster has one service IP family")
+                        .at(p.span)
+                        .path("spec.ipFamilyPolicy")
+                        .hint("pass --service-cluster-ip-range with one range per family, or use PreferDualStack"),
+                );
+            }
+            true
+        }
+        Some("PreferDualStack") => true,
+        _ => written.len() > 1 || asked.len() > 1,
+    };
+    if dual {
+        for f in written.iter().chain(&asked).chain(&cluster) {
+            if !fams.contains(f) && cluster.contains(f) {
+                fams.push(*f);
+            }
+        }
+    }
+    fams.truncate(2);
+    fams
+}
+
+fn written_ips(s: &Service) -> Vec<IpAddr> {
+    let mut v: Vec<IpAddr> = s
+        .cluster_ips
+        .iter()
+        .filter_map(|c| parse_ip(&c.v))
+        .collect();
+    if v.is_empty() {
+        v.extend(s.cluster_ip.as_ref().and_then(|c| parse_ip(&c.v)));
+    }
+    v
+}
+
+struct IpPool<'a> {
+    cidr: &'a Cidr,
+    used: HashSet<u128>,
+}
+
+impl IpPool<'_> {
+    fn reserved(&self, off: u128) -> bool {
+        let size = self.cidr.size();
+        off == 0
+            || off == 1
+            || (self.cidr.family() == IpFamily::IPv4 && off == size - 1 && size > 2)
+    }
+    fn take(&mut self, ip: &IpAddr) -> bool {
+        self.cidr.contains(ip) && self.used.insert(self.cidr.offset(ip))
+    }
+    fn free(&self, ip: &IpAddr) -> bool {
+        let off = self.cidr.offset(ip);
+        self.cidr.contains(ip) && !self.used.contains(&off) && !self.reserved(off)
+    }
+    fn allocate(&mut self, key: &str) -> Option<IpAddr> {
+        let size = self.cidr.size().min(1 << 40);
+        let start = (hash64(key) as u128) % size;
+        for i in 0..size {
+            let off = (start + i) % size;
+            if !self.reserved(off) && !self.used.contains(&off) {
+                self.used.insert(off);
+                return Some(self.cidr.nth(off));
+            }
+        }
+        None
+    }
+}
+
+struct PortPool {
+    range: (u16, u16),
+    used: HashSet<u16>,
+}
+
+impl PortPool {
+    fn allocate(&mut self, key: &str) -> Option<u16> {
+        let (lo, hi) = self.range;
+        let size = (hi - lo) as u64 + 1;
+        let start = hash64(key) % size;
+        (0..size)
+            .map(|i| lo + ((start + i) % size) as u16)
+            .find(|p| self.used.insert(*p))
+    }
+    fn free(&self, p: u16) -> bool {
+        p >= self.range.0 && p <= self.range.1 && !self.used.contains(&p)
+    }
+}
+
+fn needs_node_ports(s: &Service) -> bool {
+    matches!(svc_type(s), "NodePort" | "LoadBalancer") && !is_headless(s)
+}
+
+fn needs_hcnp(s: &Service) -> bool {
+    svc_type(s) == "LoadBalancer"
+        && s.external_traffic_policy
+            .as_ref()
+            .is_some_and(|p| p.v == "Local")
+}
+
+/// Allocate for every service (index-aligned with `objects.services`), and return the new lock.
+pub fn allocate(
+    objects: &Objects,
+    settings: &Settings,
+    lock: &Lock,
+    enabled: bool,
+    diags: &mut Diagnostics,
+) -> (Vec<Allocation>, Lock) {
+    let svcs = &objects.services;
+    let mut out: Vec<Allocation> = svcs
+        .iter()
+        .map(|s| Allocation {
+            cluster_ips: if is_headless(s) {
+                vec![]
+            } else {
+                written_ips(s)
+            },
+            node_ports: s
+                .ports
+                .iter()
+                .map(|p| {
+                    p.node_port
+                        .as_ref()
+                        .and_then(|n| u16::try_from(n.v).ok())
+                        .filter(|n| *n != 0)
+                })
+                .collect(),
+            health_check_node_port: s
+                .health_check_node_port
+                .as_ref()
+                .and_then(|n| u16::try_from(n.v).ok())
+                .filter(|n| *n != 0),
+            allocated: vec![],
+        })
+        .collect();
+    let mut new_lock = Lock::default();
+    if !enabled {
+        return (out, new_lock);
+    }
+    let mut pools: Vec<IpPool> = settings
+        .service_cidrs
+        .iter()
+        .map(|c| IpPool {
+            cidr: c,
+            used: HashSet::new(),
+        })
+        .collect();
+    let mut ports = PortPool {
+        range: settings.node_port_range,
+        used: HashSet::new(),
+    };
+    // 1. User-written values.
+    for a in &out {
+        for ip in &a.cluster_ips {
+            for p in pools.iter_mut() {
+                p.take(ip);
+            }
+        }
+        for np in a
+            .node_ports
+            .iter()
+            .flatten()
+            .chain(&a.health_check_node_port)
+        {
+            ports.used.insert(*np);
+        }
+    }
+    // Work in (namespace, name) order, whatever the input order.
+    let mut order: Vec<usize> = (0..svcs.len()).collect();
+    order.sort_by(|&a, &b| {
+        (&svcs[a].meta.namespace.v, &svcs[a].meta.name.v)
+            .cmp(&(&svcs[b].meta.namespace.v, &svcs[b].meta.name.v))
+    });
+    let id = |s: &Service| format!("{}/{}", s.meta.namespace.v, s.meta.name.v);
+    let ext_name = |s: &Service| svc_type(s) == "ExternalName";
+    let families: Vec<Vec<IpFamily>> = svcs
+        .iter()
+        .map(|s| {
+            if is_headless(s) || ext_name(s) {
+                vec![]
+            } else {
+                wanted_families(s, settings, diags)
+            }
+        })
+        .collect();
+    // 2. Lock values still valid and free.
+    for &i in &order {
+        let s = &svcs[i];
+        let Some(entry) = lock.services.get(&id(s)) else {
+            continue;
+        };
+        for fam in &families[i] {
+            if out[i].cluster_ips.iter().any(|ip| IpFamily::of(ip) == *fam) {
+                continue;
+            }
+            if let Some(ip) = entry.cluster_ips.iter().find(|ip| IpFamily::of(ip) == *fam) {
+                if let Some(pool) = pools
+                    .iter_mut()
+                    .find(|p| p.cidr.family() == *fam && p.free(ip))
+                {
+                    pool.take(ip);
+                    out[i].cluster_ips.push(*ip);
+                    out[i]
+                        .allocated
+                        .push(format!("spec.clusterIPs({})", fam.as_str()));
+                }
+            }
+        }
+        if needs_node_ports(s) {
+            for (pi, p) in s.ports.iter().enumerate() {
+                if out[i].node_ports[pi].is_some() {
+                    continue;
+                }
+                if let Some(np) = entry
+                    .node_ports
+                    .get(&port_key(p))
+                    .filter(|np| ports.free(**np))
+                {
+                    ports.used.insert(*np);
+                    out[i].node_ports[pi] = Some(*np);
+                    out[i].allocated.push(format!("spec.ports[{pi}].nodePort"));
+                }
+            }
+        }
+        if needs_hcnp(s) && out[i].health_check_node_port.is_none() {
+            if let Some(np) = entry.health_check_node_port.filter(|np| ports.free(*np)) {
+                ports.used.insert(np);
+                out[i].health_check_node_port = Some(np);
+                out[i].allocated.push("spec.healthCheckNodePort".into());
+            }
+        }
+    }
+    // 3. New allocations.
+    for &i in &order {
+        let s = &svcs[i];
+        let key = id(s);
+        for fam in families[i].clone() {
+            if out[i].cluster_ips.iter().any(|ip| IpFamily::of(ip) == fam) {
+                continue;
+            }
+            let Some(pool) = pools.iter_mut().find(|p| p.cidr.family() == fam) else {
+                continue;
+            };
+            let ip = if key == "default/kubernetes" && pool.free(&pool.cidr.nth(1)) {
+                let ip = pool.cidr.nth(1);
+                pool.used.insert(1);
+                Some(ip)
+            } else {
+                pool.allocate(&format!("{key}/{}", fam.as_str()))
+            };
+            match ip {
+                Some(ip) => {
+                    out[i].cluster_ips.push(ip);
+                    out[i]
+                        .allocated
+                        .push(format!("spec.clusterIPs({})", fam.as_str()));
+                }
+                None => diags.push(
+                    Diagnostic::error("SVC351", format!("the service range {} is full", pool.cidr))
+                        .at(s.meta.name.span)
+                        .hint("widen --service-cluster-ip-range"),
+                ),
+            }
+        }
+        // Primary family first.
+        if let Some(first) = families[i].first() {
+            out[i]
+                .cluster_ips
+                .sort_by_key(|ip| IpFamily::of(ip) != *first);
+        }
+        if needs_node_ports(s) {
+            for (pi, p) in s.ports.iter().enumerate() {
+                if out[i].node_ports[pi].is_some() {
+                    continue;
+                }
+                let (pk, proto) = port_key(p);
+                match ports.allocate(&format!("{key}/{pk}/{proto}")) {
+                    Some(np) => {
+                        out[i].node_ports[pi] = Some(np);
+                        out[i].allocated.push(format!("spec.ports[{pi}].nodePort"));
+                    }
+                    None => diags.push(
+                        Diagnostic::error("SVC352", "the node-port range is full")
+                            .at(p.span)
+                            .hint("widen --service-node-port-range"),
+                    ),
+                }
+            }
+        }
+        if needs_hcnp(s) && out[i].health_check_node_port.is_none() {
+            if let Some(np) = ports.allocate(&format!("{key}/healthCheckNodePort")) {
+                out[i].health_check_node_port = Some(np);
+                out[i].allocated.push("spec.healthCheckNodePort".into());
+            }
+        }
+        out[i].allocated.sort();
+        let mut entry = LockEntry {
+            cluster_ips: out[i].cluster_ips.clone(),
+            ..Default::default()
+        };
+        if needs_node_ports(s) {
+            for (pi, p) in s.ports.iter().enumerate() {
+                if let Some(np) = out[i].node_ports[pi] {
+                    entry.node_ports.insert(port_key(p), np);
+                }
+            }
+        }
+        entry.health_check_node_port = out[i].health_check_node_port.filter(|_| needs_hcnp(s));
+        if entry != LockEntry::default() {
+            new_lock.services.insert(key, entry);
+        }
+    }
+    (out, new_lock)
+}
+
+/// The lock file's text: YAML, sorted, meant to be committed.
+pub fn write_lock(lock: &Lock) -> String {
+    let mut s = String::new();
+    s.push_str("# svc-compile allocation lock: commit it next to the manifests.\n");
+    s.push_str("# Regenerate with `svc-compile ... --lock FILE --write-lock`.\n");
+    let _ = writeln!(s, "apiVersion: {}", crate::k8s::CLUSTER_CONFIG_API);
+    let _ = writeln!(s, "kind: {LOCK_KIND}");
+    if lock.services.is_empty() {
+        s.push_str("services: []\n");
+        return s;
+    }
+    s.push_str("services:\n");
+    for (name, e) in &lock.services {
+        let _ = writeln!(s, "- service: {name}");
+        if !e.cluster_ips.is_empty() {
+            let ips: Vec<String> = e.cluster_ips.iter().map(|i| format!("\"{i}\"")).collect();
+            let _ = writeln!(s, "  clusterIPs: [{}]", ips.join(", "));
+        }
+        if !e.node_ports.is_empty() {
+            s.push_str("  nodePorts:\n");
+            for ((port, proto), np) in &e.node_ports {
+                let _ = writeln!(
+                    s,
+                    "  - {{port: \"{port}\", protocol: {proto}, nodePort: {np}}}"
+                );
+            }
+        }
+        if let Some(h) = e.health_check_node_port {
+            let _ = writeln!(s, "  healthCheckNodePort: {h}");
+        }
+    }
+    s
+}
+
+/// Read a lock file from its parsed root. Problems are SVC360 errors.
+pub fn read_lock(root: &Node, diags: &mut Diagnostics) -> Lock {
+    let mut lock = Lock::default();
+    let bad = |n: &Node, m: &str| {
+        Diagnostic::error("SVC360", format!("invalid lock file: {m}"))
+            .at(n.span)
+            .hint("regenerate it with --write-lock")
+    };
+    if root.get("kind").and_then(Node::as_str) != Some(LOCK_KIND) {
+        diags.push(bad(root, "expected `kind: AllocationLock`"));
+        return lock;
+    }
+    let Some(Value::Seq(items)) = root.get("services").map(|n| &n.value) else {
+        return lock;
+    };
+    for it in items {
+        let Some(name) = it.get("service").and_then(Node::as_str) else {
+            diags.push(bad(it, "entry without `service`"));
+            continue;
+        };
+        let mut e = LockEntry::default();
+        if let Some(Value::Seq(ips)) = it.get("clusterIPs").map(|n| &n.value) {
+            for ip in ips {
+                match ip.as_str().and_then(parse_ip) {
+                    Some(a) => e.cluster_ips.push(a),
+                    None => diags.push(bad(ip, "not an IP address")),
+                }
+            }
+        }
+        if let Some(Value::Seq(nps)) = it.get("nodePorts").map(|n| &n.value) {
+            for np in nps {
+                let port = np.get("port").and_then(Node::as_str);
+                let proto = np.get("protocol").and_then(Node::as_str);
+                let val = np
+                    .get("nodePort")
+                    .and_then(Node::as_str)
+                    .and_then(|v| v.parse::<u16>().ok());
+                match (port, proto, val) {
+                    (Some(p), Some(pr), Some(v)) => {
+                        e.node_ports.insert((p.to_string(), pr.to_string()), v);
+                    }
+                    _ => diags.push(bad(
+                        np,
+                        "nodePorts entries need port, protocol and nodePort",
+                    )),
+                }
+            }
+        }
+        e.health_check_node_port = it
+            .get("healthCheckNodePort")
+            .and_then(Node::as_str)
+            .and_then(|v| v.parse().ok());
+        lock.services.insert(name.to_string(), e);
+    }
+    lock
+}
+
+/// Target port as the IR keeps it: the number or name written, the port when unset.
+pub fn target_port(p: &crate::k8s::Port) -> crate::ir::TargetPort {
+    match p.target_port.as_ref().map(|t| &t.v) {
+        Some(IntOrString::Int(n)) => crate::ir::TargetPort::Number(*n as u16),
+        Some(IntOrString::Str(s)) => match s.parse::<u16>() {
+            Ok(n) => crate::ir::TargetPort::Number(n),
+            Err(_) => crate::ir::TargetPort::Name(s.clone()),
+        },
+        None => crate::ir::TargetPort::Number(p.port.as_ref().map_or(0, |p| p.v as u16)),
+    }
+}

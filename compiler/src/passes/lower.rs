@@ -1,0 +1,233 @@
+//! Lowering: typed objects + resolved endpoints + allocations → [`ir::Module`].
+//!
+//! Lenient by design: values that validation rejected are skipped, never panicked on.
+
+use crate::ir::{self, DetectLocalMode, NodePortAddress, TrafficPolicy};
+use crate::k8s::{Objects, ProxyConfigDoc};
+use crate::net::{parse_ip, Cidr, IpFamily};
+use crate::passes::allocate::{is_headless, target_port, Allocation};
+use crate::passes::resolve::{protocol_of, Resolved};
+use crate::passes::Settings;
+
+pub fn lower(
+    objects: &Objects,
+    settings: &Settings,
+    resolved: Resolved,
+    allocs: Vec<Allocation>,
+) -> ir::Module {
+    let mut services: Vec<ir::Service> = objects
+        .services
+        .iter()
+        .zip(resolved)
+        .zip(allocs)
+        .map(|((s, eps), a)| {
+            let kind = match s.type_.as_ref().map(|t| t.v.as_str()) {
+                Some("NodePort") => ir::ServiceType::NodePort,
+                Some("LoadBalancer") => ir::ServiceType::LoadBalancer,
+                Some("ExternalName") => ir::ServiceType::ExternalName,
+                _ => ir::ServiceType::ClusterIP,
+            };
+            let policy =
+                |p: &Option<crate::decode::Sp<String>>| match p.as_ref().map(|p| p.v.as_str()) {
+                    Some("Local") => TrafficPolicy::Local,
+                    _ => TrafficPolicy::Cluster,
+                };
+            let mut ranges: Vec<Cidr> = s
+                .load_balancer_source_ranges
+                .iter()
+                .filter_map(|r| r.v.trim().parse().ok())
+                .collect();
+            if ranges.is_empty() {
+                if let Some(a) = s
+                    .meta
+                    .annotation("service.beta.kubernetes.io/load-balancer-source-ranges")
+                {
+                    ranges =
+                        a.v.split(',')
+                            .filter_map(|r| r.trim().parse().ok())
+                            .collect();
+                }
+            }
+            let mut ip_families: Vec<IpFamily> = a.cluster_ips.iter().map(IpFamily::of).collect();
+            if ip_families.is_empty() {
+                ip_families = s
+                    .ip_families
+                    .iter()
+                    .filter_map(|f| match f.v.as_str() {
+                        "IPv4" => Some(IpFamily::IPv4),
+                        "IPv6" => Some(IpFamily::IPv6),
+                        _ => None,
+                    })
+                    .collect();
+            }
+            ir::Service {
+                namespace: s.meta.namespace.v.clone(),
+                name: s.meta.name.v.clone(),
+                kind,
+                headless: is_headless(s),
+                cluster_ips: if kind == ir::ServiceType::ExternalName {
+                    vec![]
+                } else {
+                    a.cluster_ips
+                },
+                ip_families,
+                external_name: s.external_name.as_ref().map(|e| e.v.clone()),
+                external_ips: s
+                    .external_ips
+                    .iter()
+                    .filter_map(|e| parse_ip(&e.v))
+                    .collect(),
+                load_balancer_ingress: s
+                    .lb_ingress
+                    .iter()
+                    .filter_map(|g| {
+                        Some(ir::LoadBalancerIngress {
+                            ip: parse_ip(&g.ip.as_ref()?.v)?,
+                            proxy_mode: g.ip_mode.as_ref().is_some_and(|m| m.v == "Proxy"),
+                        })
+                    })
+                    .collect(),
+                load_balancer_source_ranges: ranges,
+                external_traffic_policy: policy(&s.external_traffic_policy),
+                internal_traffic_policy: policy(&s.internal_traffic_policy),
+                session_affinity_timeout: (s
+                    .session_affinity
+                    .as_ref()
+                    .is_some_and(|a| a.v == "ClientIP"))
+                .then(|| {
+                    s.affinity_timeout
+                        .as_ref()
+                        .map_or(10800, |t| t.v.clamp(0, u32::MAX as i64) as u32)
+                }),
+                health_check_node_port: a.health_check_node_port,
+                topology_keys: s.topology_keys.iter().map(|k| k.v.clone()).collect(),
+                traffic_distribution: s.traffic_distribution.as_ref().map(|t| t.v.clone()),
+                ports: s
+                    .ports
+                    .iter()
+                    .zip(eps)
+                    .enumerate()
+                    .map(|(i, (p, endpoints))| ir::ServicePort {
+                        name: p.name.as_ref().map_or(String::new(), |n| n.v.clone()),
+                        protocol: protocol_of(p.protocol.as_ref().map(|x| x.v.as_str())),
+                        port: p.port.as_ref().map_or(0, |p| p.v.clamp(0, 65535) as u16),
+                        node_port: a.node_ports.get(i).copied().flatten(),
+                        target_port: target_port(p),
+                        endpoints,
+                    })
+                    .collect(),
+                allocated: a.allocated,
+            }
+        })
+        .collect();
+    services.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    // Duplicates were reported by validation; keep the first of each identity.
+    services.dedup_by(|b, a| a.namespace == b.namespace && a.name == b.name);
+
+    let mut nodes: Vec<ir::Node> = objects
+        .nodes
+        .iter()
+        .map(|n| {
+            let mut addresses = Vec::new();
+            for t in ["InternalIP", "ExternalIP"] {
+                addresses.extend(
+                    n.addresses
+                        .iter()
+                        .filter(|(ty, _)| ty == t)
+                        .filter_map(|(_, a)| parse_ip(&a.v)),
+                );
+            }
+            ir::Node {
+                name: n.meta.name.v.clone(),
+                addresses,
+                labels: n
+                    .meta
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.v.clone(), v.v.clone()))
+                    .collect(),
+                pod_cidrs: n
+                    .pod_cidrs
+                    .iter()
+                    .filter_map(|c| c.v.parse().ok())
+                    .collect(),
+            }
+        })
+        .collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    nodes.dedup_by(|b, a| a.name == b.name);
+
+    ir::Module {
+        cluster: ir::ClusterConfig {
+            service_cidrs: settings.service_cidrs.clone(),
+            node_port_range: settings.node_port_range,
+            cluster_domain: settings.cluster_domain.clone(),
+        },
+        proxy: proxy_config(objects.proxy_configs.first()),
+        services,
+        nodes,
+    }
+}
+
+/// kube-proxy's configuration with upstream defaults.
+pub fn proxy_config(doc: Option<&ProxyConfigDoc>) -> ir::ProxyConfig {
+    let d = doc.cloned().unwrap_or_default();
+    let cluster_cidrs: Vec<Cidr> = d
+        .cluster_cidr
+        .as_ref()
+        .map(|c| {
+            c.v.split(',')
+                .filter_map(|x| x.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let detect_local = match d.detect_local_mode.as_ref().map(|m| m.v.as_str()) {
+        Some("NodeCIDR") => DetectLocalMode::NodeCIDR,
+        Some("BridgeInterface") => DetectLocalMode::BridgeInterface(
+            d.bridge_interface
+                .as_ref()
+                .map_or(String::new(), |b| b.v.clone()),
+        ),
+        Some("InterfaceNamePrefix") => DetectLocalMode::InterfaceNamePrefix(
+            d.interface_name_prefix
+                .as_ref()
+                .map_or(String::new(), |b| b.v.clone()),
+        ),
+        _ if cluster_cidrs.is_empty() => DetectLocalMode::None,
+        _ => DetectLocalMode::ClusterCIDR,
+    };
+    ir::ProxyConfig {
+        mode: d
+            .mode
+            .as_ref()
+            .map(|m| m.v.clone())
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "iptables".into()),
+        cluster_cidrs,
+        detect_local,
+        masquerade_all: d.masquerade_all.is_some_and(|b| b.v),
+        masquerade_bit: d
+            .masquerade_bit
+            .as_ref()
+            .map_or(14, |b| b.v.clamp(0, 31) as u8),
+        localhost_node_ports: d.localhost_node_ports.as_ref().is_none_or(|b| b.v),
+        node_port_addresses: d
+            .node_port_addresses
+            .iter()
+            .filter_map(|a| {
+                if a.v == "primary" {
+                    Some(NodePortAddress::Primary)
+                } else {
+                    a.v.parse().ok().map(NodePortAddress::Cidr)
+                }
+            })
+            .collect(),
+        ipvs_scheduler: d
+            .ipvs_scheduler
+            .as_ref()
+            .map(|s| s.v.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "rr".into()),
+        conntrack_tcp_be_liberal: d.tcp_be_liberal.is_some_and(|b| b.v),
+    }
+}

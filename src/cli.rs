@@ -1,0 +1,210 @@
+//! Arguments, in two stages: flags as written, then a checked [`Command`].
+
+use svc_compiler::net::{Cidr, IpFamily};
+use svc_compiler::passes::{parse_port_range, parse_service_cidrs};
+
+pub const USAGE: &str = "\
+svc-compile: compile Kubernetes Service manifests into kube-proxy dataplane rulesets
+
+USAGE:
+    svc-compile check PATHS... [OPTIONS]
+    svc-compile PATHS... --target TARGET [--node NAME | --all-nodes --out DIR] [OPTIONS]
+
+PATHS are files, directories (read recursively: *.yaml, *.yml, *.json) or `-` for stdin.
+Multi-document YAML, JSON and `kind: List` dumps (kubectl get ... -o yaml) are accepted.
+
+TARGETS:
+    ir              the resolved IR as JSON (with --node: plus that node's view)
+    iptables        iptables-restore input, as kube-proxy's iptables mode loads it
+    nftables        nft -f input, as kube-proxy's nftables mode loads it
+    nftables-json   the same as nft -j -f input
+
+OPTIONS:
+    --target TARGET                    output format (default: ir)
+    --node NAME                        compile for this node (a Node manifest, or --node-ip)
+    --node-ip IP                       the node's IP (repeatable); for nodes without a manifest
+    --family ipv4|ipv6                 the IP family to compile for (default: the primary
+                                       family of --service-cluster-ip-range)
+    --all-nodes                        compile for every Node manifest (needs --out)
+    --out DIR                          write one file per node and family into DIR
+    -o, --output FILE                  write the output to FILE instead of stdout
+    --service-cluster-ip-range CIDRS   comma-separated, one per family (default 10.96.0.0/12)
+    --service-node-port-range RANGE    default 30000-32767
+    --cluster-domain DOMAIN            default cluster.local
+    --no-allocate                      compile objects exactly as given (a live-cluster dump)
+    --lock FILE                        keep allocations stable across commits (read if present)
+    --write-lock                       write the allocations back to the --lock file
+    --format text|json                 how diagnostics are printed (default: text)
+    -h, --help                         this text
+    -V, --version                      the version
+
+EXIT CODES:
+    0  success (warnings may have been printed)
+    1  the input has errors (each printed as error[SVCnnn] at file:line:col)
+    2  usage, I/O or apply failure
+";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Ir,
+    Iptables,
+    Nftables,
+    NftablesJson,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug)]
+pub struct Command {
+    pub check: bool,
+    pub paths: Vec<String>,
+    pub target: Target,
+    pub node: Option<String>,
+    pub node_ips: Vec<std::net::IpAddr>,
+    pub family: Option<IpFamily>,
+    pub all_nodes: bool,
+    pub out_dir: Option<String>,
+    pub output: Option<String>,
+    pub service_cidrs: Option<Vec<Cidr>>,
+    pub node_port_range: Option<(u16, u16)>,
+    pub cluster_domain: Option<String>,
+    pub allocate: bool,
+    pub lock: Option<String>,
+    pub write_lock: bool,
+    pub format: Format,
+}
+
+pub enum Parsed {
+    Help(String),
+    Run(Command),
+}
+
+pub fn parse(args: &[String]) -> Result<Parsed, String> {
+    let mut cmd = Command {
+        check: false,
+        paths: vec![],
+        target: Target::Ir,
+        node: None,
+        node_ips: vec![],
+        family: None,
+        all_nodes: false,
+        out_dir: None,
+        output: None,
+        service_cidrs: None,
+        node_port_range: None,
+        cluster_domain: None,
+        allocate: true,
+        lock: None,
+        write_lock: false,
+        format: Format::Text,
+    };
+    let mut it = args.iter().peekable();
+    if it.peek().is_some_and(|a| *a == "check") {
+        cmd.check = true;
+        it.next();
+    } else if it.peek().is_some_and(|a| *a == "compile") {
+        it.next();
+    }
+    let mut only_paths = false;
+    while let Some(a) = it.next() {
+        let mut value = |flag: &str| -> Result<String, String> {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        if only_paths || a == "-" || !a.starts_with('-') {
+            cmd.paths.push(a.clone());
+            continue;
+        }
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut v = |f: &str| inline.clone().map_or_else(|| value(f), Ok);
+        match flag {
+            "--" => only_paths = true,
+            "-h" | "--help" => return Ok(Parsed::Help(USAGE.to_string())),
+            "-V" | "--version" => {
+                return Ok(Parsed::Help(format!(
+                    "svc-compile {}\n",
+                    env!("CARGO_PKG_VERSION")
+                )))
+            }
+            "--target" => {
+                cmd.target = match v(flag)?.as_str() {
+                    "ir" => Target::Ir,
+                    "iptables" => Target::Iptables,
+                    "nftables" => Target::Nftables,
+                    "nftables-json" => Target::NftablesJson,
+                    t => {
+                        return Err(format!(
+                            "unknown target `{t}`: use ir, iptables, nftables or nftables-json"
+                        ))
+                    }
+                }
+            }
+            "--node" => cmd.node = Some(v(flag)?),
+            "--node-ip" => {
+                let s = v(flag)?;
+                cmd.node_ips.push(
+                    s.parse()
+                        .map_err(|_| format!("--node-ip `{s}` is not an IP address"))?,
+                );
+            }
+            "--family" => {
+                cmd.family = Some(match v(flag)?.to_ascii_lowercase().as_str() {
+                    "ipv4" | "4" => IpFamily::IPv4,
+                    "ipv6" | "6" => IpFamily::IPv6,
+                    f => return Err(format!("--family `{f}`: use ipv4 or ipv6")),
+                })
+            }
+            "--all-nodes" => cmd.all_nodes = true,
+            "--out" => cmd.out_dir = Some(v(flag)?),
+            "-o" | "--output" => cmd.output = Some(v(flag)?),
+            "--service-cluster-ip-range" => {
+                cmd.service_cidrs = Some(
+                    parse_service_cidrs(&v(flag)?)
+                        .map_err(|e| format!("--service-cluster-ip-range: {e}"))?,
+                )
+            }
+            "--service-node-port-range" => {
+                cmd.node_port_range = Some(
+                    parse_port_range(&v(flag)?)
+                        .map_err(|e| format!("--service-node-port-range: {e}"))?,
+                )
+            }
+            "--cluster-domain" => cmd.cluster_domain = Some(v(flag)?),
+            "--no-allocate" => cmd.allocate = false,
+            "--lock" => cmd.lock = Some(v(flag)?),
+            "--write-lock" => cmd.write_lock = true,
+            "--format" => {
+                cmd.format = match v(flag)?.as_str() {
+                    "text" => Format::Text,
+                    "json" => Format::Json,
+                    f => return Err(format!("--format `{f}`: use text or json")),
+                }
+            }
+            _ => return Err(format!("unknown flag `{a}`")),
+        }
+    }
+    if cmd.paths.is_empty() {
+        return Err("no input: give files, directories or `-` for stdin".into());
+    }
+    if cmd.write_lock && cmd.lock.is_none() {
+        return Err("--write-lock needs --lock FILE".into());
+    }
+    if cmd.all_nodes && cmd.out_dir.is_none() {
+        return Err("--all-nodes needs --out DIR".into());
+    }
+    if cmd.all_nodes && cmd.node.is_some() {
+        return Err("use either --node or --all-nodes, not both".into());
+    }
+    if !cmd.check && cmd.target != Target::Ir && cmd.node.is_none() && !cmd.all_nodes {
+        return Err("this target needs --node NAME (or --all-nodes --out DIR)".into());
+    }
+    Ok(Parsed::Run(cmd))
+}

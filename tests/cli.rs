@@ -1,0 +1,130 @@
+//! The command line as a user meets it: exit codes, stdin, directories, List input.
+
+use crate::support::{root, svc, TempDir};
+
+const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  selector: {app: web}\n  ports:\n  - port: 80\n";
+
+#[test]
+fn examples_compile_to_ir() {
+    let r = svc(&["examples/"], None, &root());
+    r.expect(0);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("IR is JSON");
+    assert_eq!(v["irVersion"], 1);
+    assert!(v["module"]["services"].as_array().unwrap().len() >= 8);
+}
+
+#[test]
+fn check_ok_exits_0() {
+    let r = svc(&["check", "examples/"], None, &root());
+    r.expect(0);
+    assert!(r.stdout.contains("ok:"), "{}", r.stdout);
+}
+
+#[test]
+fn node_port_out_of_range_points_at_it() {
+    let t = TempDir::new("np");
+    let f = t.path().join("svc.yaml");
+    std::fs::write(&f, "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  type: NodePort\n  ports:\n  - port: 80\n    nodePort: 40000\n").unwrap();
+    let r = svc(&["check", f.to_str().unwrap()], None, &root());
+    r.expect(1);
+    let loc = format!("{}:9:15", f.display());
+    assert!(r.stdout.contains(&loc), "wanted {loc} in\n{}", r.stdout);
+    assert!(r.stdout.contains("error[SVC"), "{}", r.stdout);
+}
+
+#[test]
+fn stdin_and_list_input() {
+    let list = format!(
+        "apiVersion: v1\nkind: List\nitems:\n- {}\n",
+        SVC.trim_end().replace('\n', "\n  ")
+    );
+    let r = svc(&["-"], Some(&list), &root());
+    r.expect(0);
+    assert!(r.stdout.contains("\"name\": \"web\""), "{}", r.stdout);
+}
+
+#[test]
+fn json_input_matches_yaml_input() {
+    let yaml = svc(&["-"], Some(SVC), &root());
+    let json = svc(
+        &["-"],
+        Some(
+            r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"web"},"spec":{"selector":{"app":"web"},"ports":[{"port":80}]}}"#,
+        ),
+        &root(),
+    );
+    yaml.expect(0);
+    json.expect(0);
+    assert_eq!(yaml.stdout, json.stdout);
+}
+
+#[test]
+fn directories_are_read_recursively_in_any_order() {
+    let t = TempDir::new("dir");
+    std::fs::create_dir_all(t.path().join("a/b")).unwrap();
+    std::fs::write(t.path().join("a/b/svc.yml"), SVC).unwrap();
+    std::fs::write(t.path().join("notes.txt"), "not yaml").unwrap();
+    let r = svc(&[t.path().to_str().unwrap()], None, &root());
+    r.expect(0);
+    assert!(r.stdout.contains("\"name\": \"web\""));
+}
+
+#[test]
+fn usage_and_io_errors_exit_2_with_one_line() {
+    let r = svc(&["check"], None, &root());
+    r.expect(2);
+    assert!(r.stderr.starts_with("svc-compile: "), "{}", r.stderr);
+    let r = svc(&["check", "does/not/exist.yaml"], None, &root());
+    r.expect(2);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(r
+        .stderr
+        .starts_with("svc-compile: cannot read does/not/exist.yaml"));
+    let r = svc(&["examples/", "--target", "iptables"], None, &root());
+    r.expect(2);
+    assert!(r.stderr.contains("--node"), "{}", r.stderr);
+    let r = svc(&["examples/", "--frobnicate"], None, &root());
+    r.expect(2);
+}
+
+#[test]
+fn check_json_format() {
+    let r = svc(
+        &["check", "--format", "json", "-"],
+        Some("kind: Service\n"),
+        &root(),
+    );
+    r.expect(1);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v[0]["code"], "SVC006");
+    assert_eq!(v[0]["file"], "<stdin>");
+    assert_eq!(v[0]["line"], 1);
+}
+
+#[test]
+fn lock_file_round_trip() {
+    let t = TempDir::new("lock");
+    let lock = t.path().join("svc.lock.yaml");
+    let l = lock.to_str().unwrap();
+    let first = svc(&["examples/", "--lock", l, "--write-lock"], None, &root());
+    first.expect(0);
+    let text = std::fs::read_to_string(&lock).unwrap();
+    assert!(text.contains("kind: AllocationLock"), "{text}");
+    assert!(text.contains("default/my-service"), "{text}");
+    // With another range the lock's addresses no longer fit and are re-allocated; with
+    // the same inputs they are reused as they are.
+    let again = svc(&["examples/", "--lock", l], None, &root());
+    again.expect(0);
+    assert_eq!(first.stdout, again.stdout);
+}
+
+#[test]
+fn no_allocate_leaves_values_missing() {
+    let r = svc(&["-", "--no-allocate"], Some(SVC), &root());
+    r.expect(0);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        v["module"]["services"][0]["clusterIPs"],
+        serde_json::json!([])
+    );
+}

@@ -1,0 +1,111 @@
+//! Golden snapshots. Adding a case is adding files:
+//! - `golden/cases/NAME/*.yaml` (+ optional `args`: extra flags, one per line; default
+//!   `--node node-a`) → snapshots of every target, `golden/snapshots/NAME.TARGET.snap`;
+//! - `golden/errors/NAME.yaml` → the diagnostics exactly as `svc-compile check` prints
+//!   them, with the exit code.
+//!
+//! Review changes with `cargo insta review` (or `INSTA_UPDATE=always cargo test` and git diff).
+
+use crate::support::{root, svc};
+use std::path::Path;
+
+/// Targets snapshotted for every case.
+pub const TARGETS: &[&str] = &["ir"];
+
+fn settings() -> insta::Settings {
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path(root().join("golden/snapshots"));
+    s.set_prepend_module_to_snapshot(false);
+    s.set_omit_expression(true);
+    s
+}
+
+pub fn case_dirs() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(root().join("golden/cases"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The extra flags of a case (`args` file), default `--node node-a`.
+pub fn case_args(case: &str) -> Vec<String> {
+    match std::fs::read_to_string(root().join("golden/cases").join(case).join("args")) {
+        Ok(t) => t
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .flat_map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .collect(),
+        Err(_) => vec!["--node".into(), "node-a".into()],
+    }
+}
+
+/// Compile one case for one target through the CLI.
+pub fn compile_case(case: &str, target: &str) -> String {
+    let dir = format!("golden/cases/{case}");
+    let args = case_args(case);
+    let mut a: Vec<&str> = vec![&dir, "--target", target];
+    a.extend(args.iter().map(String::as_str));
+    let r = svc(&a, None, &root());
+    r.expect(0);
+    r.stdout
+}
+
+#[test]
+fn golden_cases() {
+    let s = settings();
+    for case in case_dirs() {
+        for target in TARGETS {
+            let out = compile_case(&case, target);
+            s.bind(|| insta::assert_snapshot!(format!("{case}.{target}"), out));
+        }
+    }
+}
+
+#[test]
+fn golden_examples() {
+    let s = settings();
+    let r = svc(
+        &["examples/", "--target", "ir", "--node", "node-a"],
+        None,
+        &root(),
+    );
+    r.expect(0);
+    s.bind(|| insta::assert_snapshot!("examples.ir", r.stdout));
+}
+
+#[test]
+fn golden_errors() {
+    let s = settings();
+    let dir = root().join("golden/errors");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") || n.ends_with(".yml") || n.ends_with(".json"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    for f in files {
+        let rel = format!("golden/errors/{f}");
+        let r = svc(&["check", &rel], None, &root());
+        assert!(
+            r.code == 0 || r.code == 1,
+            "`{}` exited {}: {}",
+            r.cmdline,
+            r.code,
+            r.stderr
+        );
+        let stem = Path::new(&f)
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let text = format!("exit code: {}\n{}", r.code, r.stdout);
+        s.bind(|| insta::assert_snapshot!(format!("errors.{stem}"), text));
+    }
+}

@@ -1,0 +1,87 @@
+//! Running the built `svc-compile` binary; a failing check prints the command and its output.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub cmdline: String,
+}
+
+impl Run {
+    /// Panic with the whole story unless the exit code is `code`.
+    #[track_caller]
+    pub fn expect(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code, code,
+            "`{}` exited {} (wanted {code})\n--- stdout\n{}\n--- stderr\n{}",
+            self.cmdline, self.code, self.stdout, self.stderr
+        );
+        self
+    }
+}
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn svc(args: &[&str], stdin: Option<&str>, cwd: &Path) -> Run {
+    let exe = env!("CARGO_BIN_EXE_svc-compile");
+    let mut child = Command::new(exe)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run svc-compile");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        cmdline: format!("svc-compile {}", args.join(" ")),
+    }
+}
+
+/// A unique scratch directory under the target dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "svc-compile-test-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
