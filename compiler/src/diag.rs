@@ -182,10 +182,7 @@ pub fn render_all(diags: &Diagnostics, sources: &SourceMap) -> String {
         out.push_str(&render_text(d, sources));
         out.push('\n');
     }
-    let (e, w) = (
-        diags.count(Severity::Error),
-        diags.count(Severity::Warning),
-    );
+    let (e, w) = (diags.count(Severity::Error), diags.count(Severity::Warning));
     if e + w > 0 {
         let _ = writeln!(out, "{e} error(s), {w} warning(s)");
     }

@@ -5,6 +5,6 @@
 //! decision a pass recorded there.
 
 pub mod common;
-pub mod ir;
 pub mod iptables;
+pub mod ir;
 pub mod nftables;
