@@ -1,9 +1,26 @@
 //! Per-node pass: what one node's proxy programs for one family.
+//!
+//! This is the part of kube-proxy that does not depend on the dataplane: its per-family
+//! proxier setup (node IPs, local-traffic detector, `nodePortAddresses`,
+//! `localhostNodePorts`), the service tracker (which service ports exist on a family) and
+//! `CategorizeEndpoints` (which endpoints each traffic policy uses on this node, after
+//! topology and the terminating fallback). Every decision lands in [`NodeView`] so that
+//! back ends only print.
+//!
+//! Upstream references (kubernetes/kubernetes): `pkg/proxy/topology.go`,
+//! `pkg/proxy/serviceport.go`, `pkg/proxy/servicechangetracker.go`,
+//! `pkg/proxy/util/nodeport_addresses.go`, `pkg/proxy/iptables/proxier.go`
+//! (`NewProxier`, `syncProxyRules`) and `cmd/kube-proxy/app/server.go` (`primary`
+//! node-port addresses, local detectors). The deprecated `topologyKeys` follow seed 000.
 
 use crate::diag::Diagnostic;
-use crate::ir::{Module, NodeView};
-use crate::net::IpFamily;
-use std::net::IpAddr;
+use crate::ir::{
+    DetectLocalMode, Endpoint, EndpointView, LocalDetector, Module, Node, NodePortAddress,
+    NodePortAddresses, NodeView, PortView, Service, ServicePort, ServiceType, TrafficPolicy,
+};
+use crate::net::{join_host_port, Cidr, IpFamily};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Which node to compile for: a Node object's name, plus `--node-ip` addresses used when
 /// there is no Node manifest (or added to its addresses).
@@ -13,12 +30,1305 @@ pub struct NodeSelection {
     pub ips: Vec<IpAddr>,
 }
 
+/// kube-proxy's `largeClusterEndpointsThreshold`: above this many endpoints on a family
+/// it leaves comments out of the per-endpoint rules.
+const LARGE_CLUSTER_ENDPOINTS_THRESHOLD: usize = 1000;
+
+const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+const TOPOLOGY_ANY: &str = "*";
+
 /// Compute the view of `sel` for `family`. Errors (unknown node without `--node-ip`) are
 /// returned as a diagnostic.
+// The signature is the contract the CLI codes against; it runs once per node and family,
+// so the size of the error does not matter.
+#[allow(clippy::result_large_err)]
 pub fn node_view(
-    _module: &Module,
-    _sel: &NodeSelection,
-    _family: IpFamily,
+    module: &Module,
+    sel: &NodeSelection,
+    family: IpFamily,
 ) -> Result<NodeView, Diagnostic> {
-    todo!("passes::node")
+    let node = module.nodes.iter().find(|n| n.name == sel.name);
+    let node_ips = node_ips(node, sel, family);
+    if node.is_none() && node_ips.is_empty() {
+        return Err(Diagnostic::error(
+            "SVC401",
+            format!(
+                "no Node named `{}` and no {} node address: add the Node manifest or pass `--node-ip`",
+                sel.name,
+                family.as_str()
+            ),
+        )
+        .hint(format!(
+            "add a Node manifest named `{}` with an {} address in status.addresses, or pass `--node-ip`",
+            sel.name,
+            family.as_str()
+        )));
+    }
+
+    let proxy = &module.proxy;
+    let this = ThisNode {
+        name: &sel.name,
+        labels: node.map(|n| &n.labels),
+        zone: node.and_then(Node::zone).unwrap_or(""),
+    };
+
+    // kube-proxy forces localhostNodePorts off for IPv6, and for IPv4 when
+    // nodePortAddresses leaves out 127.0.0.0/8 (`ContainsIPv4Loopback`).
+    let npa = node_port_cidrs(&proxy.node_port_addresses, &node_ips, family);
+    let localhost_node_ports =
+        family == IpFamily::IPv4 && proxy.localhost_node_ports && npa.contains_ipv4_loopback;
+    let node_port_addresses = match npa.cidrs {
+        None => NodePortAddresses::All,
+        Some(cidrs) => NodePortAddresses::Ips(node_port_ips(
+            &cidrs,
+            &node_ips,
+            family,
+            localhost_node_ports,
+        )),
+    };
+
+    let mut ports = Vec::new();
+    for (id, svc) in module.services.iter().enumerate() {
+        let Some(cluster_ip) = proxied_cluster_ip(svc, family) else {
+            continue;
+        };
+        for port in &svc.ports {
+            ports.push(port_view(
+                module, id as u32, svc, port, cluster_ip, family, &this, &node_ips,
+            ));
+        }
+    }
+    ports.sort_by(|a, b| {
+        (&a.namespace, &a.name, &a.port_name, a.protocol).cmp(&(
+            &b.namespace,
+            &b.name,
+            &b.port_name,
+            b.protocol,
+        ))
+    });
+
+    // Counted like kube-proxy: every endpoint of the family (ready or not) of every
+    // service port it tracks.
+    let total_endpoints: usize = ports.iter().map(|p| p.endpoints.len()).sum();
+
+    Ok(NodeView {
+        node_name: sel.name.clone(),
+        family,
+        masquerade_mark: 1u32.checked_shl(proxy.masquerade_bit.into()).unwrap_or(0),
+        masquerade_all: proxy.masquerade_all,
+        local_detector: local_detector(&proxy.detect_local, &proxy.cluster_cidrs, node, family),
+        node_port_addresses,
+        localhost_node_ports,
+        // The anti-martian rule exists to close the hole that route_localnet opens, so
+        // kube-proxy writes it exactly when it enables localhost node ports.
+        martian_rule: localhost_node_ports,
+        large_cluster: total_endpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
+        drop_invalid: !proxy.conntrack_tcp_be_liberal,
+        service_cidrs: module
+            .cluster
+            .service_cidrs
+            .iter()
+            .filter(|c| c.family() == family)
+            .copied()
+            .collect(),
+        node_ips,
+        ports,
+    })
+}
+
+/// The client side of topology decisions.
+struct ThisNode<'a> {
+    name: &'a str,
+    labels: Option<&'a BTreeMap<String, String>>,
+    /// `topology.kubernetes.io/zone`, empty when unlabelled (kube-proxy's default).
+    zone: &'a str,
+}
+
+/// The Node's addresses of `family` (status order: InternalIP then ExternalIP), then the
+/// `--node-ip` ones, without duplicates. The first is what kube-proxy calls the node IP.
+fn node_ips(node: Option<&Node>, sel: &NodeSelection, family: IpFamily) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let from_node = node.map(|n| n.addresses.as_slice()).unwrap_or_default();
+    for ip in from_node.iter().chain(&sel.ips) {
+        if IpFamily::of(ip) == family && !ips.contains(ip) {
+            ips.push(*ip);
+        }
+    }
+    ips
+}
+
+fn loopback(family: IpFamily) -> IpAddr {
+    match family {
+        IpFamily::IPv4 => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpFamily::IPv6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
+    }
+}
+
+/// kube-proxy's single node IP for a family: the first address, or loopback when the
+/// node has none of that family (`detectNodeIPs`).
+fn primary_ip(node_ips: &[IpAddr], family: IpFamily) -> IpAddr {
+    node_ips
+        .first()
+        .copied()
+        .unwrap_or_else(|| loopback(family))
+}
+
+fn local_detector(
+    mode: &DetectLocalMode,
+    cluster_cidrs: &[Cidr],
+    node: Option<&Node>,
+    family: IpFamily,
+) -> Option<LocalDetector> {
+    // kube-proxy prints the parsed network (`IPNet.String()`), so `10.0.0.1/8` is written
+    // `10.0.0.0/8`.
+    let first_of_family = |cidrs: &[Cidr]| {
+        cidrs
+            .iter()
+            .find(|c| c.family() == family)
+            .map(|c| LocalDetector::Cidr(c.network()))
+    };
+    match mode {
+        DetectLocalMode::None => None,
+        DetectLocalMode::ClusterCIDR => first_of_family(cluster_cidrs),
+        DetectLocalMode::NodeCIDR => node.and_then(|n| first_of_family(&n.pod_cidrs)),
+        DetectLocalMode::BridgeInterface(name) => {
+            Some(LocalDetector::BridgeInterface(name.clone()))
+        }
+        DetectLocalMode::InterfaceNamePrefix(prefix) => {
+            Some(LocalDetector::InterfaceNamePrefix(prefix.clone()))
+        }
+    }
+}
+
+/// `NewNodePortAddresses` for one family.
+struct NodePortCidrs {
+    /// `None` = match all (no CIDR of this family, or a zero CIDR among them).
+    cidrs: Option<Vec<Cidr>>,
+    contains_ipv4_loopback: bool,
+}
+
+fn node_port_cidrs(
+    config: &[NodePortAddress],
+    node_ips: &[IpAddr],
+    family: IpFamily,
+) -> NodePortCidrs {
+    // `primary` is rewritten at start-up into the node IP of each family as a host
+    // CIDR, loopback excluded; a family left without one falls back to match-all.
+    let cidrs: Vec<Cidr> = if config.contains(&NodePortAddress::Primary) {
+        node_ips
+            .first()
+            .filter(|ip| !ip.is_loopback())
+            .map(|ip| Cidr {
+                addr: *ip,
+                prefix: family.bits(),
+            })
+            .into_iter()
+            .collect()
+    } else {
+        config
+            .iter()
+            .filter_map(|a| match a {
+                NodePortAddress::Cidr(c) if c.family() == family => Some(c.network()),
+                _ => None,
+            })
+            .collect()
+    };
+    if cidrs.is_empty() {
+        // Upstream substitutes 0.0.0.0/0 (or ::/0), which contains loopback.
+        return NodePortCidrs {
+            cidrs: None,
+            contains_ipv4_loopback: family == IpFamily::IPv4,
+        };
+    }
+    let mut contains_ipv4_loopback = false;
+    let mut kept = Vec::new();
+    for c in cidrs {
+        if c.family() == IpFamily::IPv4
+            && (c.addr.is_loopback() || c.contains(&IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0))))
+        {
+            contains_ipv4_loopback = true;
+        }
+        if c.prefix == 0 {
+            // A zero CIDR matches everything; upstream ignores the rest of the list.
+            return NodePortCidrs {
+                cidrs: None,
+                contains_ipv4_loopback,
+            };
+        }
+        kept.push(c);
+    }
+    NodePortCidrs {
+        cidrs: Some(kept),
+        contains_ipv4_loopback,
+    }
+}
+
+/// `GetNodeIPs`: the node's interface addresses inside some CIDR. We know the node IPs
+/// plus the loopback address every node has on `lo`. Loopback is then dropped where
+/// kube-proxy skips it (IPv6, or localhostNodePorts off).
+fn node_port_ips(
+    cidrs: &[Cidr],
+    node_ips: &[IpAddr],
+    family: IpFamily,
+    localhost_node_ports: bool,
+) -> Vec<IpAddr> {
+    let lo = loopback(family);
+    let mut ips = Vec::new();
+    for ip in node_ips.iter().chain(std::iter::once(&lo)) {
+        if ips.contains(ip) || !cidrs.iter().any(|c| c.contains(ip)) {
+            continue;
+        }
+        if ip.is_loopback() && (family == IpFamily::IPv6 || !localhost_node_ports) {
+            continue;
+        }
+        ips.push(*ip);
+    }
+    ips
+}
+
+/// The cluster IP the proxier of `family` uses, `Some(None)` for a port kept without one
+/// (`--no-allocate`), `None` when the service is not proxied on this family.
+fn proxied_cluster_ip(svc: &Service, family: IpFamily) -> Option<Option<IpAddr>> {
+    if svc.headless || svc.kind == ServiceType::ExternalName {
+        return None;
+    }
+    if let Some(ip) = svc.cluster_ips.iter().find(|ip| IpFamily::of(ip) == family) {
+        return Some(Some(*ip));
+    }
+    let unallocated_single_family = svc.cluster_ips.is_empty() && svc.ip_families == [family];
+    unallocated_single_family.then_some(None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn port_view(
+    module: &Module,
+    service: u32,
+    svc: &Service,
+    port: &ServicePort,
+    cluster_ip: Option<IpAddr>,
+    family: IpFamily,
+    this: &ThisNode,
+    node_ips: &[IpAddr],
+) -> PortView {
+    let spn = if port.name.is_empty() {
+        format!("{}/{}", svc.namespace, svc.name)
+    } else {
+        format!("{}/{}:{}", svc.namespace, svc.name, port.name)
+    };
+    let of_family = |ip: &&IpAddr| IpFamily::of(ip) == family;
+    let external_ips: Vec<IpAddr> = svc.external_ips.iter().filter(of_family).copied().collect();
+    let load_balancer_ips: Vec<IpAddr> = svc
+        .load_balancer_ingress
+        .iter()
+        .filter(|ing| !ing.proxy_mode)
+        .map(|ing| ing.ip)
+        .filter(|ip| IpFamily::of(ip) == family)
+        .collect();
+    // Printed as parsed networks, like every CIDR kube-proxy writes.
+    let source_ranges: Vec<Cidr> = svc
+        .load_balancer_source_ranges
+        .iter()
+        .filter(|c| c.family() == family)
+        .map(Cidr::network)
+        .collect();
+    let node_ip = primary_ip(node_ips, family);
+    let source_ranges_include_node = source_ranges.iter().any(|c| c.contains(&node_ip));
+
+    // Per port and family, as the proxier sees it: a LoadBalancer without ingress IPs
+    // or node ports is not reachable from outside on this family.
+    let externally_accessible =
+        port.node_port.is_some() || !load_balancer_ips.is_empty() || !external_ips.is_empty();
+    let internal_local = svc.internal_traffic_policy == TrafficPolicy::Local;
+    let external_local = svc.external_traffic_policy == TrafficPolicy::Local
+        && svc.externally_accessible()
+        && externally_accessible;
+    // `NeedsHealthCheck`: LoadBalancer with ETP=Local, whatever its ports.
+    let health_check_node_port = if svc.kind == ServiceType::LoadBalancer
+        && svc.external_traffic_policy == TrafficPolicy::Local
+    {
+        svc.health_check_node_port
+    } else {
+        None
+    };
+
+    let endpoints: Vec<&Endpoint> = port
+        .endpoints
+        .iter()
+        .filter(|e| IpFamily::of(&e.ip) == family)
+        .collect();
+    let views: Vec<EndpointView> = endpoints
+        .iter()
+        .map(|e| EndpointView {
+            ip: e.ip,
+            port: e.port,
+            addr: join_host_port(&e.ip, e.port),
+            is_local: !this.name.is_empty() && e.node_name.as_deref() == Some(this.name),
+            ready: e.ready,
+            serving: e.serving,
+            terminating: e.terminating,
+        })
+        .collect();
+
+    // `UsesClusterEndpoints` / `UsesLocalEndpoints`. Cluster endpoints are needed by any
+    // externally accessible port, even with ETP=Local: the EXT chain short-circuits
+    // pod and host traffic to the cluster chain.
+    let uses_cluster = !internal_local || externally_accessible;
+    let uses_local = internal_local || external_local;
+    let topology_keys = if external_local {
+        // Seed 000: topologyKeys and ETP=Local are mutually exclusive; kube-proxy did not
+        // apply topology to such services.
+        &[][..]
+    } else {
+        &svc.topology_keys[..]
+    };
+    let cat = categorize(
+        module,
+        &endpoints,
+        &views,
+        topology_keys,
+        uses_cluster,
+        uses_local,
+        this,
+    );
+
+    PortView {
+        service,
+        namespace: svc.namespace.clone(),
+        name: svc.name.clone(),
+        port_name: port.name.clone(),
+        protocol: port.protocol,
+        spn,
+        cluster_ip,
+        port: port.port,
+        node_port: port.node_port,
+        external_ips,
+        load_balancer_ips,
+        source_ranges,
+        source_ranges_include_node,
+        health_check_node_port,
+        affinity_timeout: svc.session_affinity_timeout,
+        externally_accessible,
+        internal_local,
+        external_local,
+        has_endpoints: cat.has_endpoints,
+        endpoints: views,
+        cluster_endpoints: cat.cluster,
+        local_endpoints: cat.local,
+        topology: cat.topology,
+    }
+}
+
+struct Categorized {
+    cluster: Vec<u32>,
+    local: Vec<u32>,
+    has_endpoints: bool,
+    topology: Option<String>,
+}
+
+/// kube-proxy's `CategorizeEndpoints`, with the deprecated `topologyKeys` (seed 000) in
+/// place of hints when the service has them. `endpoints` and `views` are parallel.
+fn categorize(
+    module: &Module,
+    endpoints: &[&Endpoint],
+    views: &[EndpointView],
+    topology_keys: &[String],
+    uses_cluster: bool,
+    uses_local: bool,
+    this: &ThisNode,
+) -> Categorized {
+    let usable = |v: &EndpointView| v.ready || (v.serving && v.terminating);
+    let serving_terminating = |v: &EndpointView| v.serving && v.terminating;
+    let select = |pred: &dyn Fn(&EndpointView) -> bool| -> Vec<u32> {
+        (0..views.len() as u32)
+            .filter(|&i| pred(&views[i as usize]))
+            .collect()
+    };
+
+    let mut cluster = Vec::new();
+    let mut has_endpoints = false;
+    let mut topology = None;
+    let mut topology_rejects = false;
+    if uses_cluster {
+        if !topology_keys.is_empty() {
+            // The keys are a hard filter: applied to the ready endpoints, then to the
+            // serving-terminating fallback; no match leaves the node without endpoints.
+            let by_keys = |tier: Vec<u32>| {
+                filter_by_topology_keys(module, topology_keys, endpoints, tier, this)
+            };
+            let (mut set, mut key) = by_keys(select(&|v| v.ready));
+            if set.is_empty() {
+                (set, key) = by_keys(select(&serving_terminating));
+            }
+            topology = Some(match key {
+                Some(k) => format!("topologyKeys: {k}"),
+                None => "topologyKeys: no match, rejected".to_string(),
+            });
+            topology_rejects = set.is_empty();
+            cluster = set;
+        } else {
+            let (mode, why) = topology_mode_from_hints(endpoints, views, this);
+            topology = why;
+            cluster = select(&|v| v.ready);
+            cluster.retain(|&i| mode.admits(endpoints[i as usize], this));
+            if cluster.is_empty() {
+                // Hints are never the reason for an empty set here (they are only used
+                // when this node's zone or node has a ready endpoint), so no ready
+                // endpoint exists anywhere: fall back to the terminating ones.
+                cluster = select(&serving_terminating);
+            }
+        }
+        has_endpoints = !cluster.is_empty();
+    }
+
+    let mut local = Vec::new();
+    if uses_local {
+        has_endpoints |= views.iter().any(usable);
+        local = select(&|v| v.is_local && v.ready);
+        if local.is_empty() {
+            local = select(&|v| v.is_local && serving_terminating(v));
+        }
+    }
+
+    if topology_rejects {
+        // Seed 000: when no key matches, the service has no endpoints for this node.
+        has_endpoints = false;
+        local.clear();
+    }
+    Categorized {
+        cluster,
+        local,
+        has_endpoints,
+        topology,
+    }
+}
+
+/// Seed 000: for each key in order, the endpoints whose node has this node's value of
+/// that label; the first key that yields any wins. `*` takes every endpoint; a key this
+/// node has no label for is skipped. Returns the endpoints and the winning key.
+fn filter_by_topology_keys<'k>(
+    module: &Module,
+    keys: &'k [String],
+    endpoints: &[&Endpoint],
+    candidates: Vec<u32>,
+    this: &ThisNode,
+) -> (Vec<u32>, Option<&'k str>) {
+    for key in keys {
+        if key == TOPOLOGY_ANY {
+            return (candidates, Some(key));
+        }
+        let Some(want) = this_node_value(key, this) else {
+            continue;
+        };
+        let matched: Vec<u32> = candidates
+            .iter()
+            .copied()
+            .filter(|&i| endpoint_node_value(module, endpoints[i as usize], key) == Some(want))
+            .collect();
+        if !matched.is_empty() {
+            return (matched, Some(key));
+        }
+    }
+    (Vec::new(), None)
+}
+
+fn this_node_value<'a>(key: &str, this: &ThisNode<'a>) -> Option<&'a str> {
+    if key == LABEL_HOSTNAME {
+        // "Same node" even when the Node object (and so its labels) is missing.
+        return Some(this.name);
+    }
+    this.labels?.get(key).map(String::as_str)
+}
+
+/// The label value of the endpoint's node. Without that Node object, the EndpointSlice
+/// still says which node and zone the endpoint is in.
+fn endpoint_node_value<'a>(module: &'a Module, ep: &'a Endpoint, key: &str) -> Option<&'a str> {
+    let node_name = ep.node_name.as_deref();
+    if key == LABEL_HOSTNAME {
+        return node_name;
+    }
+    let node = node_name.and_then(|name| {
+        module
+            .nodes
+            .binary_search_by(|n| n.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &module.nodes[i])
+    });
+    match node {
+        Some(n) => n.labels.get(key).map(String::as_str),
+        None if key == LABEL_ZONE => ep.zone.as_deref(),
+        None => None,
+    }
+}
+
+/// How hints narrow the cluster endpoints (`topologyModeFromHints`).
+enum HintMode {
+    None,
+    SameNode,
+    SameZone,
+}
+
+impl HintMode {
+    fn admits(&self, ep: &Endpoint, this: &ThisNode) -> bool {
+        match self {
+            HintMode::None => true,
+            HintMode::SameNode => ep.hint_nodes.iter().any(|n| n == this.name),
+            HintMode::SameZone => ep.hint_zones.iter().any(|z| z == this.zone),
+        }
+    }
+}
+
+/// kube-proxy reads the hints the EndpointSlice controller wrote (for
+/// `trafficDistribution` PreferClose / PreferSameZone / PreferSameNode, or the
+/// topology-mode annotation); the Service's own field plays no part here. Hints count
+/// only when every ready endpoint carries one and some ready endpoint is hinted for
+/// this node (node hints, PreferSameTrafficDistribution being on) or this node's zone.
+/// Returns the mode and a note for humans.
+fn topology_mode_from_hints(
+    endpoints: &[&Endpoint],
+    views: &[EndpointView],
+    this: &ThisNode,
+) -> (HintMode, Option<String>) {
+    let ready: Vec<&Endpoint> = endpoints
+        .iter()
+        .zip(views)
+        .filter(|(_, v)| v.ready)
+        .map(|(e, _)| *e)
+        .collect();
+    let any_hints = ready
+        .iter()
+        .any(|e| !e.hint_nodes.is_empty() || !e.hint_zones.is_empty());
+    if !any_hints {
+        return (HintMode::None, None);
+    }
+    let ignored = |why: String| (HintMode::None, Some(format!("hints ignored: {why}")));
+
+    let all_node_hints = ready.iter().all(|e| !e.hint_nodes.is_empty());
+    if all_node_hints && ready.iter().any(|e| HintMode::SameNode.admits(e, this)) {
+        return (
+            HintMode::SameNode,
+            Some(format!("hints: node {}", this.name)),
+        );
+    }
+    let all_zone_hints = ready.iter().all(|e| !e.hint_zones.is_empty());
+    if !all_zone_hints {
+        return ignored("a ready endpoint has no zone hint".to_string());
+    }
+    if ready.iter().any(|e| HintMode::SameZone.admits(e, this)) {
+        return (
+            HintMode::SameZone,
+            Some(format!("hints: zone {}", this.zone)),
+        );
+    }
+    if this.zone.is_empty() {
+        ignored(format!("node has no {LABEL_ZONE} label"))
+    } else {
+        ignored(format!("none for zone {}", this.zone))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{
+        ClusterConfig, LoadBalancerIngress, Protocol, ProxyConfig, TargetPort, TrafficPolicy,
+    };
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+    fn cidr(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    fn module(services: Vec<Service>, nodes: Vec<Node>) -> Module {
+        Module {
+            cluster: ClusterConfig {
+                service_cidrs: vec![cidr("10.96.0.0/12"), cidr("fd00:96::/112")],
+                node_port_range: (30000, 32767),
+                cluster_domain: "cluster.local".into(),
+            },
+            proxy: ProxyConfig {
+                mode: "iptables".into(),
+                cluster_cidrs: vec![cidr("10.244.0.0/16"), cidr("fd00:244::/56")],
+                detect_local: DetectLocalMode::ClusterCIDR,
+                masquerade_all: false,
+                masquerade_bit: 14,
+                localhost_node_ports: true,
+                node_port_addresses: vec![],
+                ipvs_scheduler: "rr".into(),
+                conntrack_tcp_be_liberal: false,
+            },
+            services,
+            nodes,
+        }
+    }
+
+    fn node(name: &str, addrs: &[&str], zone: Option<&str>) -> Node {
+        let mut labels = BTreeMap::new();
+        labels.insert(LABEL_HOSTNAME.to_string(), name.to_string());
+        if let Some(z) = zone {
+            labels.insert(LABEL_ZONE.to_string(), z.to_string());
+        }
+        Node {
+            name: name.into(),
+            addresses: addrs.iter().map(|a| ip(a)).collect(),
+            labels,
+            pod_cidrs: vec![cidr("10.244.1.0/24"), cidr("fd00:244:0:1::/64")],
+        }
+    }
+
+    /// Three nodes: n1 (this node) and n2 in zone a, n3 in zone b.
+    fn nodes() -> Vec<Node> {
+        vec![
+            node("n1", &["192.168.0.1", "fd00::1"], Some("a")),
+            node("n2", &["192.168.0.2"], Some("a")),
+            node("n3", &["192.168.0.3"], Some("b")),
+        ]
+    }
+
+    fn ep(addr: &str, node: &str) -> Endpoint {
+        Endpoint {
+            ip: ip(addr),
+            port: 8080,
+            node_name: (!node.is_empty()).then(|| node.to_string()),
+            zone: None,
+            ready: true,
+            serving: true,
+            terminating: false,
+            hint_zones: vec![],
+            hint_nodes: vec![],
+            source: "EndpointSlice ns/x".into(),
+        }
+    }
+
+    fn terminating(mut e: Endpoint, serving: bool) -> Endpoint {
+        e.ready = false;
+        e.serving = serving;
+        e.terminating = true;
+        e
+    }
+
+    fn svc(name: &str, kind: ServiceType, endpoints: Vec<Endpoint>) -> Service {
+        Service {
+            namespace: "ns".into(),
+            name: name.into(),
+            kind,
+            headless: false,
+            cluster_ips: vec![ip("10.96.0.10")],
+            ip_families: vec![IpFamily::IPv4],
+            external_name: None,
+            external_ips: vec![],
+            load_balancer_ingress: vec![],
+            load_balancer_source_ranges: vec![],
+            external_traffic_policy: TrafficPolicy::Cluster,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            session_affinity_timeout: None,
+            health_check_node_port: None,
+            topology_keys: vec![],
+            traffic_distribution: None,
+            ports: vec![ServicePort {
+                name: "http".into(),
+                protocol: Protocol::TCP,
+                port: 80,
+                node_port: (kind != ServiceType::ClusterIP).then_some(30080),
+                target_port: TargetPort::Number(8080),
+                endpoints,
+            }],
+            allocated: vec![],
+        }
+    }
+
+    fn sel(name: &str) -> NodeSelection {
+        NodeSelection {
+            name: name.into(),
+            ips: vec![],
+        }
+    }
+
+    fn view(m: &Module) -> NodeView {
+        node_view(m, &sel("n1"), IpFamily::IPv4).unwrap()
+    }
+
+    /// The addresses of the endpoints at `idx`.
+    fn addrs(p: &PortView, idx: &[u32]) -> Vec<String> {
+        idx.iter()
+            .map(|&i| p.endpoints[i as usize].ip.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn unknown_node_needs_an_address() {
+        let m = module(vec![], nodes());
+        let err = node_view(&m, &sel("ghost"), IpFamily::IPv4).unwrap_err();
+        assert_eq!(err.code, "SVC401");
+        assert!(err
+            .message
+            .contains("add the Node manifest or pass `--node-ip`"));
+
+        let with_ip = NodeSelection {
+            name: "ghost".into(),
+            ips: vec![ip("10.1.1.1"), ip("fd00::9")],
+        };
+        let v = node_view(&m, &with_ip, IpFamily::IPv4).unwrap();
+        assert_eq!(v.node_ips, vec![ip("10.1.1.1")]);
+        // Without a Node object there are no podCIDRs, but the cluster CIDR still works.
+        assert_eq!(
+            v.local_detector,
+            Some(LocalDetector::Cidr(cidr("10.244.0.0/16")))
+        );
+        // A known node without an address of the family is fine: it just has none.
+        let v6 = node_view(&m, &sel("n2"), IpFamily::IPv6).unwrap();
+        assert!(v6.node_ips.is_empty());
+        // --node-ip of the other family only does not identify the node.
+        let v4_only = NodeSelection {
+            name: "ghost".into(),
+            ips: vec![ip("10.1.1.1")],
+        };
+        assert!(node_view(&m, &v4_only, IpFamily::IPv6).is_err());
+    }
+
+    #[test]
+    fn node_identity_and_masquerade() {
+        let mut m = module(vec![], nodes());
+        m.proxy.masquerade_bit = 15;
+        m.proxy.conntrack_tcp_be_liberal = true;
+        m.proxy.cluster_cidrs = vec![cidr("10.244.3.7/16")];
+        let extra = NodeSelection {
+            name: "n1".into(),
+            ips: vec![ip("192.168.9.9"), ip("192.168.0.1")],
+        };
+        let v = node_view(&m, &extra, IpFamily::IPv4).unwrap();
+        assert_eq!(v.node_ips, vec![ip("192.168.0.1"), ip("192.168.9.9")]);
+        assert_eq!(v.masquerade_mark, 0x8000);
+        assert!(!v.drop_invalid);
+        // The detector is written as the parsed network.
+        assert_eq!(
+            v.local_detector,
+            Some(LocalDetector::Cidr(cidr("10.244.0.0/16")))
+        );
+        assert_eq!(v.service_cidrs, vec![cidr("10.96.0.0/12")]);
+        // No IPv6 cluster CIDR: no detector on IPv6.
+        let v6 = node_view(&m, &sel("n1"), IpFamily::IPv6).unwrap();
+        assert_eq!(v6.local_detector, None);
+        assert_eq!(v6.service_cidrs, vec![cidr("fd00:96::/112")]);
+
+        m.proxy.detect_local = DetectLocalMode::NodeCIDR;
+        assert_eq!(
+            view(&m).local_detector,
+            Some(LocalDetector::Cidr(cidr("10.244.1.0/24")))
+        );
+        let v6 = node_view(&m, &sel("n1"), IpFamily::IPv6).unwrap();
+        assert_eq!(
+            v6.local_detector,
+            Some(LocalDetector::Cidr(cidr("fd00:244:0:1::/64")))
+        );
+        m.proxy.detect_local = DetectLocalMode::BridgeInterface("cbr0".into());
+        assert_eq!(
+            view(&m).local_detector,
+            Some(LocalDetector::BridgeInterface("cbr0".into()))
+        );
+        m.proxy.detect_local = DetectLocalMode::InterfaceNamePrefix("veth".into());
+        assert_eq!(
+            view(&m).local_detector,
+            Some(LocalDetector::InterfaceNamePrefix("veth".into()))
+        );
+        m.proxy.detect_local = DetectLocalMode::None;
+        assert_eq!(view(&m).local_detector, None);
+    }
+
+    #[test]
+    fn node_port_addresses_and_localhost() {
+        let mut m = module(vec![], nodes());
+        let v = view(&m);
+        assert_eq!(v.node_port_addresses, NodePortAddresses::All);
+        assert!(v.localhost_node_ports && v.martian_rule);
+        let v6 = node_view(&m, &sel("n1"), IpFamily::IPv6).unwrap();
+        assert_eq!(v6.node_port_addresses, NodePortAddresses::All);
+        assert!(!v6.localhost_node_ports && !v6.martian_rule);
+
+        // A CIDR without loopback turns localhost node ports off; IPv6 has no CIDR of
+        // its own, so it matches all.
+        m.proxy.node_port_addresses = vec![NodePortAddress::Cidr(cidr("192.168.0.0/24"))];
+        let v = view(&m);
+        assert_eq!(
+            v.node_port_addresses,
+            NodePortAddresses::Ips(vec![ip("192.168.0.1")])
+        );
+        assert!(!v.localhost_node_ports && !v.martian_rule);
+        let v6 = node_view(&m, &sel("n1"), IpFamily::IPv6).unwrap();
+        assert_eq!(v6.node_port_addresses, NodePortAddresses::All);
+
+        // Loopback is on `lo` of every node.
+        m.proxy.node_port_addresses = vec![
+            NodePortAddress::Cidr(cidr("127.0.0.1/32")),
+            NodePortAddress::Cidr(cidr("192.168.0.0/16")),
+            NodePortAddress::Cidr(cidr("::1/128")),
+            NodePortAddress::Cidr(cidr("fd00::/64")),
+        ];
+        let v = view(&m);
+        assert_eq!(
+            v.node_port_addresses,
+            NodePortAddresses::Ips(vec![ip("192.168.0.1"), ip("127.0.0.1")])
+        );
+        assert!(v.localhost_node_ports);
+        // IPv6 never serves node ports on loopback.
+        let v6 = node_view(&m, &sel("n1"), IpFamily::IPv6).unwrap();
+        assert_eq!(
+            v6.node_port_addresses,
+            NodePortAddresses::Ips(vec![ip("fd00::1")])
+        );
+        // localhostNodePorts=false drops loopback.
+        m.proxy.localhost_node_ports = false;
+        assert_eq!(
+            view(&m).node_port_addresses,
+            NodePortAddresses::Ips(vec![ip("192.168.0.1")])
+        );
+
+        // A zero CIDR wins over the rest.
+        m.proxy.localhost_node_ports = true;
+        m.proxy.node_port_addresses = vec![
+            NodePortAddress::Cidr(cidr("10.0.0.0/8")),
+            NodePortAddress::Cidr(cidr("0.0.0.0/0")),
+        ];
+        let v = view(&m);
+        assert_eq!(v.node_port_addresses, NodePortAddresses::All);
+        assert!(v.localhost_node_ports);
+
+        // `primary`: the node IP as a host CIDR (no loopback, so no localhost ports); a
+        // family without a node IP falls back to match-all.
+        m.proxy.node_port_addresses = vec![NodePortAddress::Primary];
+        let v = view(&m);
+        assert_eq!(
+            v.node_port_addresses,
+            NodePortAddresses::Ips(vec![ip("192.168.0.1")])
+        );
+        assert!(!v.localhost_node_ports && !v.martian_rule);
+        let v6 = node_view(&m, &sel("n2"), IpFamily::IPv6).unwrap();
+        assert_eq!(v6.node_port_addresses, NodePortAddresses::All);
+    }
+
+    #[test]
+    fn which_services_and_ports() {
+        let mut headless = svc("headless", ServiceType::ClusterIP, vec![]);
+        headless.headless = true;
+        headless.cluster_ips.clear();
+        let mut ext_name = svc("extname", ServiceType::ExternalName, vec![]);
+        ext_name.cluster_ips.clear();
+        let mut multi = svc("multi", ServiceType::ClusterIP, vec![]);
+        let mut p = multi.ports[0].clone();
+        p.name = "dns".into();
+        p.protocol = Protocol::UDP;
+        let mut q = p.clone();
+        q.protocol = Protocol::TCP;
+        let mut unnamed = svc("unnamed", ServiceType::ClusterIP, vec![]);
+        unnamed.ports[0].name.clear();
+        multi.ports = vec![multi.ports[0].clone(), p, q];
+        let mut unallocated = svc("unallocated", ServiceType::ClusterIP, vec![]);
+        unallocated.cluster_ips.clear();
+        let mut unallocated_dual = unallocated.clone();
+        unallocated_dual.name = "unallocated-dual".into();
+        unallocated_dual.ip_families = vec![IpFamily::IPv4, IpFamily::IPv6];
+        let m = module(
+            vec![
+                ext_name,
+                headless,
+                multi,
+                unallocated,
+                unallocated_dual,
+                unnamed,
+            ],
+            nodes(),
+        );
+        let v = view(&m);
+        let got: Vec<(&str, Option<IpAddr>)> = v
+            .ports
+            .iter()
+            .map(|p| (p.spn.as_str(), p.cluster_ip))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("ns/multi:dns", Some(ip("10.96.0.10"))),
+                ("ns/multi:dns", Some(ip("10.96.0.10"))),
+                ("ns/multi:http", Some(ip("10.96.0.10"))),
+                ("ns/unallocated:http", None),
+                ("ns/unnamed", Some(ip("10.96.0.10"))),
+            ]
+        );
+        assert_eq!(v.ports[0].protocol, Protocol::TCP);
+        assert_eq!(v.ports[1].protocol, Protocol::UDP);
+        assert_eq!(v.ports[0].service, 2);
+        // A single-stack IPv4 service does not exist on IPv6.
+        let v6 = node_view(&m, &sel("n1"), IpFamily::IPv6).unwrap();
+        assert!(v6.ports.is_empty());
+    }
+
+    #[test]
+    fn dual_stack_selects_the_family() {
+        let mut s = svc(
+            "web",
+            ServiceType::LoadBalancer,
+            // Sorted by the string `ip:port`, as the Module keeps them.
+            vec![
+                ep("10.244.1.5", "n1"),
+                ep("fd00:244::1:5", "n2"),
+                ep("fd00:244::5", "n1"),
+            ],
+        );
+        s.cluster_ips = vec![ip("10.96.0.10"), ip("fd00:96::10")];
+        s.ip_families = vec![IpFamily::IPv4, IpFamily::IPv6];
+        s.external_ips = vec![ip("203.0.113.9"), ip("2001:db8::9")];
+        s.load_balancer_ingress = vec![
+            LoadBalancerIngress {
+                ip: ip("198.51.100.1"),
+                proxy_mode: false,
+            },
+            LoadBalancerIngress {
+                ip: ip("2001:db8::1"),
+                proxy_mode: false,
+            },
+            LoadBalancerIngress {
+                ip: ip("2001:db8::2"),
+                proxy_mode: true,
+            },
+        ];
+        s.load_balancer_source_ranges = vec![cidr("203.0.113.0/24"), cidr("2001:db8::7/32")];
+        let m = module(vec![s], nodes());
+        let v6 = node_view(&m, &sel("n1"), IpFamily::IPv6).unwrap();
+        let p = &v6.ports[0];
+        assert_eq!(p.cluster_ip, Some(ip("fd00:96::10")));
+        assert_eq!(p.external_ips, vec![ip("2001:db8::9")]);
+        assert_eq!(p.load_balancer_ips, vec![ip("2001:db8::1")]);
+        assert_eq!(p.source_ranges, vec![cidr("2001:db8::/32")]);
+        assert!(!p.source_ranges_include_node);
+        let eps: Vec<&str> = p.endpoints.iter().map(|e| e.addr.as_str()).collect();
+        assert_eq!(eps, vec!["[fd00:244::1:5]:8080", "[fd00:244::5]:8080"]);
+        assert_eq!(addrs(p, &p.cluster_endpoints).len(), 2);
+        assert!(p.endpoints[1].is_local && !p.endpoints[0].is_local);
+
+        let v4 = view(&m);
+        let p = &v4.ports[0];
+        assert_eq!(p.cluster_ip, Some(ip("10.96.0.10")));
+        assert_eq!(p.load_balancer_ips, vec![ip("198.51.100.1")]);
+        assert_eq!(addrs(p, &p.cluster_endpoints), vec!["10.244.1.5"]);
+    }
+
+    #[test]
+    fn load_balancer_details() {
+        let mut s = svc(
+            "lb",
+            ServiceType::LoadBalancer,
+            vec![ep("10.244.1.5", "n2")],
+        );
+        s.load_balancer_ingress = vec![LoadBalancerIngress {
+            ip: ip("198.51.100.1"),
+            proxy_mode: true,
+        }];
+        s.load_balancer_source_ranges = vec![cidr("192.168.0.0/16")];
+        s.health_check_node_port = Some(31000);
+        s.session_affinity_timeout = Some(600);
+        let m = module(vec![s.clone()], nodes());
+        let p = &view(&m).ports[0];
+        // ipMode Proxy: not captured; the node port keeps it externally accessible.
+        assert!(p.load_balancer_ips.is_empty());
+        assert!(p.externally_accessible);
+        assert!(p.source_ranges_include_node);
+        assert_eq!(p.affinity_timeout, Some(600));
+        // The health check node port only matters with ETP=Local.
+        assert_eq!(p.health_check_node_port, None);
+        s.external_traffic_policy = TrafficPolicy::Local;
+        let m = module(vec![s.clone()], nodes());
+        assert_eq!(view(&m).ports[0].health_check_node_port, Some(31000));
+
+        // No node port and no captured IP: nothing reaches it from outside.
+        s.ports[0].node_port = None;
+        let m = module(vec![s], nodes());
+        let p = &view(&m).ports[0];
+        assert!(!p.externally_accessible && !p.external_local);
+        assert!(p.local_endpoints.is_empty());
+        assert_eq!(addrs(p, &p.cluster_endpoints), vec!["10.244.1.5"]);
+    }
+
+    /// (kind, ITP, ETP) → whether the cluster and local sets are computed.
+    #[test]
+    fn traffic_policy_combinations() {
+        use ServiceType::*;
+        use TrafficPolicy::*;
+        let eps = vec![ep("10.244.1.5", "n1"), ep("10.244.2.5", "n2")];
+        for (kind, itp, etp, cluster, local) in [
+            (ClusterIP, Cluster, Cluster, true, false),
+            (ClusterIP, Local, Cluster, false, true),
+            // ETP=Local means nothing on a service nobody reaches from outside.
+            (ClusterIP, Cluster, Local, true, false),
+            (ClusterIP, Local, Local, false, true),
+            (NodePort, Cluster, Cluster, true, false),
+            (NodePort, Cluster, Local, true, true),
+            // External traffic always needs the cluster set (short-circuit rules).
+            (NodePort, Local, Cluster, true, true),
+            (NodePort, Local, Local, true, true),
+            (LoadBalancer, Local, Local, true, true),
+        ] {
+            let mut s = svc("s", kind, eps.clone());
+            s.internal_traffic_policy = itp;
+            s.external_traffic_policy = etp;
+            let m = module(vec![s], nodes());
+            let p = &view(&m).ports[0];
+            let what = format!("{kind:?} itp={itp:?} etp={etp:?}");
+            assert_eq!(p.internal_local, itp == Local, "{what}");
+            assert_eq!(
+                p.external_local,
+                etp == Local && kind != ClusterIP,
+                "{what}"
+            );
+            assert!(p.has_endpoints, "{what}");
+            let want_cluster: &[&str] = if cluster {
+                &["10.244.1.5", "10.244.2.5"]
+            } else {
+                &[]
+            };
+            let want_local: &[&str] = if local { &["10.244.1.5"] } else { &[] };
+            assert_eq!(addrs(p, &p.cluster_endpoints), want_cluster, "{what}");
+            assert_eq!(addrs(p, &p.local_endpoints), want_local, "{what}");
+        }
+    }
+
+    #[test]
+    fn terminating_fallback() {
+        // Cluster: ready first; without any ready, serving-terminating ones; a
+        // non-serving terminating endpoint is never used.
+        let eps = vec![
+            terminating(ep("10.244.1.5", "n1"), true),
+            terminating(ep("10.244.1.6", "n1"), false),
+            ep("10.244.2.5", "n2"),
+        ];
+        let mut s = svc("s", ServiceType::NodePort, eps);
+        s.external_traffic_policy = TrafficPolicy::Local;
+        let m = module(vec![s.clone()], nodes());
+        let p = &view(&m).ports[0];
+        assert_eq!(addrs(p, &p.cluster_endpoints), vec!["10.244.2.5"]);
+        // Local: no local ready endpoint, so the local serving-terminating one.
+        assert_eq!(addrs(p, &p.local_endpoints), vec!["10.244.1.5"]);
+        assert!(p.has_endpoints);
+
+        s.ports[0].endpoints[2] = terminating(ep("10.244.2.5", "n2"), true);
+        let m = module(vec![s.clone()], nodes());
+        let p = &view(&m).ports[0];
+        assert_eq!(
+            addrs(p, &p.cluster_endpoints),
+            vec!["10.244.1.5", "10.244.2.5"]
+        );
+
+        // Nothing usable anywhere: no endpoints.
+        s.ports[0].endpoints = vec![
+            terminating(ep("10.244.1.6", "n1"), false),
+            Endpoint {
+                ready: false,
+                ..ep("10.244.2.6", "n2")
+            },
+        ];
+        let m = module(vec![s], nodes());
+        let p = &view(&m).ports[0];
+        assert!(!p.has_endpoints);
+        assert!(p.cluster_endpoints.is_empty() && p.local_endpoints.is_empty());
+        assert_eq!(p.endpoints.len(), 2);
+    }
+
+    fn with_keys(keys: &[&str], eps: Vec<Endpoint>) -> Module {
+        let mut s = svc("topo", ServiceType::ClusterIP, eps);
+        s.topology_keys = keys.iter().map(|k| k.to_string()).collect();
+        let mut ns = nodes();
+        ns[0]
+            .labels
+            .insert("topology.kubernetes.io/region".into(), "r1".into());
+        module(vec![s], ns)
+    }
+
+    #[test]
+    fn topology_keys() {
+        let eps = || {
+            vec![
+                ep("10.244.1.5", "n1"),
+                ep("10.244.2.5", "n2"),
+                ep("10.244.3.5", "n3"),
+            ]
+        };
+        let cluster = |m: &Module| {
+            let p = view(m).ports.remove(0);
+            (addrs(&p, &p.cluster_endpoints), p.has_endpoints, p.topology)
+        };
+
+        let (got, has, why) = cluster(&with_keys(&[LABEL_HOSTNAME, LABEL_ZONE], eps()));
+        assert_eq!(got, vec!["10.244.1.5"]);
+        assert!(has);
+        assert_eq!(why.as_deref(), Some("topologyKeys: kubernetes.io/hostname"));
+
+        // Nothing on this node: the zone key wins (n1 and n2 are in zone a).
+        let mut no_local = eps();
+        no_local.remove(0);
+        no_local.push(ep("10.244.2.6", "n2"));
+        let (got, _, why) = cluster(&with_keys(&[LABEL_HOSTNAME, LABEL_ZONE], no_local));
+        assert_eq!(got, vec!["10.244.2.5", "10.244.2.6"]);
+        assert_eq!(
+            why.as_deref(),
+            Some("topologyKeys: topology.kubernetes.io/zone")
+        );
+
+        // Only zone b has endpoints: the zone key yields none, `*` takes them all.
+        let zone_b = vec![ep("10.244.3.5", "n3")];
+        let (got, _, why) = cluster(&with_keys(&[LABEL_ZONE, "*"], zone_b.clone()));
+        assert_eq!(got, vec!["10.244.3.5"]);
+        assert_eq!(why.as_deref(), Some("topologyKeys: *"));
+
+        // No key matches: no endpoints for this node, traffic is rejected.
+        let (got, has, why) = cluster(&with_keys(
+            &[LABEL_HOSTNAME, LABEL_ZONE, "topology.kubernetes.io/region"],
+            zone_b.clone(),
+        ));
+        assert!(got.is_empty() && !has);
+        assert_eq!(why.as_deref(), Some("topologyKeys: no match, rejected"));
+
+        // A key this node has no label for is skipped.
+        let (got, _, _) = cluster(&with_keys(&["rack", "*"], zone_b));
+        assert_eq!(got, vec!["10.244.3.5"]);
+
+        // The zone of an endpoint whose Node is unknown comes from the slice.
+        let mut far = ep("10.244.9.5", "n9");
+        far.zone = Some("a".into());
+        let (got, _, _) = cluster(&with_keys(&[LABEL_ZONE], vec![far, ep("10.244.3.5", "n3")]));
+        assert_eq!(got, vec!["10.244.9.5"]);
+
+        // Ready endpoints elsewhere beat a terminating one here; with no ready one
+        // at all, the keys apply to the terminating ones.
+        let mixed = vec![
+            terminating(ep("10.244.1.5", "n1"), true),
+            ep("10.244.3.5", "n3"),
+        ];
+        let (got, _, _) = cluster(&with_keys(&[LABEL_HOSTNAME, "*"], mixed));
+        assert_eq!(got, vec!["10.244.3.5"]);
+        let all_term = vec![
+            terminating(ep("10.244.1.5", "n1"), true),
+            terminating(ep("10.244.3.5", "n3"), true),
+        ];
+        let (got, has, _) = cluster(&with_keys(&[LABEL_HOSTNAME], all_term));
+        assert_eq!(got, vec!["10.244.1.5"]);
+        assert!(has);
+    }
+
+    fn hinted(addr: &str, node: &str, zones: &[&str], nodes: &[&str]) -> Endpoint {
+        Endpoint {
+            hint_zones: zones.iter().map(|z| z.to_string()).collect(),
+            hint_nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            ..ep(addr, node)
+        }
+    }
+
+    #[test]
+    fn topology_hints() {
+        let run = |eps: Vec<Endpoint>, this: &str| {
+            let m = module(vec![svc("h", ServiceType::ClusterIP, eps)], nodes());
+            let p = node_view(&m, &sel(this), IpFamily::IPv4)
+                .unwrap()
+                .ports
+                .remove(0);
+            (addrs(&p, &p.cluster_endpoints), p.topology)
+        };
+        let zoned = || {
+            vec![
+                hinted("10.244.1.5", "n1", &["a"], &[]),
+                hinted("10.244.2.5", "n2", &["a"], &[]),
+                hinted("10.244.3.5", "n3", &["b"], &[]),
+            ]
+        };
+        let (got, why) = run(zoned(), "n1");
+        assert_eq!(got, vec!["10.244.1.5", "10.244.2.5"]);
+        assert_eq!(why.as_deref(), Some("hints: zone a"));
+        let (got, _) = run(zoned(), "n3");
+        assert_eq!(got, vec!["10.244.3.5"]);
+
+        // One ready endpoint without a hint: hints are ignored.
+        let mut missing = zoned();
+        missing.push(ep("10.244.3.6", "n3"));
+        let (got, why) = run(missing, "n1");
+        assert_eq!(got.len(), 4);
+        assert_eq!(
+            why.as_deref(),
+            Some("hints ignored: a ready endpoint has no zone hint")
+        );
+
+        // ...but a not-ready endpoint without hints does not count.
+        let mut not_ready = zoned();
+        not_ready.push(Endpoint {
+            ready: false,
+            ..ep("10.244.3.6", "n3")
+        });
+        assert_eq!(run(not_ready, "n1").0.len(), 2);
+
+        // No endpoint hinted for this zone.
+        let b_only = vec![
+            hinted("10.244.2.5", "n2", &["b"], &[]),
+            hinted("10.244.3.5", "n3", &["b"], &[]),
+        ];
+        let (got, why) = run(b_only.clone(), "n1");
+        assert_eq!(got.len(), 2);
+        assert_eq!(why.as_deref(), Some("hints ignored: none for zone a"));
+
+        // A node without a zone label ignores zone hints.
+        let mut ns = nodes();
+        ns[0].labels.remove(LABEL_ZONE);
+        let m = module(vec![svc("h", ServiceType::ClusterIP, b_only)], ns);
+        let p = &view(&m).ports[0];
+        assert_eq!(p.cluster_endpoints.len(), 2);
+        assert_eq!(
+            p.topology.as_deref(),
+            Some("hints ignored: node has no topology.kubernetes.io/zone label")
+        );
+
+        // PreferSameNode: node hints win when every ready endpoint has one and one is
+        // for this node; otherwise the zone hints apply.
+        let noded = || {
+            vec![
+                hinted("10.244.1.5", "n1", &["a"], &["n1"]),
+                hinted("10.244.2.5", "n2", &["a"], &["n2"]),
+                hinted("10.244.3.5", "n3", &["b"], &["n3"]),
+            ]
+        };
+        let (got, why) = run(noded(), "n2");
+        assert_eq!(got, vec!["10.244.2.5"]);
+        assert_eq!(why.as_deref(), Some("hints: node n2"));
+        let mut other = noded();
+        other.remove(0);
+        let (got, why) = run(other, "n1");
+        assert_eq!(got, vec!["10.244.2.5"]);
+        assert_eq!(why.as_deref(), Some("hints: zone a"));
+
+        // Topology never narrows the local set, and ITP=Local alone skips it.
+        let mut s = svc("h", ServiceType::ClusterIP, zoned());
+        s.internal_traffic_policy = TrafficPolicy::Local;
+        let m = module(vec![s], nodes());
+        let p = &node_view(&m, &sel("n3"), IpFamily::IPv4).unwrap().ports[0];
+        assert_eq!(addrs(p, &p.local_endpoints), vec!["10.244.3.5"]);
+        assert_eq!(p.topology, None);
+    }
+
+    #[test]
+    fn large_cluster_threshold() {
+        let eps = |n: usize| -> Vec<Endpoint> {
+            (0..n)
+                .map(|i| Endpoint {
+                    // Not-ready endpoints count too.
+                    ready: i % 2 == 0,
+                    ..ep(&format!("10.244.{}.{}", i / 250, i % 250 + 1), "n2")
+                })
+                .collect()
+        };
+        let mut a = svc("a", ServiceType::ClusterIP, eps(600));
+        a.name = "a".into();
+        let b = svc("b", ServiceType::ClusterIP, eps(400));
+        let m = module(vec![a.clone(), b.clone()], nodes());
+        assert!(!view(&m).large_cluster);
+        let c = svc("c", ServiceType::ClusterIP, eps(1));
+        let m = module(vec![a, b, c], nodes());
+        assert!(view(&m).large_cluster);
+    }
 }
