@@ -1,6 +1,7 @@
-//! Exact-text tests on hand-built NodeViews.
+//! Exact-text tests on hand-built NodeViews, and (in `kernel`) loads into a real kernel.
 
 mod fixtures;
+mod kernel;
 
 use super::*;
 use fixtures::*;
