@@ -1,1 +1,0 @@
-//! nftables output at kube-proxy (nftables mode) parity.

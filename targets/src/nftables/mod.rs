@@ -1,0 +1,91 @@
+//! nftables output at parity with kube-proxy's nftables mode (KEP-3866): the `kube-proxy`
+//! table of one family (`ip` or `ip6`) for one node, as `nft -f` text ([`write_string`]) or
+//! as `nft -j -f` JSON ([`write_json`], `--target nftables-json`). Both forms carry the same
+//! objects in the same order; they are built once as data (`model`) and only spelled here.
+//!
+//! # Loading and replacing
+//!
+//! The output is one `nft -f` transaction that *replaces* the whole table:
+//!
+//! ```text
+//! add table ip kube-proxy                                       (so the delete cannot fail)
+//! delete table ip kube-proxy                                    (drops every old object)
+//! add table ip kube-proxy { comment "rules for kube-proxy" ; }  (then the full definition)
+//! ```
+//!
+//! nft commits a file as a single batch, so the kernel switches from the old table to the new
+//! one atomically and no stale chain, set or element can survive a reload. kube-proxy itself
+//! diffs elements and deletes stale chains a second later (a pre-6.2 kernel issue with chains
+//! still referenced from just-deleted map elements); deleting the table removes elements and
+//! chains in one step, so there is no such window. The price: dynamic affinity entries are
+//! forgotten on every load, and a reload is a full one. `Options::replace_table = false`
+//! leaves out the first two lines (for a fresh table, or to compare with `nft list`).
+//!
+//! # Object order
+//!
+//! 1. `#` header naming node and family; the table lines above.
+//! 2. Base chains, in kube-proxy's order: `filter-prerouting-pre-dnat`,
+//!    `filter-output-pre-dnat` (priority -110), `filter-input`, `filter-forward`,
+//!    `filter-output` (0), `nat-prerouting`, `nat-output` (-100), `nat-postrouting` (100).
+//! 3. Regular top-level chains: `nodeport-endpoints-check`, `service-endpoints-check`,
+//!    `firewall-check`, `services`, `masquerading`, `cluster-ips-check`, `mark-for-masquerade`,
+//!    `reject-chain`.
+//! 4. Sets and maps: `cluster-ips`, `nodeport-ips` (only with restricted nodeport-addresses),
+//!    `no-endpoint-services`, `no-endpoint-nodeports`, `firewall-ips`, `service-ips`,
+//!    `service-nodeports`.
+//! 5. Jump rules from the base chains, then the fixed rules of the top-level chains.
+//! 6. Per service port, in `NodeView::ports` order, after a `# ns/name:port` line: affinity
+//!    sets; the `service-`, `local-`, `external-`, `firewall-` and `endpoint-` chains; then
+//!    their rules in the same chain order (endpoints in `PortView::endpoints` order).
+//! 7. Elements, map by map (`nodeport-ips`, `cluster-ips`, `service-ips`,
+//!    `service-nodeports`, `firewall-ips`, `no-endpoint-services`, `no-endpoint-nodeports`),
+//!    each sorted by key (address, then protocol TCP < UDP < SCTP, then port). A key two
+//!    services claim (e.g. a shared externalIP:port) goes to the first in `NodeView` order.
+//!
+//! Every object is declared before anything refers to it, which nft requires within a batch.
+//!
+//! # Departures from kube-proxy
+//!
+//! - The mark is written `0x00004000` (kube-proxy's `%#08x`); its unit tests inject `0x4000`.
+//! - `nodeport-ips` is left out instead of added and deleted when NodePorts match all local
+//!   addresses; loopback node IPs are skipped there, as kube-proxy does.
+//! - Full-sync form only: no partial syncs, no element diffing, no delayed chain deletion.
+//! - A service port without a cluster IP (`--no-allocate`) gets no cluster-IP objects.
+//!
+//! Architecture Invariant: this module reads `NodeView` only and recomputes no decision of
+//! the node pass (endpoint sets, masquerading, detector, node-port addresses).
+
+mod json;
+mod model;
+mod text;
+
+#[cfg(test)]
+mod tests;
+
+use svc_compiler::ir::NodeView;
+
+/// How the ruleset is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Start with `add table` + `delete table` so that loading the output replaces any
+    /// existing `kube-proxy` table of the family in the same transaction (default: true).
+    pub replace_table: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            replace_table: true,
+        }
+    }
+}
+
+/// The ruleset as `nft -f` text.
+pub fn write_string(view: &NodeView, opts: &Options) -> String {
+    text::write(&model::build(view), opts)
+}
+
+/// The ruleset as `nft -j -f` JSON (`{"nftables": [...]}`), one command per line.
+pub fn write_json(view: &NodeView, opts: &Options) -> String {
+    json::write(&model::build(view), opts)
+}

@@ -1,0 +1,977 @@
+//! The ruleset as data: a flat list of nftables objects in output order, built once from a
+//! [`NodeView`] and printed by both the text and the JSON writers.
+//!
+//! Architecture Invariant: every kube-proxy decision is taken here (or was taken by the node
+//! pass); `text` and `json` only spell the same items in two syntaxes, so the two forms cannot
+//! drift apart.
+
+use crate::common::hash_and_truncate;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use svc_compiler::ir::{LocalDetector, NodePortAddresses, NodeView, PortView, Protocol};
+use svc_compiler::net::{Cidr, IpFamily};
+
+pub(super) const TABLE: &str = "kube-proxy";
+pub(super) const TABLE_COMMENT: &str = "rules for kube-proxy";
+
+// Top-level chains, sets and maps (kube-proxy's names).
+const SERVICES: &str = "services";
+const SERVICE_IPS: &str = "service-ips";
+const SERVICE_NODEPORTS: &str = "service-nodeports";
+const NODEPORT_IPS: &str = "nodeport-ips";
+const CLUSTER_IPS: &str = "cluster-ips";
+const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+const REJECT_CHAIN: &str = "reject-chain";
+const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+const FIREWALL_IPS: &str = "firewall-ips";
+const FIREWALL_CHECK: &str = "firewall-check";
+const MARK_MASQ: &str = "mark-for-masquerade";
+const MASQUERADING: &str = "masquerading";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ChainType {
+    Filter,
+    Nat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+impl ChainType {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            ChainType::Filter => "filter",
+            ChainType::Nat => "nat",
+        }
+    }
+}
+
+impl Hook {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "prerouting",
+            Hook::Input => "input",
+            Hook::Forward => "forward",
+            Hook::Output => "output",
+            Hook::Postrouting => "postrouting",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct BaseHook {
+    pub kind: ChainType,
+    pub hook: Hook,
+    /// Numeric, as knftables writes it (dstnat = -100, srcnat = 100, filter = 0).
+    pub priority: i32,
+}
+
+/// kube-proxy's base chains, named `${type}-${hook}`, in its creation order.
+const BASE_CHAINS: [(&str, ChainType, Hook, i32); 8] = [
+    // Before DNAT, so LoadBalancerSourceRanges see the LB IP, not the endpoint.
+    (
+        "filter-prerouting-pre-dnat",
+        ChainType::Filter,
+        Hook::Prerouting,
+        -110,
+    ),
+    (
+        "filter-output-pre-dnat",
+        ChainType::Filter,
+        Hook::Output,
+        -110,
+    ),
+    ("filter-input", ChainType::Filter, Hook::Input, 0),
+    ("filter-forward", ChainType::Filter, Hook::Forward, 0),
+    ("filter-output", ChainType::Filter, Hook::Output, 0),
+    ("nat-prerouting", ChainType::Nat, Hook::Prerouting, -100),
+    ("nat-output", ChainType::Nat, Hook::Output, -100),
+    ("nat-postrouting", ChainType::Nat, Hook::Postrouting, 100),
+];
+
+/// Jumps from base chains, in kube-proxy's order: (target, source, only `ct state new`).
+const JUMPS: [(&str, &str, bool); 11] = [
+    // The endpoint checks may `reject`, which older kernels allow only in
+    // input/forward/output hooks, hence not from the pre-dnat chains.
+    (NODEPORT_ENDPOINTS_CHECK, "filter-input", true),
+    (SERVICE_ENDPOINTS_CHECK, "filter-input", true),
+    (SERVICE_ENDPOINTS_CHECK, "filter-forward", true),
+    (SERVICE_ENDPOINTS_CHECK, "filter-output", true),
+    (FIREWALL_CHECK, "filter-prerouting-pre-dnat", true),
+    (FIREWALL_CHECK, "filter-output-pre-dnat", true),
+    (SERVICES, "nat-output", false),
+    (SERVICES, "nat-prerouting", false),
+    (MASQUERADING, "nat-postrouting", false),
+    (CLUSTER_IPS_CHECK, "filter-forward", true),
+    (CLUSTER_IPS_CHECK, "filter-output", true),
+];
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Chain {
+    pub name: String,
+    pub base: Option<BaseHook>,
+    pub comment: Option<&'static str>,
+}
+
+/// One component of a set's key type; `Addr` is `ipv4_addr` or `ipv6_addr` by family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KeyType {
+    Addr,
+    InetProto,
+    InetService,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Set {
+    pub name: String,
+    pub key: Vec<KeyType>,
+    /// A verdict map (`map … : verdict`) rather than a plain set.
+    pub verdict_map: bool,
+    /// Affinity sets: `flags dynamic,timeout ; timeout Ns`.
+    pub timeout: Option<u32>,
+    pub comment: Option<&'static str>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Side {
+    Saddr,
+    Daddr,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Expr {
+    /// `ip saddr` / `ip6 daddr`: the family comes from the ruleset.
+    Addr(Side),
+    /// `meta l4proto`
+    L4proto,
+    /// `th dport`
+    ThDport,
+    /// `mark` (meta mark)
+    Mark,
+    /// `ct state`
+    CtState,
+    /// `fib saddr type` / `fib daddr type`
+    FibType(Side),
+    /// `iifname`
+    Iifname,
+    /// `numgen random mod N`
+    NumgenRandom(u32),
+    Concat(Vec<Expr>),
+    Ip(IpAddr),
+    Prefix(Cidr),
+    Num(u32),
+    /// A mark value, written `0x%08x` as kube-proxy's `%#08x`.
+    Hex(u32),
+    /// A keyword constant: `new`, `local`, `tcp`.
+    Sym(&'static str),
+    /// An interface name (or `prefix*` wildcard).
+    Ifname(String),
+    /// `@name`
+    SetRef(String),
+    /// `{ a , b }`; `comma_only` joins the items with a bare `,` (how kube-proxy writes
+    /// its service CIDR list).
+    AnonSet {
+        items: Vec<Expr>,
+        comma_only: bool,
+    },
+    And(Box<Expr>, Box<Expr>),
+    Or(Box<Expr>, Box<Expr>),
+    Xor(Box<Expr>, Box<Expr>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Op {
+    /// No operator in the text (`ip daddr 1.2.3.4`, `ct state new`); `==` in JSON, or `in`
+    /// for flag types such as `ct state`.
+    Implicit,
+    Eq,
+    Neq,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    Jump(String),
+    Goto(String),
+    Return,
+    Drop,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Stmt {
+    Match {
+        left: Expr,
+        op: Op,
+        right: Expr,
+    },
+    Verdict(Verdict),
+    Reject,
+    /// `mark set <value>`
+    MarkSet(Expr),
+    MasqueradeFullyRandom,
+    /// `<key> vmap @map`
+    VmapRef {
+        key: Expr,
+        map: &'static str,
+    },
+    /// `<key> vmap { 0 : goto a , 1 : goto b }`
+    VmapInline {
+        key: Expr,
+        entries: Vec<(u32, Verdict)>,
+    },
+    /// `update @set { <elem> }`
+    SetUpdate {
+        set: String,
+        elem: Expr,
+    },
+    /// `dnat to ip:port` (`[ip]:port` for IPv6)
+    Dnat {
+        addr: IpAddr,
+        port: u16,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Rule {
+    pub chain: String,
+    pub stmts: Vec<Stmt>,
+    pub comment: Option<&'static str>,
+}
+
+/// One component of an element key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Value {
+    Ip(IpAddr),
+    Proto(Protocol),
+    Port(u16),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Element {
+    pub set: &'static str,
+    pub key: Vec<Value>,
+    pub comment: Option<String>,
+    /// `None` for plain sets.
+    pub verdict: Option<Verdict>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Item {
+    /// A `# …` line in the text form (nothing in JSON).
+    Section(String),
+    Chain(Chain),
+    Set(Set),
+    Rule(Rule),
+    Element(Element),
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Ruleset {
+    pub family: IpFamily,
+    pub node: String,
+    pub items: Vec<Item>,
+}
+
+impl Ruleset {
+    /// `ip` or `ip6`: the table family and the address-match keyword.
+    pub(super) fn ip_kw(&self) -> &'static str {
+        ip_kw(self.family)
+    }
+}
+
+pub(super) fn ip_kw(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::IPv4 => "ip",
+        IpFamily::IPv6 => "ip6",
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Building
+// ---------------------------------------------------------------------------------------
+
+/// The maps and sets whose elements are collected while services are walked and written
+/// last, each sorted by key, in this order.
+const ELEMENT_SETS: [&str; 7] = [
+    NODEPORT_IPS,
+    CLUSTER_IPS,
+    SERVICE_IPS,
+    SERVICE_NODEPORTS,
+    FIREWALL_IPS,
+    NO_ENDPOINT_SERVICES,
+    NO_ENDPOINT_NODEPORTS,
+];
+
+/// Element key → (element comment, verdict).
+type Elements = BTreeMap<Vec<Value>, (Option<String>, Option<Verdict>)>;
+
+struct Builder<'a> {
+    view: &'a NodeView,
+    items: Vec<Item>,
+    /// Per element set: key → (comment, verdict). A BTreeMap both sorts and deduplicates;
+    /// the first service (in NodeView order) to claim a key keeps it.
+    elements: BTreeMap<&'static str, Elements>,
+}
+
+pub(super) fn build(view: &NodeView) -> Ruleset {
+    let mut b = Builder {
+        view,
+        items: Vec::new(),
+        elements: BTreeMap::new(),
+    };
+    b.fixed();
+    for p in &view.ports {
+        b.service_port(p);
+    }
+    b.flush_elements();
+    Ruleset {
+        family: view.family,
+        node: view.node_name.clone(),
+        items: b.items,
+    }
+}
+
+fn chain(name: &str) -> Item {
+    Item::Chain(Chain {
+        name: name.to_string(),
+        base: None,
+        comment: None,
+    })
+}
+
+fn rule(chain: &str, stmts: Vec<Stmt>) -> Item {
+    Item::Rule(Rule {
+        chain: chain.to_string(),
+        stmts,
+        comment: None,
+    })
+}
+
+fn rule_c(chain: &str, stmts: Vec<Stmt>, comment: &'static str) -> Item {
+    Item::Rule(Rule {
+        chain: chain.to_string(),
+        stmts,
+        comment: Some(comment),
+    })
+}
+
+fn m(left: Expr, right: Expr) -> Stmt {
+    Stmt::Match {
+        left,
+        op: Op::Implicit,
+        right,
+    }
+}
+
+fn m_neq(left: Expr, right: Expr) -> Stmt {
+    Stmt::Match {
+        left,
+        op: Op::Neq,
+        right,
+    }
+}
+
+fn jump(target: &str) -> Stmt {
+    Stmt::Verdict(Verdict::Jump(target.to_string()))
+}
+
+fn goto(target: &str) -> Stmt {
+    Stmt::Verdict(Verdict::Goto(target.to_string()))
+}
+
+fn ip_proto_port() -> Expr {
+    Expr::Concat(vec![Expr::Addr(Side::Daddr), Expr::L4proto, Expr::ThDport])
+}
+
+fn proto_port() -> Expr {
+    Expr::Concat(vec![Expr::L4proto, Expr::ThDport])
+}
+
+fn verdict_map(name: &str, key: Vec<KeyType>, comment: &'static str) -> Item {
+    Item::Set(Set {
+        name: name.to_string(),
+        key,
+        verdict_map: true,
+        timeout: None,
+        comment: Some(comment),
+    })
+}
+
+/// Match for "traffic from a local pod" (`local`) or its negation.
+fn detector(d: &LocalDetector, local: bool) -> Stmt {
+    let (left, right) = match d {
+        LocalDetector::Cidr(c) => (Expr::Addr(Side::Saddr), Expr::Prefix(c.network())),
+        LocalDetector::BridgeInterface(i) => (Expr::Iifname, Expr::Ifname(i.clone())),
+        LocalDetector::InterfaceNamePrefix(p) => (Expr::Iifname, Expr::Ifname(format!("{p}*"))),
+    };
+    Stmt::Match {
+        left,
+        op: if local { Op::Implicit } else { Op::Neq },
+        right,
+    }
+}
+
+impl Builder<'_> {
+    fn element(
+        &mut self,
+        set: &'static str,
+        key: Vec<Value>,
+        comment: Option<&str>,
+        verdict: Option<Verdict>,
+    ) {
+        self.elements
+            .entry(set)
+            .or_default()
+            .entry(key)
+            .or_insert_with(|| (comment.map(str::to_string), verdict));
+    }
+
+    /// "Not to a localhost address", the guard on NodePort matching with match-all
+    /// nodeport-addresses (kube-proxy's nftables mode never serves NodePorts on localhost).
+    fn no_localhost(&self) -> Stmt {
+        let right = match self.view.family {
+            IpFamily::IPv4 => Expr::Prefix(Cidr {
+                addr: IpAddr::V4([127, 0, 0, 0].into()),
+                prefix: 8,
+            }),
+            IpFamily::IPv6 => Expr::Ip(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)),
+        };
+        m_neq(Expr::Addr(Side::Daddr), right)
+    }
+
+    /// Table-level objects and rules that do not depend on services.
+    fn fixed(&mut self) {
+        let view = self.view;
+        let mark = view.masquerade_mark;
+        let match_all = matches!(view.node_port_addresses, NodePortAddresses::All);
+
+        for (name, kind, hook, priority) in BASE_CHAINS {
+            self.items.push(Item::Chain(Chain {
+                name: name.to_string(),
+                base: Some(BaseHook {
+                    kind,
+                    hook,
+                    priority,
+                }),
+                comment: None,
+            }));
+        }
+        let mut regular: Vec<&str> = Vec::new();
+        for name in JUMPS.iter().map(|j| j.0).chain([
+            SERVICES,
+            CLUSTER_IPS_CHECK,
+            MASQUERADING,
+            MARK_MASQ,
+            FIREWALL_CHECK,
+        ]) {
+            if !regular.contains(&name) {
+                regular.push(name);
+            }
+        }
+        for name in regular {
+            self.items.push(chain(name));
+        }
+        self.items.push(Item::Chain(Chain {
+            name: REJECT_CHAIN.to_string(),
+            base: None,
+            comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports"),
+        }));
+
+        use KeyType::*;
+        self.items.push(Item::Set(Set {
+            name: CLUSTER_IPS.to_string(),
+            key: vec![Addr],
+            verdict_map: false,
+            timeout: None,
+            comment: Some("Active ClusterIPs"),
+        }));
+        // With match-all nodeport-addresses kube-proxy deletes this set; as the whole table
+        // is replaced here, leaving it out is the same.
+        if !match_all {
+            self.items.push(Item::Set(Set {
+                name: NODEPORT_IPS.to_string(),
+                key: vec![Addr],
+                verdict_map: false,
+                timeout: None,
+                comment: Some("IPs that accept NodePort traffic"),
+            }));
+        }
+        self.items.push(verdict_map(
+            NO_ENDPOINT_SERVICES,
+            vec![Addr, InetProto, InetService],
+            "vmap to drop or reject packets to services with no endpoints",
+        ));
+        self.items.push(verdict_map(
+            NO_ENDPOINT_NODEPORTS,
+            vec![InetProto, InetService],
+            "vmap to drop or reject packets to service nodeports with no endpoints",
+        ));
+        self.items.push(verdict_map(
+            FIREWALL_IPS,
+            vec![Addr, InetProto, InetService],
+            "destinations that are subject to LoadBalancerSourceRanges",
+        ));
+        self.items.push(verdict_map(
+            SERVICE_IPS,
+            vec![Addr, InetProto, InetService],
+            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ));
+        self.items.push(verdict_map(
+            SERVICE_NODEPORTS,
+            vec![InetProto, InetService],
+            "NodePort traffic",
+        ));
+
+        for (target, source, ct_new) in JUMPS {
+            let mut stmts = Vec::new();
+            if ct_new {
+                stmts.push(m(Expr::CtState, Expr::Sym("new")));
+            }
+            stmts.push(jump(target));
+            self.items.push(rule(source, stmts));
+        }
+
+        self.items.push(rule(
+            MARK_MASQ,
+            vec![Stmt::MarkSet(Expr::Or(
+                Box::new(Expr::Mark),
+                Box::new(Expr::Hex(mark)),
+            ))],
+        ));
+        self.items.push(rule(
+            MASQUERADING,
+            vec![
+                Stmt::Match {
+                    left: Expr::And(Box::new(Expr::Mark), Box::new(Expr::Hex(mark))),
+                    op: Op::Eq,
+                    right: Expr::Num(0),
+                },
+                Stmt::Verdict(Verdict::Return),
+            ],
+        ));
+        self.items.push(rule(
+            MASQUERADING,
+            vec![Stmt::MarkSet(Expr::Xor(
+                Box::new(Expr::Mark),
+                Box::new(Expr::Hex(mark)),
+            ))],
+        ));
+        self.items
+            .push(rule(MASQUERADING, vec![Stmt::MasqueradeFullyRandom]));
+
+        self.items.push(rule_c(
+            CLUSTER_IPS_CHECK,
+            vec![
+                m(Expr::Addr(Side::Daddr), Expr::SetRef(CLUSTER_IPS.into())),
+                Stmt::Reject,
+            ],
+            "Reject traffic to invalid ports of ClusterIPs",
+        ));
+        if !view.service_cidrs.is_empty() {
+            let items = view
+                .service_cidrs
+                .iter()
+                .map(|c| Expr::Prefix(c.network()))
+                .collect();
+            self.items.push(rule_c(
+                CLUSTER_IPS_CHECK,
+                vec![
+                    m(
+                        Expr::Addr(Side::Daddr),
+                        Expr::AnonSet {
+                            items,
+                            comma_only: true,
+                        },
+                    ),
+                    Stmt::Verdict(Verdict::Drop),
+                ],
+                "Drop traffic to unallocated ClusterIPs",
+            ));
+        }
+
+        self.items.push(rule(REJECT_CHAIN, vec![Stmt::Reject]));
+        self.items.push(rule(
+            SERVICE_ENDPOINTS_CHECK,
+            vec![Stmt::VmapRef {
+                key: ip_proto_port(),
+                map: NO_ENDPOINT_SERVICES,
+            }],
+        ));
+        let nodeport_dst = if match_all {
+            self.no_localhost()
+        } else {
+            m(Expr::Addr(Side::Daddr), Expr::SetRef(NODEPORT_IPS.into()))
+        };
+        self.items.push(rule(
+            NODEPORT_ENDPOINTS_CHECK,
+            vec![
+                nodeport_dst.clone(),
+                Stmt::VmapRef {
+                    key: proto_port(),
+                    map: NO_ENDPOINT_NODEPORTS,
+                },
+            ],
+        ));
+        self.items.push(rule(
+            FIREWALL_CHECK,
+            vec![Stmt::VmapRef {
+                key: ip_proto_port(),
+                map: FIREWALL_IPS,
+            }],
+        ));
+        self.items.push(rule(
+            SERVICES,
+            vec![Stmt::VmapRef {
+                key: ip_proto_port(),
+                map: SERVICE_IPS,
+            }],
+        ));
+        let mut nodeports = Vec::new();
+        if match_all {
+            nodeports.push(m(Expr::FibType(Side::Daddr), Expr::Sym("local")));
+        }
+        nodeports.push(nodeport_dst);
+        nodeports.push(Stmt::VmapRef {
+            key: proto_port(),
+            map: SERVICE_NODEPORTS,
+        });
+        self.items.push(rule(SERVICES, nodeports));
+
+        if let NodePortAddresses::Ips(ips) = &view.node_port_addresses {
+            // kube-proxy's nftables mode does not support localhost NodePorts.
+            for ip in ips.iter().filter(|ip| !ip.is_loopback()) {
+                self.element(NODEPORT_IPS, vec![Value::Ip(*ip)], None, None);
+            }
+        }
+    }
+
+    fn service_port(&mut self, p: &PortView) {
+        let view = self.view;
+        let proto = p.protocol;
+        let base = hash_and_truncate(&format!(
+            "{}/{}/{}/{}",
+            p.namespace,
+            p.name,
+            proto.lower(),
+            p.port_name
+        ));
+        let cluster_chain = format!("service-{base}");
+        let local_chain = format!("local-{base}");
+        let external_chain = format!("external-{base}");
+        let firewall_chain = format!("firewall-{base}");
+        let endpoint_base = |i: u32| {
+            let ep = &p.endpoints[i as usize];
+            hash_and_truncate(&format!(
+                "{}/{}/{}/{}__{}/{}",
+                p.namespace,
+                p.name,
+                proto.lower(),
+                p.port_name,
+                ep.ip.to_string().replace(':', "."),
+                ep.port
+            ))
+        };
+        let endpoint_chain = |i: u32| format!("endpoint-{}", endpoint_base(i));
+        let affinity_set = |i: u32| format!("affinity-{}", endpoint_base(i));
+
+        // Which chains exist. The node pass leaves cluster_endpoints / local_endpoints empty
+        // when no traffic uses them, so their emptiness is kube-proxy's
+        // `len(x) > 0 && svcInfo.UsesXEndpoints()`.
+        let uses_cluster = !p.cluster_endpoints.is_empty();
+        let uses_local = !p.local_endpoints.is_empty();
+        let uses_external = p.has_endpoints && p.externally_accessible;
+        let uses_firewall = !p.load_balancer_ips.is_empty() && !p.source_ranges.is_empty();
+
+        let (internal_chain, internal_exists) = if p.internal_local {
+            (&local_chain, uses_local)
+        } else {
+            (&cluster_chain, uses_cluster)
+        };
+        let (external_policy_chain, external_policy_exists) = if p.external_local {
+            (&local_chain, uses_local)
+        } else {
+            (&cluster_chain, uses_cluster)
+        };
+        // kube-proxy: hasInternalEndpoints / hasExternalEndpoints. Tying them to the chain's
+        // existence is the same under the IR's invariants and never references a missing chain.
+        let has_internal = p.has_endpoints && internal_exists;
+        let has_external = p.has_endpoints && external_policy_exists;
+        // Verdict when there is nothing to send the traffic to: REJECT when the service has
+        // no endpoints at all, DROP when only the Local policy has none here.
+        let no_endpoint_verdict = if p.has_endpoints {
+            Verdict::Drop
+        } else {
+            Verdict::Goto(REJECT_CHAIN.to_string())
+        };
+        let reachable = p.reachable_endpoints();
+        let affinity = p.affinity_timeout;
+
+        // --- elements ---
+        let spn = Some(p.spn.as_str());
+        let key3 = |ip: IpAddr| vec![Value::Ip(ip), Value::Proto(proto), Value::Port(p.port)];
+        if let Some(cip) = p.cluster_ip {
+            self.element(CLUSTER_IPS, vec![Value::Ip(cip)], None, None);
+            if has_internal {
+                self.element(
+                    SERVICE_IPS,
+                    key3(cip),
+                    None,
+                    Some(Verdict::Goto(internal_chain.clone())),
+                );
+            } else {
+                self.element(
+                    NO_ENDPOINT_SERVICES,
+                    key3(cip),
+                    spn,
+                    Some(no_endpoint_verdict.clone()),
+                );
+            }
+        }
+        for &ip in p.external_ips.iter().chain(&p.load_balancer_ips) {
+            if uses_external {
+                self.element(
+                    SERVICE_IPS,
+                    key3(ip),
+                    None,
+                    Some(Verdict::Goto(external_chain.clone())),
+                );
+            }
+            if !has_external {
+                self.element(
+                    NO_ENDPOINT_SERVICES,
+                    key3(ip),
+                    spn,
+                    Some(no_endpoint_verdict.clone()),
+                );
+            }
+        }
+        if uses_firewall {
+            for &ip in &p.load_balancer_ips {
+                self.element(
+                    FIREWALL_IPS,
+                    key3(ip),
+                    None,
+                    Some(Verdict::Goto(firewall_chain.clone())),
+                );
+            }
+        }
+        if let Some(np) = p.node_port.filter(|&np| np != 0) {
+            let key = vec![Value::Proto(proto), Value::Port(np)];
+            if uses_external {
+                self.element(
+                    SERVICE_NODEPORTS,
+                    key.clone(),
+                    None,
+                    Some(Verdict::Goto(external_chain.clone())),
+                );
+            }
+            if !has_external {
+                self.element(
+                    NO_ENDPOINT_NODEPORTS,
+                    key,
+                    spn,
+                    Some(no_endpoint_verdict.clone()),
+                );
+            }
+        }
+
+        // --- sets and chains ---
+        let start = self.items.len();
+        if affinity.is_some() {
+            for &i in &reachable {
+                self.items.push(Item::Set(Set {
+                    name: affinity_set(i),
+                    key: vec![KeyType::Addr],
+                    verdict_map: false,
+                    timeout: affinity,
+                    comment: None,
+                }));
+            }
+        }
+        for (uses, name) in [
+            (uses_cluster, &cluster_chain),
+            (uses_local, &local_chain),
+            (uses_external, &external_chain),
+            (uses_firewall, &firewall_chain),
+        ] {
+            if uses {
+                self.items.push(chain(name));
+            }
+        }
+        for &i in &reachable {
+            self.items.push(chain(&endpoint_chain(i)));
+        }
+
+        // --- rules ---
+        // Internal (ClusterIP) traffic from outside the pod network is masqueraded: it may
+        // have been routed to this node from off-cluster and must return through it.
+        let masq = match p.cluster_ip {
+            Some(cip) if has_internal => {
+                let daddr = m(Expr::Addr(Side::Daddr), Expr::Ip(cip));
+                if view.masquerade_all {
+                    Some(vec![daddr, jump(MARK_MASQ)])
+                } else {
+                    view.local_detector
+                        .as_ref()
+                        .map(|d| vec![daddr, detector(d, false), jump(MARK_MASQ)])
+                }
+            }
+            _ => None,
+        };
+        let policy_chains = [
+            (uses_cluster, &cluster_chain, &p.cluster_endpoints),
+            (uses_local, &local_chain, &p.local_endpoints),
+        ];
+        for (uses, name, endpoints) in policy_chains {
+            if !uses {
+                continue;
+            }
+            if name == internal_chain {
+                if let Some(stmts) = masq.clone() {
+                    self.items.push(rule(name, stmts));
+                }
+            }
+            if affinity.is_some() {
+                for &i in endpoints {
+                    self.items.push(rule(
+                        name,
+                        vec![
+                            m(Expr::Addr(Side::Saddr), Expr::SetRef(affinity_set(i))),
+                            goto(&endpoint_chain(i)),
+                        ],
+                    ));
+                }
+            }
+            let entries = endpoints
+                .iter()
+                .enumerate()
+                .map(|(n, &i)| (n as u32, Verdict::Goto(endpoint_chain(i))))
+                .collect();
+            self.items.push(rule(
+                name,
+                vec![Stmt::VmapInline {
+                    key: Expr::NumgenRandom(endpoints.len() as u32),
+                    entries,
+                }],
+            ));
+        }
+
+        if uses_external {
+            if !p.external_local {
+                // Endpoints may be on another node: masquerade so replies come back here.
+                self.items
+                    .push(rule(&external_chain, vec![jump(MARK_MASQ)]));
+            } else {
+                // Pod and host traffic to an external destination is not subject to the
+                // Local policy (as if it went out to the load balancer and came back).
+                if let (Some(d), true) = (&view.local_detector, uses_cluster) {
+                    self.items.push(rule_c(
+                        &external_chain,
+                        vec![detector(d, true), goto(&cluster_chain)],
+                        "short-circuit pod traffic",
+                    ));
+                }
+                let from_host = || m(Expr::FibType(Side::Saddr), Expr::Sym("local"));
+                self.items.push(rule_c(
+                    &external_chain,
+                    vec![from_host(), jump(MARK_MASQ)],
+                    "masquerade local traffic",
+                ));
+                if uses_cluster {
+                    self.items.push(rule_c(
+                        &external_chain,
+                        vec![from_host(), goto(&cluster_chain)],
+                        "short-circuit local traffic",
+                    ));
+                }
+            }
+            if has_external {
+                self.items
+                    .push(rule(&external_chain, vec![goto(external_policy_chain)]));
+            }
+        }
+
+        if uses_firewall {
+            let mut allowed: Vec<Expr> = p
+                .source_ranges
+                .iter()
+                .map(|c| Expr::Prefix(c.network()))
+                .collect();
+            // A VIP bound locally makes node-originated requests arrive with the VIP as
+            // source; accept those when the node itself is allowed.
+            if p.source_ranges_include_node {
+                allowed.extend(p.load_balancer_ips.iter().map(|ip| Expr::Ip(*ip)));
+            }
+            self.items.push(rule(
+                &firewall_chain,
+                vec![
+                    m_neq(
+                        Expr::Addr(Side::Saddr),
+                        Expr::AnonSet {
+                            items: allowed,
+                            comma_only: false,
+                        },
+                    ),
+                    Stmt::Verdict(Verdict::Drop),
+                ],
+            ));
+        }
+
+        for &i in &reachable {
+            let ep = &p.endpoints[i as usize];
+            let name = endpoint_chain(i);
+            // Hairpin: a pod reaching itself through the service must be masqueraded.
+            self.items.push(rule(
+                &name,
+                vec![m(Expr::Addr(Side::Saddr), Expr::Ip(ep.ip)), jump(MARK_MASQ)],
+            ));
+            if affinity.is_some() {
+                self.items.push(rule(
+                    &name,
+                    vec![Stmt::SetUpdate {
+                        set: affinity_set(i),
+                        elem: Expr::Addr(Side::Saddr),
+                    }],
+                ));
+            }
+            self.items.push(rule(
+                &name,
+                vec![
+                    m(Expr::L4proto, Expr::Sym(proto.lower())),
+                    Stmt::Dnat {
+                        addr: ep.ip,
+                        port: ep.port,
+                    },
+                ],
+            ));
+        }
+
+        if self.items.len() > start {
+            self.items.insert(start, Item::Section(p.spn.clone()));
+        }
+    }
+
+    fn flush_elements(&mut self) {
+        for set in ELEMENT_SETS {
+            let Some(elems) = self.elements.remove(set) else {
+                continue;
+            };
+            for (key, (comment, verdict)) in elems {
+                self.items.push(Item::Element(Element {
+                    set,
+                    key,
+                    comment,
+                    verdict,
+                }));
+            }
+        }
+    }
+}
