@@ -155,8 +155,9 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
 fn render(target: Target, v: &NodeView) -> String {
     match target {
         Target::Ir => unreachable!("the ir target renders the module"),
-        // MERGE: the iptables and nftables back ends land from their branches.
-        _ => String::new(),
+        Target::Iptables => String::new(), // MERGE: lands from its branch
+        Target::Nftables => svc_targets::nftables::write_string(v, &Default::default()),
+        Target::NftablesJson => svc_targets::nftables::write_json(v, &Default::default()),
     }
 }
 
