@@ -332,12 +332,10 @@ impl Writer<'_> {
 
         // Filter verdicts: REJECT when nothing serves the service anywhere, DROP when
         // only the Local policy leaves this node without endpoints.
-        let no_endpoints = quote(&format!("{spn} has no endpoints"));
-        let no_local = quote(&format!("{spn} has no local endpoints"));
-        let (internal_filter, external_filter) = if has_endpoints {
-            (("DROP", &no_local), ("DROP", &no_local))
+        let (verdict, verdict_comment) = if has_endpoints {
+            ("DROP", quote(&format!("{spn} has no local endpoints")))
         } else {
-            (("REJECT", &no_endpoints), ("REJECT", &no_endpoints))
+            ("REJECT", quote(&format!("{spn} has no endpoints")))
         };
         let cluster_ip_comment = quote(&format!("{spn} cluster IP"));
         let lb_comment = quote(&format!("{spn} loadbalancer IP"));
@@ -350,15 +348,13 @@ impl Writer<'_> {
                     "-A {KUBE_SERVICES} -m comment --comment {cluster_ip_comment} {m} -j {internal_chain}"
                 ));
             } else {
-                let (target, comment) = internal_filter;
                 self.filter_rules.push(format!(
-                    "-A {KUBE_SERVICES} -m comment --comment {comment} {m} -j {target}"
+                    "-A {KUBE_SERVICES} -m comment --comment {verdict_comment} {m} -j {verdict}"
                 ));
             }
         }
 
         // Capture external IPs.
-        let (ext_target, ext_comment) = external_filter;
         for ip in &p.external_ips {
             let m = dest(ip, p.port);
             if has_endpoints {
@@ -370,7 +366,7 @@ impl Writer<'_> {
             }
             if !has_external {
                 self.filter_rules.push(format!(
-                    "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {ext_comment} {m} -j {ext_target}"
+                    "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {verdict_comment} {m} -j {verdict}"
                 ));
             }
         }
@@ -394,7 +390,7 @@ impl Writer<'_> {
         if !has_external {
             for ip in &p.load_balancer_ips {
                 self.filter_rules.push(format!(
-                    "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {ext_comment} {} -j {ext_target}",
+                    "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {verdict_comment} {} -j {verdict}",
                     dest(ip, p.port)
                 ));
             }
@@ -420,7 +416,7 @@ impl Writer<'_> {
             }
             if !has_external {
                 self.filter_rules.push(format!(
-                    "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {ext_comment} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {np} -j {ext_target}"
+                    "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {verdict_comment} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {np} -j {verdict}"
                 ));
             }
         }
