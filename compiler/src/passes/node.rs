@@ -216,11 +216,10 @@ fn node_port_cidrs(
     // `primary` is rewritten at start-up into the node IP of each family as a host
     // CIDR, loopback excluded; a family left without one falls back to match-all.
     let cidrs: Vec<Cidr> = if config.contains(&NodePortAddress::Primary) {
-        node_ips
-            .first()
+        Some(primary_ip(node_ips, family))
             .filter(|ip| !ip.is_loopback())
-            .map(|ip| Cidr {
-                addr: *ip,
+            .map(|addr| Cidr {
+                addr,
                 prefix: family.bits(),
             })
             .into_iter()
