@@ -155,7 +155,7 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
 fn render(target: Target, v: &NodeView) -> String {
     match target {
         Target::Ir => unreachable!("the ir target renders the module"),
-        Target::Iptables => String::new(), // MERGE: lands from its branch
+        Target::Iptables => svc_targets::iptables::write_string(v, &Default::default()),
         Target::Nftables => svc_targets::nftables::write_string(v, &Default::default()),
         Target::NftablesJson => svc_targets::nftables::write_json(v, &Default::default()),
     }
