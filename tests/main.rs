@@ -3,5 +3,6 @@
 
 mod cli;
 mod golden;
+mod kernel;
 mod properties;
 mod support;
