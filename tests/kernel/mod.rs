@@ -35,6 +35,7 @@
 //! source is its own address (martian).
 
 pub mod echo;
+mod flows;
 pub mod lab;
 mod selftest;
 pub mod sys;

@@ -1,0 +1,239 @@
+//! The golden cases in the real kernel: compile each case for the lab's node, load the
+//! ruleset into the lab's `node` namespace, send the traffic its `flows` file lists and
+//! check who answered and whether the source was masqueraded.
+//!
+//! `flows` syntax, one flow a line (`#` comments):
+//! `[TARGET] FROM PROTO DEST EXPECT`, where TARGET (optional, `[iptables]` or
+//! `[nftables]`) limits the line to one target, and EXPECT is one of
+//! - `answer B1,B2,.. [direct|masq]`: 40 probes; every answer comes from the set, every
+//!   backend of the set answers at least once; `direct`: the backend saw the sender's own
+//!   address, `masq`: it saw another (the node's);
+//! - `sticky B1,B2,..`: 20 probes, all answered by one backend of the set;
+//! - `refused`: rejected (TCP RST or ICMP unreachable);
+//! - `timeout`: no answer (dropped).
+
+use super::{require_root, Lab, LabSpec, Outcome, Proto};
+use crate::golden::{case_dirs, compile_case};
+use crate::support::root;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+
+/// The port every pod serves (TCP and UDP) in the lab.
+pub const BACKEND_PORT: u16 = 8080;
+
+#[derive(Debug)]
+pub struct Flow {
+    pub line: usize,
+    pub target: Option<String>,
+    pub from: String,
+    pub proto: Proto,
+    pub dst: SocketAddr,
+    pub expect: Expect,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expect {
+    Answer {
+        backends: BTreeSet<String>,
+        masq: Option<bool>,
+    },
+    Sticky(BTreeSet<String>),
+    Refused,
+    Timeout,
+}
+
+pub fn parse_flows(text: &str) -> Vec<Flow> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let l = raw.split('#').next().unwrap().trim();
+        if l.is_empty() {
+            continue;
+        }
+        let mut w: Vec<&str> = l.split_whitespace().collect();
+        let target = if w[0].starts_with('[') {
+            Some(w.remove(0).trim_matches(['[', ']']).to_string())
+        } else {
+            None
+        };
+        let bad = || -> ! { panic!("flows line {}: cannot read `{raw}`", i + 1) };
+        if w.len() < 4 {
+            bad();
+        }
+        let proto = match w[1] {
+            "tcp" => Proto::Tcp,
+            "udp" => Proto::Udp,
+            _ => bad(),
+        };
+        let set = |s: &str| s.split(',').map(String::from).collect::<BTreeSet<_>>();
+        let expect = match w[3] {
+            "answer" => Expect::Answer {
+                backends: set(w.get(4).unwrap_or_else(|| bad())),
+                masq: match w.get(5) {
+                    None => None,
+                    Some(&"masq") => Some(true),
+                    Some(&"direct") => Some(false),
+                    _ => bad(),
+                },
+            },
+            "sticky" => Expect::Sticky(set(w.get(4).unwrap_or_else(|| bad()))),
+            "refused" => Expect::Refused,
+            "timeout" => Expect::Timeout,
+            _ => bad(),
+        };
+        out.push(Flow {
+            line: i + 1,
+            target,
+            from: w[0].to_string(),
+            proto,
+            dst: w[2].parse().unwrap_or_else(|_| bad()),
+            expect,
+        });
+    }
+    out
+}
+
+/// Load a compiled ruleset into the lab's node, checking it first.
+pub fn load(lab: &Lab, target: &str, text: &str) {
+    let (prog, test_args, args): (&str, &[&str], &[&str]) = match target {
+        "iptables" => ("iptables-restore", &["--test", "--noflush"], &["--noflush"]),
+        "nftables" => ("nft", &["-c", "-f", "-"], &["-f", "-"]),
+        _ => unreachable!(),
+    };
+    for a in [test_args, args] {
+        let out = lab.exec("node", prog, a, Some(text)).expect("run loader");
+        assert!(
+            out.status.success(),
+            "{prog} {a:?} failed: {}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Run every flow of a case; returns the failures (empty = all good).
+pub fn check_flows(lab: &Lab, target: &str, flows: &[Flow]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for f in flows
+        .iter()
+        .filter(|f| f.target.as_deref().is_none_or(|t| t == target))
+    {
+        let own = lab.ip(&f.from);
+        let what = format!("line {}: {} {:?} {}", f.line, f.from, f.proto, f.dst);
+        match &f.expect {
+            Expect::Answer { backends, masq } => {
+                let mut seen = BTreeSet::new();
+                for _ in 0..40 {
+                    match lab.probe(&f.from, f.proto, f.dst) {
+                        Outcome::Answered {
+                            backend,
+                            seen_source,
+                        } => {
+                            if !backends.contains(&backend) {
+                                failures.push(format!(
+                                    "{what}: answered by {backend}, wanted one of {backends:?}"
+                                ));
+                                break;
+                            }
+                            if let Some(m) = masq {
+                                if (seen_source != own) != *m {
+                                    failures.push(format!(
+                                        "{what}: {backend} saw source {seen_source} (sender {own}), wanted {}",
+                                        if *m { "masquerade" } else { "the sender's address" }
+                                    ));
+                                    break;
+                                }
+                            }
+                            seen.insert(backend);
+                        }
+                        other => {
+                            failures.push(format!(
+                                "{what}: {other:?}, wanted an answer from {backends:?}"
+                            ));
+                            break;
+                        }
+                    }
+                }
+                if failures.is_empty() && &seen != backends {
+                    failures.push(format!(
+                        "{what}: 40 probes reached {seen:?}, wanted all of {backends:?}"
+                    ));
+                }
+            }
+            Expect::Sticky(backends) => {
+                let mut seen = BTreeSet::new();
+                for _ in 0..20 {
+                    match lab.probe(&f.from, f.proto, f.dst).backend() {
+                        Some(b) => {
+                            seen.insert(b.to_string());
+                        }
+                        None => {
+                            failures.push(format!("{what}: no answer"));
+                            break;
+                        }
+                    }
+                }
+                if seen.len() != 1 || !seen.is_subset(backends) {
+                    failures.push(format!(
+                        "{what}: answered by {seen:?}, wanted exactly one of {backends:?}"
+                    ));
+                }
+            }
+            Expect::Refused => {
+                let o = lab.probe(&f.from, f.proto, f.dst);
+                if o != Outcome::Refused {
+                    failures.push(format!("{what}: {o:?}, wanted Refused"));
+                }
+            }
+            Expect::Timeout => {
+                let o = lab.probe(&f.from, f.proto, f.dst);
+                if o != Outcome::TimedOut {
+                    failures.push(format!("{what}: {o:?}, wanted TimedOut"));
+                }
+            }
+        }
+    }
+    failures
+}
+
+/// Every golden case with a `flows` file, for one target, each in a fresh lab.
+fn run_target(target: &str) {
+    let test = format!("kernel golden flows ({target})");
+    if !require_root(&test) {
+        return;
+    }
+    let mut failures = Vec::new();
+    for case in case_dirs() {
+        let Ok(text) =
+            std::fs::read_to_string(root().join("golden/cases").join(&case).join("flows"))
+        else {
+            continue;
+        };
+        let flows = parse_flows(&text);
+        let rules = compile_case(&case, target);
+        let mut lab = Lab::new(
+            &format!("{}{}", &target[..2], case.len()),
+            &LabSpec::default(),
+        )
+        .expect("lab");
+        lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
+        lab.serve(Proto::Udp, BACKEND_PORT).expect("serve udp");
+        load(&lab, target, &rules);
+        for f in check_flows(&lab, target, &flows) {
+            failures.push(format!("{case} [{target}] {f}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "kernel disagrees with the IR:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn golden_flows_iptables() {
+    run_target("iptables");
+}
+
+#[test]
+fn golden_flows_nftables() {
+    run_target("nftables");
+}
