@@ -962,3 +962,39 @@ fn code_table_lists_every_code() {
         "codes used vs. codes in the table of validate.rs"
     );
 }
+
+/// Every file of `golden/errors/` yields at least one error or warning, and exactly the
+/// codes its `# expect:` first line names.
+#[test]
+fn golden_errors_corpus() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../golden/errors");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("golden/errors exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 35, "only {} files", files.len());
+    let mut all: Vec<&'static str> = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let got = codes(&text);
+        assert!(!got.is_empty(), "{}: no error or warning", f.display());
+        let expect: Vec<&str> = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# expect:"))
+            .unwrap_or_else(|| panic!("{}: first line must be `# expect: SVCnnn`", f.display()))
+            .split_whitespace()
+            .collect();
+        assert_eq!(got, expect, "{}", f.display());
+        all.extend(got);
+    }
+    all.sort_unstable();
+    all.dedup();
+    assert!(
+        all.len() >= 30,
+        "only {} distinct codes: {all:?}",
+        all.len()
+    );
+}
