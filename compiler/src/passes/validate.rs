@@ -117,6 +117,9 @@ use crate::decode::{closest, Sp};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::k8s::{Meta, Objects};
 use crate::passes::Settings;
+use crate::source::Span;
+use std::collections::hash_map::{Entry, HashMap};
+use std::hash::Hash;
 use std::net::IpAddr;
 
 /// Check every object; push every problem found (never stop at the first).
@@ -187,6 +190,17 @@ impl Cx<'_> {
             .hint(hint),
         );
         false
+    }
+}
+
+/// Record `key` as seen at `span`; if it was seen before, return where.
+fn seen_before<K: Hash + Eq>(seen: &mut HashMap<K, Span>, key: K, span: Span) -> Option<Span> {
+    match seen.entry(key) {
+        Entry::Occupied(e) => Some(*e.get()),
+        Entry::Vacant(e) => {
+            e.insert(span);
+            None
+        }
     }
 }
 

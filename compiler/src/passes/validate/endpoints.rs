@@ -1,6 +1,6 @@
 //! Endpoints (`ValidateEndpoints`) and EndpointSlice (`discovery/validation`) rules.
 
-use super::{check_meta, names, special_ip, Cx};
+use super::{check_meta, names, seen_before, special_ip, Cx};
 use crate::decode::Sp;
 use crate::diag::Diagnostic;
 use crate::k8s::{EndpointSlice, Endpoints, SlicePort};
@@ -240,16 +240,14 @@ fn ports(cx: &mut Cx, ports: &[SlicePort], prefix: &str, legacy: bool) {
         }
         if !legacy {
             let span = p.name.as_ref().map_or(p.span, |n| n.span);
-            if let Some(first) = seen.get(name) {
+            if let Some(first) = seen_before(&mut seen, name, span) {
                 cx.push(
                     Diagnostic::error("SVC207", format!("duplicate port name `{name}`"))
                         .at(span)
                         .path(path("name"))
-                        .related(*first, "first used here")
+                        .related(first, "first used here")
                         .hint("each port of a slice needs its own name (the Service port's name)"),
                 );
-            } else {
-                seen.insert(name, span);
             }
         }
         match &p.port {

@@ -1,7 +1,9 @@
 //! Service rules: `ValidateService`, `validateServicePort`, the cluster-IP/family rules and
 //! what the node-port and cluster-IP allocators refuse for a single Service.
 
-use super::{check_labels, check_meta, ident, names, special_ip, written_cluster_ips, Cx};
+use super::{
+    check_labels, check_meta, ident, names, seen_before, special_ip, written_cluster_ips, Cx,
+};
 use crate::decode::{IntOrString, Sp};
 use crate::diag::Diagnostic;
 use crate::k8s::Service;
@@ -149,16 +151,14 @@ fn ports(cx: &mut Cx, s: &Service, ty: Type, headless: bool) {
                     }
                     cx.push(d);
                 }
-                if let Some(first) = names_seen.get(n.v.as_str()) {
+                if let Some(first) = seen_before(&mut names_seen, n.v.as_str(), n.span) {
                     cx.push(
                         Diagnostic::error("SVC109", format!("duplicate port name `{}`", n.v))
                             .at(n.span)
                             .path(path("name"))
-                            .related(*first, "first used here")
+                            .related(first, "first used here")
                             .hint("port names must be unique within a Service"),
                     );
-                } else {
-                    names_seen.insert(&n.v, n.span);
                 }
             }
         }
@@ -178,7 +178,7 @@ fn ports(cx: &mut Cx, s: &Service, ty: Type, headless: bool) {
                 .path(path("port")),
             ),
             Some(n) => {
-                if let Some(first) = ports_seen.get(&(n.v, proto)) {
+                if let Some(first) = seen_before(&mut ports_seen, (n.v, proto), n.span) {
                     cx.push(
                         Diagnostic::error(
                             "SVC111",
@@ -186,11 +186,9 @@ fn ports(cx: &mut Cx, s: &Service, ty: Type, headless: bool) {
                         )
                         .at(n.span)
                         .path(path("port"))
-                        .related(*first, "first used here")
+                        .related(first, "first used here")
                         .hint("each (port, protocol) pair may appear once; remove one or change its port"),
                     );
-                } else {
-                    ports_seen.insert((n.v, proto), n.span);
                 }
             }
         }
@@ -233,7 +231,7 @@ fn ports(cx: &mut Cx, s: &Service, ty: Type, headless: bool) {
                         )),
                     );
                 }
-                if let Some(first) = node_ports_seen.get(&(np.v, proto)) {
+                if let Some(first) = seen_before(&mut node_ports_seen, (np.v, proto), np.span) {
                     cx.push(
                         Diagnostic::error(
                             "SVC117",
@@ -241,11 +239,9 @@ fn ports(cx: &mut Cx, s: &Service, ty: Type, headless: bool) {
                         )
                         .at(np.span)
                         .path(path("nodePort"))
-                        .related(*first, "first used here")
+                        .related(first, "first used here")
                         .hint("give each port its own nodePort, or remove it to have one allocated"),
                     );
-                } else {
-                    node_ports_seen.insert((np.v, proto), np.span);
                 }
             }
             Type::Unknown => {}
@@ -942,15 +938,13 @@ fn topology_keys(cx: &mut Cx, s: &Service) {
     let mut seen: HashMap<&str, Span> = HashMap::new();
     for (i, k) in keys.iter().enumerate() {
         let path = format!("spec.topologyKeys[{i}]");
-        if let Some(first) = seen.get(k.v.as_str()) {
+        if let Some(first) = seen_before(&mut seen, k.v.as_str(), k.span) {
             cx.push(
                 Diagnostic::error("SVC146", format!("duplicate topology key `{}`", k.v))
                     .at(k.span)
                     .path(path.clone())
-                    .related(*first, "first listed here"),
+                    .related(first, "first listed here"),
             );
-        } else {
-            seen.insert(&k.v, k.span);
         }
         if k.v == "*" {
             if i + 1 != keys.len() {
