@@ -1,0 +1,258 @@
+//! Configuration documents: kube-proxy's KubeProxyConfiguration (`validateKubeProxy*`)
+//! and our ClusterConfig (what kube-apiserver's flags accept). One of each at most.
+
+use super::{names, parse_cidr, Cx};
+use crate::decode::Sp;
+use crate::diag::Diagnostic;
+use crate::k8s::{ClusterConfigDoc, Objects, ProxyConfigDoc};
+use crate::net::IpFamily;
+use crate::source::Span;
+
+pub(super) fn check(cx: &mut Cx, o: &Objects) {
+    only_one(
+        cx,
+        o.proxy_configs.iter().map(|p| p.span).collect(),
+        "SVC306",
+        "KubeProxyConfiguration",
+    );
+    only_one(
+        cx,
+        o.cluster_configs.iter().map(|c| c.span).collect(),
+        "SVC307",
+        "ClusterConfig",
+    );
+    for p in &o.proxy_configs {
+        proxy(cx, p);
+    }
+    for c in &o.cluster_configs {
+        cluster(cx, c);
+    }
+}
+
+fn only_one(cx: &mut Cx, mut spans: Vec<Span>, code: &'static str, kind: &str) {
+    spans.sort_unstable();
+    if let Some((first, rest)) = spans.split_first() {
+        for s in rest {
+            cx.push(
+                Diagnostic::error(code, format!("more than one {kind} document"))
+                    .at(*s)
+                    .path("kind")
+                    .related(*first, "first one here")
+                    .hint(format!(
+                        "keep a single {kind} and merge the settings into it"
+                    )),
+            );
+        }
+    }
+}
+
+/// A comma-separated list of CIDRs with at most one per family (`clusterCIDR`,
+/// `--service-cluster-ip-range`). Returns the first problem.
+fn dual_stack_cidrs(text: &str) -> Result<(), String> {
+    let mut fams: Vec<IpFamily> = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        let c = parse_cidr(part).map_err(|e| {
+            if text.contains(',') {
+                format!("`{part}` is not a valid CIDR: {e}")
+            } else {
+                format!("not a valid CIDR: {e}")
+            }
+        })?;
+        if fams.contains(&c.family()) {
+            return Err(format!(
+                "more than one {} CIDR: give at most one CIDR per IP family",
+                c.family().as_str()
+            ));
+        }
+        fams.push(c.family());
+    }
+    Ok(())
+}
+
+fn proxy(cx: &mut Cx, p: &ProxyConfigDoc) {
+    if let Some(m) = &p.mode {
+        cx.one_of(
+            "SVC308",
+            m,
+            &["", "iptables", "ipvs", "nftables"],
+            "kube-proxy mode",
+            "mode",
+        );
+    }
+    if let Some(b) = &p.masquerade_bit {
+        if !(0..=31).contains(&b.v) {
+            cx.push(
+                Diagnostic::error(
+                    "SVC309",
+                    format!(
+                        "masqueradeBit {} is out of range: must be between 0 and 31",
+                        b.v
+                    ),
+                )
+                .at(b.span)
+                .path("iptables.masqueradeBit")
+                .hint("the mark is 1 << masqueradeBit on a 32-bit fwmark; the default is 14"),
+            );
+        }
+    }
+    let cluster_cidr = p.cluster_cidr.as_ref().filter(|c| !c.v.trim().is_empty());
+    if let Some(c) = cluster_cidr {
+        if let Err(e) = dual_stack_cidrs(&c.v) {
+            cx.push(
+                Diagnostic::error("SVC310", format!("invalid clusterCIDR `{}`: {e}", c.v))
+                    .at(c.span)
+                    .path("clusterCIDR")
+                    .hint("write one CIDR, or an IPv4 and an IPv6 CIDR separated by a comma (10.244.0.0/16,fd00:10:244::/56)"),
+            );
+        }
+    }
+    if let Some(m) = &p.detect_local_mode {
+        let ok = cx.one_of(
+            "SVC311",
+            m,
+            &[
+                "",
+                "ClusterCIDR",
+                "NodeCIDR",
+                "BridgeInterface",
+                "InterfaceNamePrefix",
+            ],
+            "detectLocalMode",
+            "detectLocalMode",
+        );
+        let needs = |field: &Option<Sp<String>>, name: &str, cx: &mut Cx| {
+            if field.as_ref().is_none_or(|f| f.v.is_empty()) {
+                cx.push(
+                    Diagnostic::error(
+                        "SVC312",
+                        format!("detectLocalMode {} needs detectLocal.{name}", m.v),
+                    )
+                    .at(m.span)
+                    .path(format!("detectLocal.{name}"))
+                    .hint(format!(
+                        "add `detectLocal: {{{name}: ...}}` naming the interface"
+                    )),
+                );
+            }
+        };
+        match m.v.as_str() {
+            _ if !ok => {}
+            "BridgeInterface" => needs(&p.bridge_interface, "bridgeInterface", cx),
+            "InterfaceNamePrefix" => needs(&p.interface_name_prefix, "interfaceNamePrefix", cx),
+            "ClusterCIDR" if cluster_cidr.is_none() => cx.push(
+                Diagnostic::warning(
+                    "SVC313",
+                    "detectLocalMode ClusterCIDR without clusterCIDR: no traffic counts as local",
+                )
+                .at(m.span)
+                .path("clusterCIDR")
+                .hint("set clusterCIDR to the pod network, or pick another detectLocalMode"),
+            ),
+            _ => {}
+        }
+    }
+    let addrs = &p.node_port_addresses;
+    for (i, a) in addrs.iter().enumerate() {
+        let path = format!("nodePortAddresses[{i}]");
+        if a.v == "primary" {
+            if addrs.len() != 1 {
+                cx.push(
+                    Diagnostic::error("SVC314", "nodePortAddresses cannot mix `primary` and CIDRs")
+                        .at(a.span)
+                        .path(path)
+                        .hint("use `[primary]` alone, or list CIDRs only"),
+                );
+            }
+        } else if let Err(e) = parse_cidr(&a.v) {
+            cx.push(
+                Diagnostic::error(
+                    "SVC314",
+                    format!("nodePortAddresses entry `{}` is not a valid CIDR: {e}", a.v),
+                )
+                .at(a.span)
+                .path(path)
+                .hint("write CIDRs such as 192.168.0.0/16, or `primary`"),
+            );
+        }
+    }
+    if let Some(s) = p.ipvs_scheduler.as_ref().filter(|s| !s.v.is_empty()) {
+        cx.one_of(
+            "SVC315",
+            s,
+            &[
+                "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
+            ],
+            "IPVS scheduler",
+            "ipvs.scheduler",
+        );
+    }
+}
+
+/// `LOW-HIGH`, `BASE+OFFSET` or a single port, as `--service-node-port-range` accepts.
+fn port_range(text: &str) -> Result<(), String> {
+    let t = text.trim();
+    let num = |s: &str| {
+        s.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=65535).contains(n))
+            .ok_or_else(|| format!("`{}` is not a port number (1-65535)", s.trim()))
+    };
+    let (lo, hi) = if let Some((a, b)) = t.split_once('-') {
+        (num(a)?, num(b)?)
+    } else if let Some((a, b)) = t.split_once('+') {
+        let lo = num(a)?;
+        let off: u32 = b
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{}` is not an offset", b.trim()))?;
+        (lo, num(&(lo + off).to_string())?)
+    } else {
+        let p = num(t)?;
+        (p, p)
+    };
+    if lo > hi {
+        return Err(format!("the range {lo}-{hi} is empty"));
+    }
+    Ok(())
+}
+
+fn cluster(cx: &mut Cx, c: &ClusterConfigDoc) {
+    if let Some(r) = &c.service_cluster_ip_range {
+        if let Err(e) = dual_stack_cidrs(&r.v) {
+            cx.push(
+                Diagnostic::error(
+                    "SVC316",
+                    format!("invalid serviceClusterIPRange `{}`: {e}", r.v),
+                )
+                .at(r.span)
+                .path("serviceClusterIPRange")
+                .hint("write one CIDR, or an IPv4 and an IPv6 CIDR separated by a comma (10.96.0.0/12,fd00:10:96::/112)"),
+            );
+        }
+    }
+    if let Some(r) = &c.service_node_port_range {
+        if let Err(e) = port_range(&r.v) {
+            cx.push(
+                Diagnostic::error(
+                    "SVC317",
+                    format!("invalid serviceNodePortRange `{}`: {e}", r.v),
+                )
+                .at(r.span)
+                .path("serviceNodePortRange")
+                .hint("write LOW-HIGH, e.g. 30000-32767"),
+            );
+        }
+    }
+    if let Some(d) = &c.cluster_domain {
+        if let Err(e) = names::dns1123_subdomain(d.v.strip_suffix('.').unwrap_or(&d.v)) {
+            cx.push(
+                Diagnostic::error("SVC318", format!("invalid clusterDomain `{}`: {e}", d.v))
+                    .at(d.span)
+                    .path("clusterDomain")
+                    .hint("the default is cluster.local"),
+            );
+        }
+    }
+}

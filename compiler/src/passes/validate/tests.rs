@@ -1,0 +1,1000 @@
+//! One check per rule: YAML in, codes out. A good manifest yields nothing.
+
+use super::validate;
+use crate::diag::{Diagnostic, Diagnostics, Severity};
+use crate::k8s::Objects;
+use crate::passes::Settings;
+use crate::source::FileId;
+
+fn run_with(text: &str, settings: &Settings) -> Vec<Diagnostic> {
+    let (docs, mut diags): (_, Diagnostics) = crate::tree::parse_file(FileId(0), text);
+    let mut objects = Objects::default();
+    for d in &docs {
+        crate::k8s::decode_document(d, &mut objects, &mut diags);
+    }
+    validate(&objects, settings, &mut diags);
+    diags.items
+}
+
+fn run(text: &str) -> Vec<Diagnostic> {
+    run_with(text, &Settings::default())
+}
+
+/// Codes of errors and warnings, sorted, without repeats.
+fn codes_of(items: &[Diagnostic]) -> Vec<&'static str> {
+    let mut c: Vec<_> = items
+        .iter()
+        .filter(|d| d.severity != Severity::Note)
+        .map(|d| d.code)
+        .collect();
+    c.sort_unstable();
+    c.dedup();
+    c
+}
+
+fn codes(text: &str) -> Vec<&'static str> {
+    codes_of(&run(text))
+}
+
+fn indent(text: &str, by: usize) -> String {
+    text.lines()
+        .map(|l| format!("{}{l}\n", " ".repeat(by)))
+        .collect()
+}
+
+/// Service `default/web` with `spec` (written without indentation).
+fn svc(spec: &str) -> String {
+    svc_named("web", spec)
+}
+
+fn svc_named(name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n{}",
+        indent(spec, 2)
+    )
+}
+
+/// A Service with the common first lines, for specs that only add a field.
+fn svc_port(extra: &str) -> String {
+    svc(&format!(
+        "selector: {{app: web}}\nports:\n- port: 80\n{extra}"
+    ))
+}
+
+const GOOD: &str = r#"
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: shop
+  labels: {app.kubernetes.io/name: web, tier: ""}
+  annotations: {example.com/owner: team-a}
+spec:
+  selector: {app: web}
+  ipFamilyPolicy: SingleStack
+  ipFamilies: [IPv4]
+  clusterIP: 10.96.0.20
+  clusterIPs: [10.96.0.20]
+  internalTrafficPolicy: Cluster
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}
+  trafficDistribution: PreferClose
+  ports:
+  - {name: http, port: 80, targetPort: http}
+  - {name: https, port: 443, targetPort: 8443, protocol: TCP}
+  - {name: dns, port: 53, protocol: UDP}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: edge, namespace: shop}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  loadBalancerSourceRanges: [203.0.113.0/24, " 198.51.100.0/24"]
+  topologyKeys: []
+  ports:
+  - {name: http, port: 80, nodePort: 30080}
+  - {name: http-udp, port: 80, protocol: UDP, nodePort: 30080}
+status:
+  loadBalancer:
+    ingress:
+    - {ip: 203.0.113.7, ipMode: Proxy}
+    - {hostname: lb.example.com}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: zoned, namespace: shop}
+spec:
+  externalIPs: [198.51.100.9]
+  externalTrafficPolicy: Cluster
+  topologyKeys: [kubernetes.io/hostname, topology.kubernetes.io/zone, "*"]
+  ports: [{port: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: shop}
+spec: {clusterIP: None, selector: {app: db}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: shop}
+spec: {type: ExternalName, externalName: db.example.com.}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: web, namespace: shop}
+subsets:
+- addresses: [{ip: 10.244.1.5, nodeName: node-a}]
+  notReadyAddresses: [{ip: "fd00::5"}]
+  ports: [{name: http, port: 8080}, {name: dns, port: 53, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-abc12
+  namespace: shop
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+endpoints:
+- addresses: [10.244.1.5]
+  conditions: {ready: true}
+  nodeName: node-a
+  zone: zone-a
+ports:
+- {name: http, port: 8080, protocol: TCP}
+- {name: dns, port: 53, protocol: UDP}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}
+spec: {podCIDRs: [10.244.1.0/24, "fd00:10:244:1::/64"]}
+status:
+  addresses:
+  - {type: InternalIP, address: 192.168.1.10}
+  - {type: Hostname, address: node-a}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, namespace: shop, labels: {app: web}}
+spec:
+  nodeName: node-a
+  containers: [{name: web, ports: [{name: http, containerPort: 8080}]}]
+status:
+  podIPs: [{ip: 10.244.1.5}, {ip: "fd00:10:244:1::5"}]
+---
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: ipvs
+clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
+detectLocalMode: ClusterCIDR
+nodePortAddresses: [primary]
+iptables: {masqueradeBit: 14}
+ipvs: {scheduler: rr}
+---
+apiVersion: svc-compile/v1alpha1
+kind: ClusterConfig
+serviceClusterIPRange: 10.96.0.0/12
+serviceNodePortRange: 30000-32767
+clusterDomain: cluster.local
+"#;
+
+#[test]
+fn good_manifests_are_clean() {
+    let d = run(GOOD);
+    assert!(d.is_empty(), "{d:#?}");
+}
+
+// ---- metadata ----
+
+#[test]
+fn service_name_dns1035() {
+    assert_eq!(codes(&svc_named("1web", "ports: [{port: 80}]")), ["SVC101"]);
+    let d = run(&svc_named("My_Web", "ports: [{port: 80}]"));
+    assert_eq!(d[0].path.as_deref(), Some("metadata.name"));
+    assert!(d[0].hint.as_deref().unwrap().contains("`my-web`"));
+}
+
+#[test]
+fn namespace_dns1123_label() {
+    let y = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: Prod.EU}\nspec: {ports: [{port: 80}]}\n";
+    assert_eq!(codes(y), ["SVC102"]);
+}
+
+#[test]
+fn label_and_selector_keys_and_values() {
+    let y = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  labels: {\"bad key!\": x}\nspec: {ports: [{port: 80}]}\n";
+    assert_eq!(codes(y), ["SVC103"]);
+    assert_eq!(
+        codes(&svc_port("").replace("app: web", "app: -web")),
+        ["SVC104"]
+    );
+    let long = "v".repeat(64);
+    assert_eq!(
+        codes(&svc_port("").replace("app: web", &format!("app: {long}"))),
+        ["SVC104"]
+    );
+    let d = run(&svc_port("").replace("{app: web}", "{\"/x\": web}"));
+    assert_eq!(d[0].code, "SVC103");
+    assert_eq!(d[0].path.as_deref(), Some("spec.selector[/x]"));
+}
+
+#[test]
+fn annotation_keys() {
+    let y = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations: {\"a/b/c\": x}\nspec: {ports: [{port: 80}]}\n";
+    assert_eq!(codes(y), ["SVC103"]);
+}
+
+// ---- Service ----
+
+#[test]
+fn service_type() {
+    assert_eq!(codes(&svc_port("type: Nodeport")), ["SVC105"]);
+    let d = run(&svc_port("type: Nodeport"));
+    assert!(d[0].hint.as_deref().unwrap().contains("`NodePort`"));
+}
+
+#[test]
+fn ports_required() {
+    assert_eq!(codes(&svc("selector: {app: web}")), ["SVC106"]);
+    assert_eq!(codes(&svc("clusterIP: None")), Vec::<&str>::new());
+    assert_eq!(
+        codes(&svc("type: ExternalName\nexternalName: a.example.com")),
+        Vec::<&str>::new()
+    );
+}
+
+#[test]
+fn port_names() {
+    assert_eq!(
+        codes(&svc("ports: [{port: 80}, {name: b, port: 81}]")),
+        ["SVC107"]
+    );
+    assert_eq!(codes(&svc("ports: [{name: HTTP, port: 80}]")), ["SVC108"]);
+    assert_eq!(
+        codes(&svc("ports: [{name: a, port: 80}, {name: a, port: 81}]")),
+        ["SVC109"]
+    );
+}
+
+#[test]
+fn port_numbers_and_duplicates() {
+    assert_eq!(codes(&svc("ports: [{port: 0}]")), ["SVC110"]);
+    assert_eq!(codes(&svc("ports: [{port: 70000}]")), ["SVC110"]);
+    assert_eq!(codes(&svc("ports: [{targetPort: 80}]")), ["SVC110"]);
+    assert_eq!(
+        codes(&svc(
+            "ports: [{name: a, port: 80}, {name: b, port: 80, protocol: TCP}]"
+        )),
+        ["SVC111"]
+    );
+    assert_eq!(
+        codes(&svc(
+            "ports: [{name: a, port: 80}, {name: b, port: 80, protocol: UDP}]"
+        )),
+        Vec::<&str>::new()
+    );
+}
+
+#[test]
+fn protocols() {
+    assert_eq!(
+        codes(&svc("ports: [{port: 80, protocol: tcp}]")),
+        ["SVC112"]
+    );
+    assert_eq!(
+        codes(&svc("ports: [{port: 80, protocol: HTTP}]")),
+        ["SVC112"]
+    );
+}
+
+#[test]
+fn target_ports() {
+    assert_eq!(
+        codes(&svc("ports: [{port: 80, targetPort: 65536}]")),
+        ["SVC113"]
+    );
+    assert_eq!(
+        codes(&svc("ports: [{port: 80, targetPort: 0}]")),
+        Vec::<&str>::new()
+    );
+    assert_eq!(
+        codes(&svc("ports: [{port: 80, targetPort: http_alt}]")),
+        ["SVC114"]
+    );
+    let d = run(&svc("ports: [{port: 80, targetPort: \"8080\"}]"));
+    assert_eq!(codes_of(&d), ["SVC114"]);
+    assert!(d[0].hint.as_deref().unwrap().contains("without quotes"));
+}
+
+#[test]
+fn node_port_type_and_range() {
+    assert_eq!(
+        codes(&svc("ports: [{port: 80, nodePort: 30001}]")),
+        ["SVC115"]
+    );
+    let y = svc("type: NodePort\nports:\n- port: 80\n  nodePort: 40000");
+    assert_eq!(codes(&y), ["SVC116"]);
+    let d = run(&y);
+    let s = d[0].span.unwrap();
+    assert_eq!((s.line, s.col), (9, 15));
+    assert_eq!(d[0].path.as_deref(), Some("spec.ports[0].nodePort"));
+    assert!(d[0].message.contains("30000-32767"));
+    // The range comes from the settings.
+    let settings = Settings {
+        node_port_range: (20000, 40000),
+        ..Settings::default()
+    };
+    assert!(codes_of(&run_with(&y, &settings)).is_empty());
+}
+
+#[test]
+fn node_port_duplicate_in_service() {
+    let y = svc("type: NodePort\nports:\n- {name: a, port: 80, nodePort: 30001}\n- {name: b, port: 81, nodePort: 30001}");
+    assert_eq!(codes(&y), ["SVC117"]);
+    let y = svc("type: NodePort\nports:\n- {name: a, port: 80, nodePort: 30001}\n- {name: b, port: 80, protocol: UDP, nodePort: 30001}");
+    assert!(codes(&y).is_empty());
+}
+
+#[test]
+fn cluster_ip_values() {
+    assert_eq!(codes(&svc_port("clusterIP: 10.96.0.300")), ["SVC118"]);
+    let d = run(&svc_port("clusterIP: none"));
+    assert_eq!(codes_of(&d), ["SVC118"]);
+    assert!(d[0].hint.as_deref().unwrap().contains("capital N"));
+    assert_eq!(codes(&svc_port("clusterIP: 10.0.0.10")), ["SVC119"]);
+    assert_eq!(codes(&svc_port("clusterIP: \"fd00::10\"")), ["SVC119"]);
+    assert_eq!(codes(&svc_port("clusterIP: 10.96.0.0")), ["SVC119"]);
+    assert_eq!(codes(&svc_port("clusterIP: 10.111.255.255")), ["SVC119"]);
+    assert!(codes(&svc_port("clusterIP: 10.111.255.254")).is_empty());
+    assert_eq!(
+        codes(&svc_port("clusterIP: 10.96.0.10\nclusterIPs: [10.96.0.11]")),
+        ["SVC120"]
+    );
+}
+
+#[test]
+fn cluster_ips_shape() {
+    assert_eq!(
+        codes(&svc_port("clusterIPs: [None, 10.96.0.1]")),
+        ["SVC121"]
+    );
+    assert_eq!(
+        codes(&svc_port(
+            "ipFamilyPolicy: PreferDualStack\nclusterIPs: [10.96.0.1, 10.96.0.2]"
+        )),
+        ["SVC121"]
+    );
+    assert_eq!(
+        codes(&svc_port("clusterIPs: [10.96.0.1, 10.96.0.2, 10.96.0.3]")),
+        ["SVC121"]
+    );
+}
+
+#[test]
+fn ip_families_and_policy() {
+    assert_eq!(codes(&svc_port("ipFamilies: [ipv4]")), ["SVC122"]);
+    assert_eq!(
+        codes(&svc_port(
+            "ipFamilyPolicy: PreferDualStack\nipFamilies: [IPv4, IPv4]"
+        )),
+        ["SVC122"]
+    );
+    assert_eq!(codes(&svc_port("ipFamilyPolicy: DualStack")), ["SVC123"]);
+}
+
+#[test]
+fn family_consistency() {
+    let dual = Settings {
+        service_cidrs: vec![
+            "10.96.0.0/12".parse().unwrap(),
+            "fd00:10:96::/112".parse().unwrap(),
+        ],
+        ..Settings::default()
+    };
+    let c = |y: &str| codes_of(&run_with(&svc_port(y), &dual));
+    assert_eq!(
+        c("ipFamilyPolicy: RequireDualStack\nipFamilies: [IPv6, IPv4]\nclusterIPs: [10.96.0.1, \"fd00:10:96::1\"]"),
+        ["SVC124"]
+    );
+    assert_eq!(
+        c("ipFamilyPolicy: SingleStack\nipFamilies: [IPv4, IPv6]"),
+        ["SVC124"]
+    );
+    assert!(c("ipFamilyPolicy: RequireDualStack\nipFamilies: [IPv6, IPv4]").is_empty());
+    // Single-stack cluster (the default settings).
+    assert_eq!(
+        codes(&svc_port("ipFamilyPolicy: RequireDualStack")),
+        ["SVC124"]
+    );
+    assert_eq!(codes(&svc_port("ipFamilies: [IPv6]")), ["SVC124"]);
+    assert!(codes(&svc_port("ipFamilyPolicy: PreferDualStack")).is_empty());
+}
+
+#[test]
+fn external_name() {
+    assert_eq!(codes(&svc("type: ExternalName")), ["SVC125"]);
+    assert_eq!(
+        codes(&svc("type: ExternalName\nexternalName: Db_Host")),
+        ["SVC125"]
+    );
+    assert_eq!(
+        codes(&svc("type: ExternalName\nexternalName: \"2001:db8::1\"")),
+        ["SVC125"]
+    );
+    let d = run(&svc("type: ExternalName\nexternalName: 192.0.2.10"));
+    assert_eq!(codes_of(&d), ["SVC126"]);
+    assert_eq!(d[0].severity, Severity::Warning);
+    assert_eq!(
+        codes(&svc(
+            "type: ExternalName\nexternalName: a.example.com\nclusterIP: 10.96.0.5"
+        )),
+        ["SVC127"]
+    );
+    assert_eq!(
+        codes(&svc(
+            "type: ExternalName\nexternalName: a.example.com\nipFamilyPolicy: SingleStack"
+        )),
+        ["SVC127"]
+    );
+}
+
+#[test]
+fn headless_node_port() {
+    assert_eq!(
+        codes(&svc_port("type: NodePort\nclusterIP: None")),
+        ["SVC128"]
+    );
+    assert_eq!(
+        codes(&svc_port("type: LoadBalancer\nclusterIPs: [None]")),
+        ["SVC128"]
+    );
+}
+
+#[test]
+fn external_traffic_policy() {
+    assert_eq!(
+        codes(&svc_port("type: NodePort\nexternalTrafficPolicy: local")),
+        ["SVC129"]
+    );
+    assert_eq!(codes(&svc_port("externalTrafficPolicy: Local")), ["SVC130"]);
+    assert!(codes(&svc_port(
+        "externalIPs: [198.51.100.1]\nexternalTrafficPolicy: Local"
+    ))
+    .is_empty());
+    assert_eq!(codes(&svc_port("internalTrafficPolicy: Node")), ["SVC131"]);
+}
+
+#[test]
+fn health_check_node_port() {
+    assert_eq!(
+        codes(&svc_port("type: LoadBalancer\nhealthCheckNodePort: 30500")),
+        ["SVC132"]
+    );
+    assert_eq!(
+        codes(&svc_port(
+            "type: LoadBalancer\nexternalTrafficPolicy: Local\nhealthCheckNodePort: 80"
+        )),
+        ["SVC133"]
+    );
+}
+
+#[test]
+fn session_affinity() {
+    assert_eq!(codes(&svc_port("sessionAffinity: Sticky")), ["SVC134"]);
+    assert_eq!(
+        codes(&svc_port(
+            "sessionAffinity: ClientIP\nsessionAffinityConfig: {clientIP: {timeoutSeconds: 86401}}"
+        )),
+        ["SVC135"]
+    );
+    assert_eq!(
+        codes(&svc_port(
+            "sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}"
+        )),
+        ["SVC136"]
+    );
+}
+
+#[test]
+fn external_ips() {
+    assert_eq!(
+        codes(&svc_port("externalIPs: [198.51.100.0/24]")),
+        ["SVC137"]
+    );
+    assert_eq!(codes(&svc_port("externalIPs: [127.0.0.1]")), ["SVC138"]);
+    assert_eq!(codes(&svc_port("externalIPs: [169.254.1.1]")), ["SVC138"]);
+    assert_eq!(codes(&svc_port("externalIPs: [\"fe80::1\"]")), ["SVC138"]);
+    assert_eq!(codes(&svc_port("externalIPs: [224.0.0.5]")), ["SVC138"]);
+    assert_eq!(codes(&svc_port("externalIPs: [0.0.0.0]")), ["SVC138"]);
+}
+
+#[test]
+fn source_ranges() {
+    assert_eq!(
+        codes(&svc_port(
+            "type: LoadBalancer\nloadBalancerSourceRanges: [10.0.0.1]"
+        )),
+        ["SVC139"]
+    );
+    assert_eq!(
+        codes(&svc_port("loadBalancerSourceRanges: [10.0.0.0/8]")),
+        ["SVC140"]
+    );
+    let y = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations:\n    service.beta.kubernetes.io/load-balancer-source-ranges: \"10.0.0.0/8, 300.0.0.0/8\"\nspec: {type: LoadBalancer, ports: [{port: 80}]}\n";
+    assert_eq!(codes(y), ["SVC139"]);
+    assert_eq!(
+        codes(
+            &y.replace("type: LoadBalancer, ", "")
+                .replace(", 300.0.0.0/8", "")
+        ),
+        ["SVC140"]
+    );
+}
+
+#[test]
+fn load_balancer_status() {
+    let st = |ing: &str| {
+        format!(
+            "{}status: {{loadBalancer: {{ingress: [{ing}]}}}}\n",
+            svc_port("type: LoadBalancer")
+        )
+    };
+    assert_eq!(codes(&st("{ip: 203.0.113.300}")), ["SVC141"]);
+    assert_eq!(codes(&st("{hostname: 203.0.113.3}")), ["SVC141"]);
+    assert_eq!(codes(&st("{ip: 203.0.113.3, ipMode: Direct}")), ["SVC142"]);
+    assert_eq!(
+        codes(&st("{hostname: lb.example.com, ipMode: VIP}")),
+        ["SVC142"]
+    );
+    let y = format!(
+        "{}status: {{loadBalancer: {{ingress: [{{ip: 203.0.113.3}}]}}}}\n",
+        svc_port("")
+    );
+    assert_eq!(codes(&y), ["SVC143"]);
+}
+
+#[test]
+fn topology_keys() {
+    let keys: Vec<String> = (0..17).map(|i| format!("k{i}")).collect();
+    assert_eq!(
+        codes(&svc_port(&format!("topologyKeys: [{}]", keys.join(", ")))),
+        ["SVC144"]
+    );
+    assert_eq!(codes(&svc_port("topologyKeys: [\"zone!\"]")), ["SVC145"]);
+    assert_eq!(
+        codes(&svc_port(
+            "topologyKeys: [kubernetes.io/hostname, kubernetes.io/hostname]"
+        )),
+        ["SVC146"]
+    );
+    assert_eq!(
+        codes(&svc_port(
+            "topologyKeys: [\"*\", topology.kubernetes.io/zone]"
+        )),
+        ["SVC147"]
+    );
+    assert_eq!(
+        codes(&svc_port(
+            "type: NodePort\nexternalTrafficPolicy: Local\ntopologyKeys: [kubernetes.io/hostname]"
+        )),
+        ["SVC148"]
+    );
+}
+
+#[test]
+fn traffic_distribution() {
+    assert_eq!(
+        codes(&svc_port("trafficDistribution: PreferZone")),
+        ["SVC149"]
+    );
+    assert!(codes(&svc_port("trafficDistribution: PreferSameNode")).is_empty());
+}
+
+// ---- Endpoints, EndpointSlice, Node, Pod ----
+
+fn slice(body: &str) -> String {
+    format!(
+        "{}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels: {{kubernetes.io/service-name: web}}\n{body}",
+        svc_port("")
+    )
+}
+
+fn endpoints(body: &str) -> String {
+    format!(
+        "{}---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: web}}\n{body}",
+        svc_port("")
+    )
+}
+
+#[test]
+fn object_names() {
+    let y = "apiVersion: v1\nkind: Node\nmetadata: {name: Node_A}\n";
+    assert_eq!(codes(y), ["SVC201"]);
+    assert_eq!(
+        codes(&slice("addressType: IPv4\n").replace("name: web-1", "name: web..1")),
+        ["SVC201"]
+    );
+}
+
+#[test]
+fn slice_address_type() {
+    assert_eq!(codes(&slice("endpoints: []\n")), ["SVC202"]);
+    assert_eq!(codes(&slice("addressType: IP\n")), ["SVC202"]);
+}
+
+#[test]
+fn slice_addresses() {
+    assert_eq!(
+        codes(&slice(
+            "addressType: IPv4\nendpoints: [{addresses: [\"fd00::1\"]}]\n"
+        )),
+        ["SVC203"]
+    );
+    assert_eq!(
+        codes(&slice(
+            "addressType: IPv4\nendpoints: [{addresses: [10.1.1]}]\n"
+        )),
+        ["SVC203"]
+    );
+    assert_eq!(
+        codes(&slice(
+            "addressType: FQDN\nendpoints: [{addresses: [localhost]}]\n"
+        )),
+        ["SVC203"]
+    );
+    assert_eq!(
+        codes(&slice(
+            "addressType: IPv4\nendpoints: [{addresses: [127.0.0.1]}]\n"
+        )),
+        ["SVC204"]
+    );
+    assert_eq!(
+        codes(&slice(
+            "addressType: IPv6\nendpoints: [{addresses: [\"ff02::1\"]}]\n"
+        )),
+        ["SVC204"]
+    );
+    assert_eq!(
+        codes(&slice("addressType: IPv4\nendpoints: [{addresses: []}]\n")),
+        ["SVC209"]
+    );
+    assert_eq!(
+        codes(&slice(
+            "addressType: IPv4\nendpoints: [{addresses: [10.1.1.1], nodeName: Node_A}]\n"
+        )),
+        ["SVC211"]
+    );
+}
+
+#[test]
+fn slice_ports() {
+    let c = |p: &str| codes(&slice(&format!("addressType: IPv4\nports: [{p}]\n")));
+    assert_eq!(c("{name: http, port: 0}"), ["SVC205"]);
+    assert_eq!(c("{name: http, port: 80, protocol: ICMP}"), ["SVC206"]);
+    assert_eq!(c("{name: Http, port: 80}"), ["SVC207"]);
+    assert_eq!(c("{port: 80}, {port: 81}"), ["SVC207"]);
+    assert!(c("{name: http}").is_empty());
+}
+
+#[test]
+fn slice_limits() {
+    let eps: Vec<String> = (0..1001)
+        .map(|i| format!("- addresses: [10.1.{}.{}]", i / 250, i % 250 + 1))
+        .collect();
+    let y = slice(&format!(
+        "addressType: IPv4\nendpoints:\n{}\n",
+        eps.join("\n")
+    ));
+    assert_eq!(codes(&y), ["SVC208"]);
+    let ports: Vec<String> = (0..101)
+        .map(|i| format!("{{name: p{i}, port: {}}}", 1000 + i))
+        .collect();
+    let y = slice(&format!(
+        "addressType: IPv4\nports: [{}]\n",
+        ports.join(", ")
+    ));
+    assert_eq!(codes(&y), ["SVC208"]);
+}
+
+#[test]
+fn slice_service_name_label() {
+    let y = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: orphan}\naddressType: IPv4\n";
+    let d = run(y);
+    assert_eq!(codes_of(&d), ["SVC210"]);
+    assert_eq!(d[0].severity, Severity::Warning);
+}
+
+#[test]
+fn endpoints_rules() {
+    assert_eq!(
+        codes(&endpoints("subsets: [{ports: [{port: 80}]}]\n")),
+        ["SVC209"]
+    );
+    assert_eq!(
+        codes(&endpoints(
+            "subsets: [{addresses: [{ip: 10.1.1.1}], ports: [{port: 80}, {port: 81}]}]\n"
+        )),
+        ["SVC207"]
+    );
+    assert_eq!(
+        codes(&endpoints(
+            "subsets: [{addresses: [{ip: 169.254.169.254}], ports: [{port: 80}]}]\n"
+        )),
+        ["SVC204"]
+    );
+    assert_eq!(
+        codes(&endpoints(
+            "subsets: [{addresses: [{ip: 10.1.1.1}], ports: [{name: x}]}]\n"
+        )),
+        ["SVC205"]
+    );
+    assert_eq!(
+        codes(&endpoints(
+            "subsets: [{addresses: [{ip: 10.1.1.1}], ports: [{port: 80, protocol: tcp}]}]\n"
+        )),
+        ["SVC206"]
+    );
+    assert_eq!(
+        codes(&endpoints(
+            "subsets: [{addresses: [{ip: web-1}], ports: [{port: 80}]}]\n"
+        )),
+        ["SVC203"]
+    );
+}
+
+#[test]
+fn node_rules() {
+    let node = |spec: &str| format!("apiVersion: v1\nkind: Node\nmetadata: {{name: n1}}\n{spec}");
+    assert_eq!(codes(&node("spec: {podCIDR: 10.244.1.0/33}\n")), ["SVC212"]);
+    assert_eq!(
+        codes(&node("spec: {podCIDRs: [10.244.1.0/24, 10.244.2.0/24]}\n")),
+        ["SVC213"]
+    );
+    assert_eq!(
+        codes(&node(
+            "status: {addresses: [{type: InternalIP, address: node-1}]}\n"
+        )),
+        ["SVC214"]
+    );
+}
+
+#[test]
+fn pod_rules() {
+    let pod =
+        |st: &str| format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: p1}}\nstatus: {st}\n");
+    assert_eq!(codes(&pod("{podIP: 10.244.1}")), ["SVC215"]);
+    assert_eq!(
+        codes(&pod("{podIPs: [{ip: 10.244.1.5}, {ip: 10.244.1.5}]}")),
+        ["SVC216"]
+    );
+}
+
+// ---- cross-object ----
+
+#[test]
+fn duplicate_objects() {
+    let one = svc_port("");
+    let d = run(&format!("{one}---\n{one}"));
+    assert_eq!(codes_of(&d), ["SVC301"]);
+    assert_eq!(d[0].span.unwrap().line, 13);
+    assert_eq!(d[0].related[0].span.line, 4);
+    // Same name in another namespace is fine.
+    let other = one.replace("name: web", "name: web\n  namespace: other");
+    assert!(codes(&format!("{one}---\n{other}")).is_empty());
+}
+
+#[test]
+fn node_port_collisions() {
+    let a = svc_named("a", "type: NodePort\nports: [{port: 80, nodePort: 30080}]");
+    let b = svc_named(
+        "b",
+        "type: NodePort\nports: [{port: 53, protocol: UDP, nodePort: 30080}]",
+    );
+    let d = run(&format!("{a}---\n{b}"));
+    assert_eq!(codes_of(&d), ["SVC302"]);
+    assert!(d[0].message.contains("`default/a`"), "{}", d[0].message);
+    // Health-check port against a node port of another Service.
+    let c = svc_named(
+        "c",
+        "type: LoadBalancer\nexternalTrafficPolicy: Local\nhealthCheckNodePort: 30080\nports: [{port: 80}]",
+    );
+    assert_eq!(codes(&format!("{a}---\n{c}")), ["SVC302"]);
+}
+
+#[test]
+fn cluster_ip_collisions() {
+    let a = svc_named("a", "clusterIP: 10.96.0.10\nports: [{port: 80}]");
+    let b = svc_named("b", "clusterIPs: [10.96.0.10]\nports: [{port: 80}]");
+    let d = run(&format!("{a}---\n{b}"));
+    assert_eq!(codes_of(&d), ["SVC303"]);
+    assert_eq!(d[0].path.as_deref(), Some("spec.clusterIPs[0]"));
+    assert_eq!(d[0].related.len(), 1);
+}
+
+#[test]
+fn endpoint_on_cluster_ip() {
+    let y = format!(
+        "{}---\n{}",
+        svc_named("dns", "clusterIP: 10.96.0.10\nports: [{port: 53}]"),
+        slice("addressType: IPv4\nendpoints: [{addresses: [10.96.0.10]}]\n")
+    );
+    assert_eq!(codes(&y), ["SVC304"]);
+}
+
+#[test]
+fn missing_service_references() {
+    let y = "apiVersion: v1\nkind: Endpoints\nmetadata: {name: gone}\nsubsets: [{addresses: [{ip: 10.1.1.1}]}]\n";
+    let d = run(y);
+    assert_eq!(codes_of(&d), ["SVC305"]);
+    assert!(d[0].message.contains("gone"));
+    let y = slice("addressType: IPv4\n").replace("service-name: web", "service-name: wbe");
+    let d = run(&y);
+    assert_eq!(codes_of(&d), ["SVC305"]);
+    assert_eq!(
+        d[0].path.as_deref(),
+        Some("metadata.labels[kubernetes.io/service-name]")
+    );
+}
+
+// ---- configuration documents ----
+
+fn kpc(body: &str) -> String {
+    format!("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}")
+}
+
+fn cc(body: &str) -> String {
+    format!("apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\n{body}")
+}
+
+#[test]
+fn config_documents_once() {
+    let k = kpc("mode: iptables\n");
+    assert_eq!(codes(&format!("{k}---\n{k}")), ["SVC306"]);
+    let c = cc("clusterDomain: cluster.local\n");
+    assert_eq!(codes(&format!("{c}---\n{c}")), ["SVC307"]);
+}
+
+#[test]
+fn kube_proxy_configuration() {
+    assert_eq!(codes(&kpc("mode: userspace\n")), ["SVC308"]);
+    assert_eq!(codes(&kpc("iptables: {masqueradeBit: 32}\n")), ["SVC309"]);
+    assert_eq!(
+        codes(&kpc("clusterCIDR: 10.244.0.0/16,10.245.0.0/16\n")),
+        ["SVC310"]
+    );
+    assert_eq!(codes(&kpc("clusterCIDR: 10.244.0.0\n")), ["SVC310"]);
+    assert_eq!(codes(&kpc("detectLocalMode: PodCIDR\n")), ["SVC311"]);
+    assert_eq!(
+        codes(&kpc("detectLocalMode: BridgeInterface\n")),
+        ["SVC312"]
+    );
+    assert_eq!(
+        codes(&kpc(
+            "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {bridgeInterface: cbr0}\n"
+        )),
+        ["SVC312"]
+    );
+    assert!(codes(&kpc(
+        "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: veth}\n"
+    ))
+    .is_empty());
+    assert_eq!(codes(&kpc("detectLocalMode: ClusterCIDR\n")), ["SVC313"]);
+    assert_eq!(
+        codes(&kpc("nodePortAddresses: [primary, 10.0.0.0/8]\n")),
+        ["SVC314"]
+    );
+    assert_eq!(codes(&kpc("nodePortAddresses: [10.0.0.1]\n")), ["SVC314"]);
+    assert_eq!(codes(&kpc("ipvs: {scheduler: roundrobin}\n")), ["SVC315"]);
+}
+
+#[test]
+fn cluster_config() {
+    assert_eq!(
+        codes(&cc("serviceClusterIPRange: 10.96.0.0/12,10.112.0.0/12\n")),
+        ["SVC316"]
+    );
+    assert_eq!(
+        codes(&cc("serviceNodePortRange: 32767-30000\n")),
+        ["SVC317"]
+    );
+    assert_eq!(
+        codes(&cc("serviceNodePortRange: 30000:32767\n")),
+        ["SVC317"]
+    );
+    assert!(codes(&cc("serviceNodePortRange: 30000+2767\n")).is_empty());
+    assert_eq!(codes(&cc("clusterDomain: Cluster_Local\n")), ["SVC318"]);
+}
+
+// ---- many problems at once ----
+
+#[test]
+fn all_problems_are_reported() {
+    let y = svc_named(
+        "Web",
+        "type: NodePort\nports:\n- {port: 0, nodePort: 1, protocol: tcp}\n- {port: 0}\nsessionAffinity: sticky",
+    );
+    assert_eq!(
+        codes(&y),
+        ["SVC101", "SVC107", "SVC110", "SVC112", "SVC116", "SVC134"]
+    );
+}
+
+// ---- the code table and the golden corpus ----
+
+const SOURCES: &[&str] = &[
+    include_str!("../validate.rs"),
+    include_str!("service.rs"),
+    include_str!("endpoints.rs"),
+    include_str!("nodes.rs"),
+    include_str!("config.rs"),
+    include_str!("cross.rs"),
+];
+
+fn table_codes() -> Vec<String> {
+    SOURCES[0]
+        .lines()
+        .filter_map(|l| l.strip_prefix("//! | SVC"))
+        .map(|l| format!("SVC{}", &l[..3]))
+        .collect()
+}
+
+#[test]
+fn code_table_lists_every_code() {
+    let mut used: Vec<String> = Vec::new();
+    for src in SOURCES {
+        for (i, _) in src.match_indices("\"SVC") {
+            let code = &src[i + 1..i + 7];
+            if code[3..].bytes().all(|b| b.is_ascii_digit()) {
+                used.push(code.to_string());
+            }
+        }
+    }
+    used.sort();
+    used.dedup();
+    let mut table = table_codes();
+    let n = table.len();
+    table.sort();
+    table.dedup();
+    assert_eq!(n, table.len(), "a code is listed twice");
+    assert_eq!(
+        used, table,
+        "codes used vs. codes in the table of validate.rs"
+    );
+}
+
+/// Every file of `golden/errors/` yields at least one error or warning, and exactly the
+/// codes its `# expect:` first line names.
+#[test]
+fn golden_errors_corpus() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../golden/errors");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("golden/errors exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 35, "only {} files", files.len());
+    let mut all: Vec<&'static str> = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let got = codes(&text);
+        assert!(!got.is_empty(), "{}: no error or warning", f.display());
+        let expect: Vec<&str> = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# expect:"))
+            .unwrap_or_else(|| panic!("{}: first line must be `# expect: SVCnnn`", f.display()))
+            .split_whitespace()
+            .collect();
+        assert_eq!(got, expect, "{}", f.display());
+        all.extend(got);
+    }
+    all.sort_unstable();
+    all.dedup();
+    assert!(
+        all.len() >= 30,
+        "only {} distinct codes: {all:?}",
+        all.len()
+    );
+}
