@@ -1052,17 +1052,20 @@ fn kube_proxy_configmap(root: &Node, _path: &str, d: &mut Decoder, out: &mut Obj
         return;
     };
     let Some(text) = conf.as_str() else { return };
-    // A block scalar's content starts on the line after its indicator.
+    // saphyr's span of a block scalar starts at its first content character, so the
+    // embedded text's line 1, column 1 is there (block scalars keep no indentation).
+    let (lines, cols) = (conf.span.line - 1, conf.span.col - 1);
     let (docs, diags) = crate::tree::parse_yaml(conf.span.file, text);
     for mut g in diags.items {
         if let Some(s) = g.span.as_mut() {
-            s.line += conf.span.line;
+            s.line += lines;
+            s.col += cols;
         }
         d.diags.push(g);
     }
     for doc in docs {
         let mut root = doc.root;
-        shift_lines(&mut root, conf.span.line, conf.span.col + 1);
+        shift_lines(&mut root, lines, cols);
         let mut sub = Objects::default();
         decode_object(&root, "data[config.conf]", d, &mut sub);
         out.proxy_configs.extend(sub.proxy_configs);
