@@ -353,7 +353,8 @@ pub struct PortView {
     pub internal_local: bool,
     /// ETP=Local on an externally accessible service.
     pub external_local: bool,
-    /// Any endpoint anywhere is ready, or serving and terminating.
+    /// Any endpoint anywhere is ready, or serving and terminating — after topologyKeys:
+    /// when no key matches this node, the service has no endpoints here (seed 000).
     pub has_endpoints: bool,
     /// Every endpoint of this family, sorted by the string `ip:port`; the sets below index it.
     pub endpoints: Vec<EndpointView>,
