@@ -237,3 +237,50 @@ fn golden_flows_iptables() {
 fn golden_flows_nftables() {
     run_target("nftables");
 }
+
+/// Session affinity spreads different clients: twelve clients each stick to one backend
+/// over five connections, and not all of them to the same one (chance of a false failure
+/// with four backends: 4 · (1/4)^12 ≈ 2·10⁻⁷).
+fn affinity_spreads(target: &str) {
+    if !require_root(&format!("kernel affinity spread ({target})")) {
+        return;
+    }
+    let mut spec = LabSpec::default();
+    spec.clients = (0..12)
+        .map(|i| {
+            super::HostSpec::new(
+                &format!("c{i}"),
+                std::net::Ipv4Addr::new(192, 0, 2, 100 + i),
+            )
+        })
+        .collect();
+    let mut lab = Lab::new(&format!("aff{}", &target[..2]), &spec).expect("lab");
+    lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve");
+    load(&lab, target, &compile_case("affinity", target));
+    let dst: SocketAddr = "192.0.2.10:30089".parse().unwrap();
+    let mut chosen = BTreeSet::new();
+    for i in 0..12 {
+        let from = format!("c{i}");
+        let seen: BTreeSet<String> = (0..5)
+            .map(|_| {
+                lab.probe(&from, Proto::Tcp, dst)
+                    .backend()
+                    .unwrap_or_else(|| panic!("{from}: no answer"))
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(seen.len(), 1, "{from} was not sticky: {seen:?}");
+        chosen.extend(seen);
+    }
+    assert!(chosen.len() > 1, "twelve clients all landed on {chosen:?}");
+}
+
+#[test]
+fn affinity_spreads_iptables() {
+    affinity_spreads("iptables");
+}
+
+#[test]
+fn affinity_spreads_nftables() {
+    affinity_spreads("nftables");
+}
