@@ -245,15 +245,17 @@ fn affinity_spreads(target: &str) {
     if !require_root(&format!("kernel affinity spread ({target})")) {
         return;
     }
-    let mut spec = LabSpec::default();
-    spec.clients = (0..12)
-        .map(|i| {
-            super::HostSpec::new(
-                &format!("c{i}"),
-                std::net::Ipv4Addr::new(192, 0, 2, 100 + i),
-            )
-        })
-        .collect();
+    let spec = LabSpec {
+        clients: (0..12)
+            .map(|i| {
+                super::HostSpec::new(
+                    &format!("c{i}"),
+                    std::net::Ipv4Addr::new(192, 0, 2, 100 + i),
+                )
+            })
+            .collect(),
+        ..LabSpec::default()
+    };
     let mut lab = Lab::new(&format!("aff{}", &target[..2]), &spec).expect("lab");
     lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve");
     load(&lab, target, &compile_case("affinity", target));
