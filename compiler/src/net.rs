@@ -18,6 +18,14 @@ impl IpFamily {
             IpAddr::V6(_) => IpFamily::IPv6,
         }
     }
+    /// `IPv4` / `IPv6`, as `spec.ipFamilies` writes them.
+    pub fn parse(s: &str) -> Option<IpFamily> {
+        match s {
+            "IPv4" => Some(IpFamily::IPv4),
+            "IPv6" => Some(IpFamily::IPv6),
+            _ => None,
+        }
+    }
     pub fn as_str(self) -> &'static str {
         match self {
             IpFamily::IPv4 => "IPv4",

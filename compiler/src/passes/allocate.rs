@@ -81,11 +81,7 @@ fn wanted_families(s: &Service, settings: &Settings, diags: &mut Diagnostics) ->
     let asked: Vec<IpFamily> = s
         .ip_families
         .iter()
-        .filter_map(|f| match f.v.as_str() {
-            "IPv4" => Some(IpFamily::IPv4),
-            "IPv6" => Some(IpFamily::IPv6),
-            _ => None,
-        })
+        .filter_map(|f| IpFamily::parse(&f.v))
         .collect();
     let policy = s.ip_family_policy.as_ref().map(|p| p.v.as_str());
     let primary = written

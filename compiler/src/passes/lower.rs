@@ -53,11 +53,7 @@ pub fn lower(
                 ip_families = s
                     .ip_families
                     .iter()
-                    .filter_map(|f| match f.v.as_str() {
-                        "IPv4" => Some(IpFamily::IPv4),
-                        "IPv6" => Some(IpFamily::IPv6),
-                        _ => None,
-                    })
+                    .filter_map(|f| IpFamily::parse(&f.v))
                     .collect();
             }
             ir::Service {

@@ -372,14 +372,10 @@ fn cluster_ips(cx: &mut Cx, s: &Service, headless: bool) {
     let mut fams: Vec<Option<IpFamily>> = Vec::new();
     for (i, f) in s.ip_families.iter().enumerate() {
         let path = format!("spec.ipFamilies[{i}]");
-        let fam = match f.v.as_str() {
-            "IPv4" => Some(IpFamily::IPv4),
-            "IPv6" => Some(IpFamily::IPv6),
-            _ => {
-                cx.one_of("SVC122", f, &["IPv4", "IPv6"], "IP family", path.clone());
-                None
-            }
-        };
+        let fam = IpFamily::parse(&f.v);
+        if fam.is_none() {
+            cx.one_of("SVC122", f, &["IPv4", "IPv6"], "IP family", path.clone());
+        }
         if fam.is_some() && fams.contains(&fam) {
             cx.push(
                 Diagnostic::error("SVC122", format!("duplicate IP family `{}`", f.v))
