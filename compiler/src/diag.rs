@@ -37,7 +37,7 @@ pub struct Related {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Diagnostic {
     pub severity: Severity,
-    /// Stable code such as `SVC101`; documented in `compiler/src/codes.rs`.
+    /// Stable code such as `SVC101`; listed in `codes.rs` and `passes/validate.rs`.
     pub code: &'static str,
     pub message: String,
     pub span: Option<Span>,

@@ -7,6 +7,7 @@
 //! allocate → lower → [`ir::Module`]. Per node and family, [`passes::node::node_view`]
 //! then gives the [`ir::NodeView`] the back ends render.
 
+pub mod codes;
 pub mod decode;
 pub mod diag;
 pub mod ir;
@@ -16,7 +17,7 @@ pub mod passes;
 pub mod source;
 pub mod tree;
 
-use diag::{Diagnostic, Diagnostics};
+use diag::Diagnostics;
 use k8s::Objects;
 use net::Cidr;
 use passes::allocate::Lock;
@@ -67,7 +68,7 @@ pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compil
         objects.extend(o);
         diags.extend(d);
     }
-    let settings = settings(&objects, opts, &mut diags);
+    let settings = settings(&objects, opts);
     passes::validate::validate(&objects, &settings, &mut diags);
     let lock = match opts.lock {
         Some(f) => {
@@ -93,29 +94,24 @@ pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compil
     }
 }
 
-/// Merge the ClusterConfig document (if any) with the flags; flags win.
-fn settings(objects: &Objects, opts: &Options, diags: &mut Diagnostics) -> Settings {
+/// Merge the ClusterConfig document (if any) with the flags; flags win. Invalid values in
+/// the document were reported by validation (SVC316, SVC317); they leave the default.
+fn settings(objects: &Objects, opts: &Options) -> Settings {
     let mut s = Settings::default();
     if let Some(doc) = objects.cluster_configs.first() {
-        if let Some(r) = &doc.service_cluster_ip_range {
-            match passes::parse_service_cidrs(&r.v) {
-                Ok(c) => s.service_cidrs = c,
-                Err(e) => diags.push(
-                    Diagnostic::error("SVC370", e)
-                        .at(r.span)
-                        .path("serviceClusterIPRange"),
-                ),
-            }
+        if let Some(c) = doc
+            .service_cluster_ip_range
+            .as_ref()
+            .and_then(|r| passes::parse_service_cidrs(&r.v).ok())
+        {
+            s.service_cidrs = c;
         }
-        if let Some(r) = &doc.service_node_port_range {
-            match passes::parse_port_range(&r.v) {
-                Ok(p) => s.node_port_range = p,
-                Err(e) => diags.push(
-                    Diagnostic::error("SVC371", e)
-                        .at(r.span)
-                        .path("serviceNodePortRange"),
-                ),
-            }
+        if let Some(p) = doc
+            .service_node_port_range
+            .as_ref()
+            .and_then(|r| passes::parse_port_range(&r.v).ok())
+        {
+            s.node_port_range = p;
         }
         if let Some(d) = &doc.cluster_domain {
             s.cluster_domain = d.v.clone();

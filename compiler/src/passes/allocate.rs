@@ -75,7 +75,7 @@ fn hash64(s: &str) -> u64 {
 }
 
 /// Families the service gets cluster IPs for, primary first.
-fn wanted_families(s: &Service, settings: &Settings, diags: &mut Diagnostics) -> Vec<IpFamily> {
+fn wanted_families(s: &Service, settings: &Settings) -> Vec<IpFamily> {
     let cluster: Vec<IpFamily> = settings.service_cidrs.iter().map(|c| c.family()).collect();
     let written: Vec<IpFamily> = written_ips(s).iter().map(IpFamily::of).collect();
     let asked: Vec<IpFamily> = s
@@ -92,18 +92,8 @@ fn wanted_families(s: &Service, settings: &Settings, diags: &mut Diagnostics) ->
         .unwrap_or(IpFamily::IPv4);
     let mut fams = vec![primary];
     let dual = match policy {
-        Some("RequireDualStack") => {
-            if cluster.len() < 2 {
-                let p = s.ip_family_policy.as_ref().unwrap();
-                diags.push(
-                    Diagnostic::error("SVC350", "ipFamilyPolicy RequireDualStack, but the cluster has one service IP family")
-                        .at(p.span)
-                        .path("spec.ipFamilyPolicy")
-                        .hint("pass --service-cluster-ip-range with one range per family, or use PreferDualStack"),
-                );
-            }
-            true
-        }
+        // A single-stack cluster is reported by validation (SVC124).
+        Some("RequireDualStack") => true,
         Some("PreferDualStack") => true,
         _ => written.len() > 1 || asked.len() > 1,
     };
@@ -274,7 +264,7 @@ pub fn allocate(
             if is_headless(s) || ext_name(s) {
                 vec![]
             } else {
-                wanted_families(s, settings, diags)
+                wanted_families(s, settings)
             }
         })
         .collect();

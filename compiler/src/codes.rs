@@ -1,0 +1,54 @@
+//! Diagnostic codes outside validation. The validation pass keeps its own table
+//! (SVC1xx, SVC2xx, SVC301–SVC318) in [`crate::passes::validate`].
+//!
+//! | code   | severity | meaning |
+//! |--------|----------|---------|
+//! | SVC001 | error    | invalid YAML (or JSON); the rest of that file was not read |
+//! | SVC002 | error    | alias expansion exceeds the node budget (an alias bomb) |
+//! | SVC003 | warning  | unknown field in a known kind (with "did you mean") |
+//! | SVC004 | error    | a field has the wrong type (e.g. a quoted number) |
+//! | SVC005 | error    | a mapping repeats a key |
+//! | SVC006 | error    | a document is not an object with apiVersion and kind |
+//! | SVC007 | error    | unsupported apiVersion for a known kind |
+//! | SVC008 | note     | a kind svc-compile does not read was skipped |
+//! | SVC009 | error    | object without metadata.name |
+//! | SVC010 | error    | Endpoints address without `ip` |
+//! | SVC351 | error    | the service IP range is full |
+//! | SVC352 | error    | the node-port range is full |
+//! | SVC360 | error    | the lock file cannot be read |
+//! | SVC401 | error    | the node to compile for is unknown (no Node manifest, no --node-ip) |
+
+#[cfg(test)]
+mod tests {
+    const SOURCES: &[&str] = &[
+        include_str!("tree.rs"),
+        include_str!("decode.rs"),
+        include_str!("k8s.rs"),
+        include_str!("lib.rs"),
+        include_str!("passes/resolve.rs"),
+        include_str!("passes/allocate.rs"),
+        include_str!("passes/lower.rs"),
+        include_str!("passes/node.rs"),
+    ];
+
+    #[test]
+    fn table_lists_every_code_used_outside_validation() {
+        let mut used: Vec<String> = SOURCES
+            .iter()
+            .flat_map(|src| {
+                src.match_indices("\"SVC")
+                    .map(move |(i, _)| &src[i + 1..i + 7])
+            })
+            .filter(|c| c[3..].bytes().all(|b| b.is_ascii_digit()))
+            .map(String::from)
+            .collect();
+        used.sort();
+        used.dedup();
+        let table: Vec<String> = include_str!("codes.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! | SVC"))
+            .map(|l| format!("SVC{}", &l[..3]))
+            .collect();
+        assert_eq!(used, table);
+    }
+}
