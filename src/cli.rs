@@ -34,7 +34,8 @@ OPTIONS:
     --no-allocate                      compile objects exactly as given (a live-cluster dump)
     --lock FILE                        keep allocations stable across commits (read if present)
     --write-lock                       write the allocations back to the --lock file
-    --format text|json                 how diagnostics are printed (default: text)
+    --format text|json|sarif           how diagnostics are printed (default: text;
+                                       sarif for code-scanning in CI)
     -h, --help                         this text
     -V, --version                      the version
 
@@ -56,6 +57,7 @@ pub enum Target {
 pub enum Format {
     Text,
     Json,
+    Sarif,
 }
 
 #[derive(Debug)]
@@ -185,7 +187,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
                 cmd.format = match v(flag)?.as_str() {
                     "text" => Format::Text,
                     "json" => Format::Json,
-                    f => return Err(format!("--format `{f}`: use text or json")),
+                    "sarif" => Format::Sarif,
+                    f => return Err(format!("--format `{f}`: use text, json or sarif")),
                 }
             }
             _ => return Err(format!("unknown flag `{a}`")),

@@ -163,13 +163,18 @@ fn render(target: Target, v: &NodeView) -> String {
 
 fn print_diagnostics(cmd: &Command, diags: &diag::Diagnostics, sources: &SourceMap) {
     match cmd.format {
-        Format::Json => {
+        Format::Json | Format::Sarif => {
             let items: Vec<_> = diags
                 .items
                 .iter()
                 .map(|d| diag::to_json(d, sources))
                 .collect();
-            let text = serde_json::to_string_pretty(&items).expect("diagnostics serialise");
+            let value = if cmd.format == Format::Sarif {
+                sarif(&items)
+            } else {
+                serde_json::to_value(&items).expect("diagnostics serialise")
+            };
+            let text = serde_json::to_string_pretty(&value).expect("diagnostics serialise");
             // `check --format json` is the product: stdout. Otherwise stderr.
             if cmd.check {
                 let _ = writeln!(std::io::stdout(), "{text}");
@@ -195,6 +200,51 @@ fn print_diagnostics(cmd: &Command, diags: &diag::Diagnostics, sources: &SourceM
             }
         }
     }
+}
+
+/// SARIF 2.1.0, for code-scanning tools in CI.
+fn sarif(items: &[diag::JsonDiagnostic]) -> serde_json::Value {
+    use serde_json::json;
+    let mut rules: Vec<&str> = items.iter().map(|d| d.code).collect();
+    rules.sort_unstable();
+    rules.dedup();
+    let results: Vec<_> = items
+        .iter()
+        .map(|d| {
+            let level = match d.severity {
+                Severity::Error => "error",
+                Severity::Warning => "warning",
+                Severity::Note => "note",
+            };
+            let text = match d.hint {
+                Some(h) => format!("{} (help: {h})", d.message),
+                None => d.message.to_string(),
+            };
+            let locations: Vec<_> = d
+                .file
+                .map(|f| {
+                    json!({"physicalLocation": {
+                        "artifactLocation": {"uri": f},
+                        "region": {"startLine": d.line, "startColumn": d.column}
+                    }})
+                })
+                .into_iter()
+                .collect();
+            json!({"ruleId": d.code, "level": level, "message": {"text": text}, "locations": locations})
+        })
+        .collect();
+    json!({
+        "version": "2.1.0",
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "svc-compile",
+                "version": env!("CARGO_PKG_VERSION"),
+                "rules": rules.iter().map(|r| json!({"id": r})).collect::<Vec<_>>()
+            }},
+            "results": results
+        }]
+    })
 }
 
 fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {

@@ -128,3 +128,22 @@ fn no_allocate_leaves_values_missing() {
         serde_json::json!([])
     );
 }
+
+#[test]
+fn check_sarif_format() {
+    let r = svc(
+        &["check", "--format", "sarif", "-"],
+        Some("kind: Service\n"),
+        &root(),
+    );
+    r.expect(1);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["version"], "2.1.0");
+    let res = &v["runs"][0]["results"][0];
+    assert_eq!(res["ruleId"], "SVC006");
+    assert_eq!(res["level"], "error");
+    assert_eq!(
+        res["locations"][0]["physicalLocation"]["region"]["startLine"],
+        1
+    );
+}
