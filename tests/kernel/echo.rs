@@ -39,6 +39,10 @@ pub enum Outcome {
     },
     /// ECONNREFUSED: a TCP RST, or an ICMP port-unreachable (e.g. from an
     /// iptables `REJECT`, or a pod with no server on that port).
+    /// IPv6 TCP refused by an ICMPv6 error takes ~1 s: in one kernel the
+    /// error comes back while connect() still holds the socket lock, so it
+    /// only becomes a soft error (TcpExtLockDroppedIcmps); the SYN
+    /// retransmit 1 s later gets the hard one. An RST is immediate.
     Refused,
     /// No answer within [`PROBE_TIMEOUT`] (e.g. `DROP`, or no route further).
     TimedOut,

@@ -14,15 +14,27 @@ use std::time::{Duration, Instant};
 use super::echo::{probe_in, Outcome, Proto, Server, PROBE_TIMEOUT};
 use super::sys::{self, run_bounded, run_ok, NETNS_PREFIX};
 
+/// An address family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
 /// Fixed addresses of the lab (the same in every lab: namespaces isolate).
+/// Everything is given as IPv4; the IPv6 twin of `a.b.c.d` is
+/// `fd00:a:b:c::d` with the decimal digits read as hex ([`v6`]), e.g.
+/// 10.244.1.2 → fd00:10:244:1::2, 192.0.2.10 → fd00:192:0:2::10. Prefix
+/// lengths map /16 → /48, /24 → /64, /30 → /126, /32 → /128.
 pub mod addr {
-    use std::net::Ipv4Addr;
+    use super::Family;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
     /// The node's address on the LAN (eth0, 192.0.2.0/24); the clients'
     /// default gateway.
     pub const NODE_LAN: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
     /// The node's default gateway. Nobody has it: traffic the node does not
-    /// DNAT elsewhere dies unanswered (ARP fails).
+    /// DNAT elsewhere dies unanswered (ARP/ND fails).
     pub const LAN_ROUTER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
     /// The node's end of the node–node2 link (eth1, /30).
     pub const NODE_LINK: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
@@ -34,16 +46,67 @@ pub mod addr {
     /// node2's address on every remote pod veth; the remote pods' gateway.
     pub const NODE2_POD_GW: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 1);
     /// The node's podCIDR (local pods).
-    pub const POD_CIDR: &str = "10.244.1.0/24";
+    pub const POD_CIDR: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 244, 1, 0), 24);
     /// node2's podCIDR (remote pods).
-    pub const REMOTE_POD_CIDR: &str = "10.244.2.0/24";
+    pub const REMOTE_POD_CIDR: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 244, 2, 0), 24);
     /// The clusterCIDR.
-    pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+    pub const CLUSTER_CIDR: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 244, 0, 0), 16);
     /// The LAN of the node and the clients.
-    pub const LAN_CIDR: &str = "192.0.2.0/24";
+    pub const LAN_CIDR: (Ipv4Addr, u8) = (Ipv4Addr::new(192, 0, 2, 0), 24);
     /// Prefix of the node-side interface names of pod veths (`vpod0`, ...),
     /// on node and node2 alike.
     pub const POD_IFACE_PREFIX: &str = "vpod";
+
+    /// The IPv6 twin of an IPv4 address: `a.b.c.d` → `fd00:a:b:c::d`, each
+    /// decimal number written with the same digits in hex.
+    pub const fn v6(ip: Ipv4Addr) -> Ipv6Addr {
+        const fn digits(mut n: u8) -> u16 {
+            let (mut out, mut shift) = (0u16, 0);
+            loop {
+                out |= ((n % 10) as u16) << shift;
+                n /= 10;
+                shift += 4;
+                if n == 0 {
+                    return out;
+                }
+            }
+        }
+        let [a, b, c, d] = ip.octets();
+        Ipv6Addr::new(0xfd00, digits(a), digits(b), digits(c), 0, 0, 0, digits(d))
+    }
+
+    /// `ip` itself for IPv4, its twin for IPv6.
+    pub fn of(ip: Ipv4Addr, family: Family) -> IpAddr {
+        match family {
+            Family::V4 => IpAddr::V4(ip),
+            Family::V6 => IpAddr::V6(v6(ip)),
+        }
+    }
+
+    /// The prefix length in `family` for an IPv4 prefix length.
+    pub fn prefix_len(v4_len: u8, family: Family) -> u8 {
+        match (family, v4_len) {
+            (Family::V4, len) => len,
+            (Family::V6, 32) => 128,
+            (Family::V6, 30) => 126,
+            (Family::V6, 16) => 48,
+            (Family::V6, _) => 64,
+        }
+    }
+
+    /// A CIDR as text in `family`, e.g. `cidr(CLUSTER_CIDR, Family::V6)` =
+    /// "fd00:10:244::/48".
+    pub fn cidr((net, len): (Ipv4Addr, u8), family: Family) -> String {
+        format!("{}/{}", of(net, family), prefix_len(len, family))
+    }
+
+    /// `/32` or `/128`: a host route or match in `ip`'s family.
+    pub fn host_cidr(ip: IpAddr) -> String {
+        match ip {
+            IpAddr::V4(ip) => format!("{ip}/32"),
+            IpAddr::V6(ip) => format!("{ip}/128"),
+        }
+    }
 }
 
 /// The reserved host names.
@@ -77,12 +140,15 @@ pub struct LabSpec {
     pub remote_pods: Vec<HostSpec>,
     /// External clients on the LAN, in 192.0.2.0/24 (not .0, .1, .10, .255).
     pub clients: Vec<HostSpec>,
+    /// Also set up IPv6: every host gets the twin ([`addr::v6`]) of each of
+    /// its IPv4 addresses, with the same routes.
+    pub ipv6: bool,
 }
 
 impl Default for LabSpec {
     /// `pod-a` 10.244.1.2, `pod-b` 10.244.1.3 (local); `pod-r1` 10.244.2.2,
     /// `pod-r2` 10.244.2.3 (remote); `client1` 192.0.2.100, `client2`
-    /// 192.0.2.101.
+    /// 192.0.2.101; dual stack.
     fn default() -> LabSpec {
         LabSpec {
             local_pods: vec![
@@ -97,6 +163,7 @@ impl Default for LabSpec {
                 HostSpec::new("client1", Ipv4Addr::new(192, 0, 2, 100)),
                 HostSpec::new("client2", Ipv4Addr::new(192, 0, 2, 101)),
             ],
+            ipv6: true,
         }
     }
 }
@@ -173,6 +240,7 @@ pub struct Lab {
     hosts: BTreeMap<String, Host>,
     /// Namespaces in creation order (the ones to delete).
     namespaces: Vec<String>,
+    families: Vec<Family>,
     servers: Vec<Server>,
 }
 
@@ -205,6 +273,11 @@ impl Lab {
         let mut lab = Lab {
             hosts: BTreeMap::new(),
             namespaces: Vec::new(),
+            families: if spec.ipv6 {
+                vec![Family::V4, Family::V6]
+            } else {
+                vec![Family::V4]
+            },
             servers: Vec::new(),
         };
         let mut add = |name: &str, role: Role, ip: Ipv4Addr| {
@@ -293,6 +366,15 @@ impl Lab {
             if host.role == Role::Node {
                 sysctls.push(("net/ipv4/conf/all/route_localnet", "1", false));
             }
+            if self.families.contains(&Family::V6) {
+                // No duplicate address detection: addresses usable at once.
+                sysctls.extend([
+                    ("net/ipv6/conf/all/disable_ipv6", "0", false),
+                    ("net/ipv6/conf/default/disable_ipv6", "0", false),
+                    ("net/ipv6/conf/all/accept_dad", "0", false),
+                    ("net/ipv6/conf/default/accept_dad", "0", false),
+                ]);
+            }
             sys::write_sysctls(&host.netns, &sysctls)?;
         }
 
@@ -316,42 +398,62 @@ impl Lab {
             )
         };
 
+        let fams = self.families.clone();
+        // `addr add` in every family of the lab (v4 prefix length given).
+        let addrs = |ip: Ipv4Addr, len: u8, dev: &str| -> String {
+            fams.iter()
+                .map(|&f| {
+                    let (ip, len) = (addr::of(ip, f), addr::prefix_len(len, f));
+                    let nodad = if f == Family::V6 { " nodad" } else { "" };
+                    format!("addr add {ip}/{len} dev {dev}{nodad}\n")
+                })
+                .collect()
+        };
+        // `route add <dst> <rest>`, with every address in `rest` written as
+        // `{0}`, `{1}`, ... in `args` order.
+        let route = |dst: Option<(Ipv4Addr, u8)>, rest: &str, args: &[Ipv4Addr]| -> String {
+            fams.iter()
+                .map(|&f| {
+                    let dst = dst.map_or("default".into(), |d| addr::cidr(d, f));
+                    let mut rest = rest.to_owned();
+                    for (k, a) in args.iter().enumerate() {
+                        rest = rest.replace(&format!("{{{k}}}"), &addr::of(*a, f).to_string());
+                    }
+                    format!("route add {dst} {rest}\n")
+                })
+                .collect()
+        };
+        let host = |ip: Ipv4Addr| Some((ip, 32));
+
         // node: eth0 = LAN, eth1 = link to node2, vpod<i> = local pods.
         let mut s = String::from("link set lo up\n");
         s += &veth("eth0", "pnode", lan);
         s += &veth("eth1", "eth0", node2);
-        s += &format!(
-            "addr add {}/24 dev eth0\nlink set eth0 up\n",
-            addr::NODE_LAN
-        );
-        s += &format!(
-            "addr add {}/30 dev eth1\nlink set eth1 up\n",
-            addr::NODE_LINK
-        );
+        s += &addrs(addr::NODE_LAN, 24, "eth0");
+        s += &addrs(addr::NODE_LINK, 30, "eth1");
+        s += "link set eth0 up\nlink set eth1 up\n";
         for h in self.hosts.values() {
             if let Role::LocalPod(i) = h.role {
-                s += &veth(&format!("{pfx}{i}"), "eth0", &h.netns);
-                s += &format!(
-                    "addr add {}/32 dev {pfx}{i}\nlink set {pfx}{i} up\n",
-                    addr::NODE_POD_GW
-                );
-                s += &format!(
-                    "route add {}/32 dev {pfx}{i} src {}\n",
-                    h.ip,
-                    addr::NODE_POD_GW
+                let dev = format!("{pfx}{i}");
+                s += &veth(&dev, "eth0", &h.netns);
+                s += &addrs(addr::NODE_POD_GW, 32, &dev);
+                s += &format!("link set {dev} up\n");
+                s += &route(
+                    host(h.ip),
+                    &format!("dev {dev} src {{0}}"),
+                    &[addr::NODE_POD_GW],
                 );
             }
         }
-        s += &format!(
-            "route add {} via {}\n",
-            addr::REMOTE_POD_CIDR,
-            addr::NODE2_LINK
-        );
-        s += &format!("route add default via {}\n", addr::LAN_ROUTER);
+        s += &route(Some(addr::REMOTE_POD_CIDR), "via {0}", &[addr::NODE2_LINK]);
+        s += &route(None, "via {0}", &[addr::LAN_ROUTER]);
         Self::ip_batch(node, &s)?;
 
-        // lan: a bridge joining the node and the clients.
-        let mut s = String::from("link set lo up\nlink add br0 type bridge\nlink set br0 up\n");
+        // lan: a bridge joining the node and the clients (no multicast
+        // snooping: neighbour discovery must never depend on MLD state).
+        let mut s = String::from(
+            "link set lo up\nlink add br0 type bridge mcast_snooping 0\nlink set br0 up\n",
+        );
         s += "link set pnode master br0\nlink set pnode up\n";
         for h in self.hosts.values() {
             if let Role::Client(i) = h.role {
@@ -363,26 +465,23 @@ impl Lab {
 
         // node2: eth0 = link to node, vpod<i> = remote pods.
         let mut s = String::from("link set lo up\n");
-        s += &format!(
-            "addr add {}/30 dev eth0\nlink set eth0 up\n",
-            addr::NODE2_LINK
-        );
+        s += &addrs(addr::NODE2_LINK, 30, "eth0");
+        s += "link set eth0 up\n";
         for h in self.hosts.values() {
             if let Role::RemotePod(i) = h.role {
-                s += &veth(&format!("{pfx}{i}"), "eth0", &h.netns);
-                s += &format!(
-                    "addr add {}/32 dev {pfx}{i}\nlink set {pfx}{i} up\n",
-                    addr::NODE2_POD_GW
-                );
-                s += &format!(
-                    "route add {}/32 dev {pfx}{i} src {}\n",
-                    h.ip,
-                    addr::NODE2_POD_GW
+                let dev = format!("{pfx}{i}");
+                s += &veth(&dev, "eth0", &h.netns);
+                s += &addrs(addr::NODE2_POD_GW, 32, &dev);
+                s += &format!("link set {dev} up\n");
+                s += &route(
+                    host(h.ip),
+                    &format!("dev {dev} src {{0}}"),
+                    &[addr::NODE2_POD_GW],
                 );
             }
         }
-        s += &format!("route add {} via {}\n", addr::POD_CIDR, addr::NODE_LINK);
-        s += &format!("route add {} via {}\n", addr::LAN_CIDR, addr::NODE_LINK);
+        s += &route(Some(addr::POD_CIDR), "via {0}", &[addr::NODE_LINK]);
+        s += &route(Some(addr::LAN_CIDR), "via {0}", &[addr::NODE_LINK]);
         Self::ip_batch(node2, &s)?;
 
         // Pods and clients, in parallel.
@@ -390,21 +489,26 @@ impl Lab {
             .hosts
             .values()
             .filter_map(|h| {
-                let (ip_cidr, gw) = match h.role {
-                    Role::LocalPod(_) => (format!("{}/32", h.ip), addr::NODE_POD_GW),
-                    Role::RemotePod(_) => (format!("{}/32", h.ip), addr::NODE2_POD_GW),
-                    Role::Client(_) => (format!("{}/24", h.ip), addr::NODE_LAN),
+                let mut s = String::from("link set lo up\n");
+                match h.role {
+                    Role::LocalPod(_) | Role::RemotePod(_) => {
+                        let gw = if matches!(h.role, Role::LocalPod(_)) {
+                            addr::NODE_POD_GW
+                        } else {
+                            addr::NODE2_POD_GW
+                        };
+                        s += &addrs(h.ip, 32, "eth0");
+                        s += "link set eth0 up\n";
+                        s += &route(host(gw), "dev eth0", &[]);
+                        s += &route(None, "via {0} dev eth0", &[gw]);
+                    }
+                    Role::Client(_) => {
+                        s += &addrs(h.ip, 24, "eth0");
+                        s += "link set eth0 up\n";
+                        s += &route(None, "via {0}", &[addr::NODE_LAN]);
+                    }
                     _ => return None,
-                };
-                let onlink = if matches!(h.role, Role::Client(_)) {
-                    ""
-                } else {
-                    " onlink"
-                };
-                let s = format!(
-                    "link set lo up\naddr add {ip_cidr} dev eth0\nlink set eth0 up\n\
-                     route add default via {gw} dev eth0{onlink}\n"
-                );
+                }
                 Some((h.netns.clone(), s))
             })
             .collect();
@@ -479,17 +583,26 @@ impl Lab {
         &self.namespaces
     }
 
-    /// A host's IPv4 address: a pod's or client's own; the node's LAN
-    /// address (192.0.2.10); node2's link address (198.51.100.2).
-    pub fn ip(&self, host: &str) -> IpAddr {
-        let h = self.host(host);
-        assert!(h.role != Role::Lan, "the lan switch has no address");
-        IpAddr::V4(h.ip)
+    /// The families set up (IPv4, and IPv6 if the spec asked for it).
+    pub fn families(&self) -> &[Family] {
+        &self.families
     }
 
-    /// `SocketAddr::new(self.ip(host), port)`.
-    pub fn addr(&self, host: &str, port: u16) -> SocketAddr {
-        SocketAddr::new(self.ip(host), port)
+    /// A host's address in `family`: a pod's or client's own; the node's
+    /// LAN address (192.0.2.10); node2's link address (198.51.100.2).
+    pub fn ip(&self, host: &str, family: Family) -> IpAddr {
+        let h = self.host(host);
+        assert!(h.role != Role::Lan, "the lan switch has no address");
+        assert!(
+            self.families.contains(&family),
+            "this lab has no {family:?}"
+        );
+        addr::of(h.ip, family)
+    }
+
+    /// `SocketAddr::new(self.ip(host, family), port)`.
+    pub fn addr(&self, host: &str, family: Family, port: u16) -> SocketAddr {
+        SocketAddr::new(self.ip(host, family), port)
     }
 
     /// Names of all pods, local then remote.
@@ -565,9 +678,12 @@ impl Lab {
         probe_in(self.netns(from), proto, dst, PROBE_TIMEOUT)
     }
 
-    /// Deletes all conntrack entries in the node (`conntrack -F`).
+    /// Deletes all conntrack entries in the node, IPv4 and IPv6.
     pub fn flush_conntrack(&self) -> io::Result<()> {
-        self.exec_ok(NODE, "conntrack", &["-F"], None).map(drop)
+        for family in ["ipv4", "ipv6"] {
+            self.exec_ok(NODE, "conntrack", &["-F", "-f", family], None)?;
+        }
+        Ok(())
     }
 }
 

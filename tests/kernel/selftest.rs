@@ -1,19 +1,26 @@
 //! Self-tests of the kernel lab: plain routing, hand-written DNAT and
 //! masquerade, hairpin, REJECT/DROP, parallel labs, cleanup on panic.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::lab::addr;
 use super::sys;
-use super::{require_root, Lab, LabSpec, Outcome, Proto, PROBE_TIMEOUT};
+use super::{require_root, Family, Lab, LabSpec, Outcome, Proto, PROBE_TIMEOUT};
 
 const PROTOS: [Proto; 2] = [Proto::Tcp, Proto::Udp];
 
-fn v4(a: u8, b: u8, c: u8, d: u8, port: u16) -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(a, b, c, d)), port)
+/// Service address 10.96.0.<last>:80, or its twin fd00:10:96::<last>.
+fn vip(last: u8, family: Family) -> SocketAddr {
+    SocketAddr::new(addr::of(Ipv4Addr::new(10, 96, 0, last), family), 80)
+}
+
+/// "-d <vip>/32 -p <proto> --dport 80": a rule match for a service.
+fn svc(last: u8, family: Family, proto: &str) -> String {
+    let ip = vip(last, family).ip();
+    format!("-d {} -p {proto} --dport 80", addr::host_cidr(ip))
 }
 
 /// A lab with echo servers on every pod, TCP and UDP, port 8080.
@@ -25,9 +32,15 @@ fn lab_serving(tag: &str) -> Lab {
     lab
 }
 
-fn load_iptables(lab: &Lab, doc: &str) {
-    lab.exec_ok("node", "iptables-restore", &["--noflush"], Some(doc))
-        .expect("iptables-restore");
+/// Loads a ruleset into the node with iptables-restore or ip6tables-restore.
+fn load_iptables(lab: &Lab, family: Family, doc: &str) {
+    let program = match family {
+        Family::V4 => "iptables-restore",
+        Family::V6 => "ip6tables-restore",
+    };
+    if let Err(e) = lab.exec_ok("node", program, &["--noflush"], Some(doc)) {
+        panic!("{e}\n{doc}");
+    }
 }
 
 /// The names `ip netns list` shows.
@@ -60,76 +73,30 @@ fn direct_routing() {
         ("pod-r2", "pod-r1"),
         ("pod-r1", "client1"),
     ];
-    for proto in PROTOS {
-        for (from, to) in pairs {
-            let want = if to == "client1" {
-                Outcome::Refused // no server on the client
-            } else {
-                Outcome::answered(to, lab.ip(from))
-            };
-            assert_eq!(
-                lab.probe(from, proto, lab.addr(to, 8080)),
-                want,
-                "{from} -> {to} {proto:?}"
-            );
+    for &fam in lab.families() {
+        for proto in PROTOS {
+            for (from, to) in pairs {
+                let want = if to == "client1" {
+                    Outcome::Refused // no server on the client
+                } else {
+                    Outcome::answered(to, lab.ip(from, fam))
+                };
+                let got = lab.probe(from, proto, lab.addr(to, fam, 8080));
+                assert_eq!(got, want, "{from} -> {to} {proto:?} {fam:?}");
+            }
+            // The node reaches its pods from its pod-veth address, node2's
+            // pods from its link address.
+            let got = lab.probe("node", proto, lab.addr("pod-a", fam, 8080));
+            let want = Outcome::answered("pod-a", addr::of(addr::NODE_POD_GW, fam));
+            assert_eq!(got, want, "{proto:?} {fam:?}");
+            let got = lab.probe("node", proto, lab.addr("pod-r2", fam, 8080));
+            let want = Outcome::answered("pod-r2", addr::of(addr::NODE_LINK, fam));
+            assert_eq!(got, want, "{proto:?} {fam:?}");
+            // No server on that port: refused, not a time-out.
+            let got = lab.probe("client1", proto, lab.addr("pod-a", fam, 9));
+            assert_eq!(got, Outcome::Refused, "{proto:?} {fam:?}");
         }
-        // The node reaches its pods from its pod-veth address, node2's pods
-        // from its link address.
-        let got = lab.probe("node", proto, lab.addr("pod-a", 8080));
-        assert_eq!(
-            got,
-            Outcome::answered("pod-a", addr::NODE_POD_GW),
-            "{proto:?}"
-        );
-        let got = lab.probe("node", proto, lab.addr("pod-r2", 8080));
-        assert_eq!(
-            got,
-            Outcome::answered("pod-r2", addr::NODE_LINK),
-            "{proto:?}"
-        );
-        // No server on that port: refused, not a time-out.
-        assert_eq!(
-            lab.probe("client1", proto, lab.addr("pod-a", 9)),
-            Outcome::Refused
-        );
     }
-}
-
-/// kube-proxy-like nat rules: 10.96.0.10:80 → pod-r1:8080 without
-/// masquerade, 10.96.0.11:80 → pod-r1:8080 and 10.96.0.12:80 → pod-b:8080
-/// marked for masquerade, 10.96.0.13:80 → pod-r1:8080 masquerading only
-/// sources outside the clusterCIDR.
-fn dnat_rules() -> String {
-    let cluster = addr::CLUSTER_CIDR;
-    format!(
-        "\
-*nat
-:SCT-SERVICES - [0:0]
-:SCT-MARK-MASQ - [0:0]
-:SCT-POSTROUTING - [0:0]
--A PREROUTING -j SCT-SERVICES
--A OUTPUT -j SCT-SERVICES
--A POSTROUTING -j SCT-POSTROUTING
--A SCT-MARK-MASQ -j MARK --or-mark 0x4000
--A SCT-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
--A SCT-POSTROUTING -j MARK --xor-mark 0x4000
--A SCT-POSTROUTING -j MASQUERADE
--A SCT-SERVICES -d 10.96.0.10/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.2.2:8080
--A SCT-SERVICES -d 10.96.0.10/32 -p udp --dport 80 -j DNAT --to-destination 10.244.2.2:8080
--A SCT-SERVICES -d 10.96.0.11/32 -p tcp --dport 80 -j SCT-MARK-MASQ
--A SCT-SERVICES -d 10.96.0.11/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.2.2:8080
--A SCT-SERVICES -d 10.96.0.11/32 -p udp --dport 80 -j SCT-MARK-MASQ
--A SCT-SERVICES -d 10.96.0.11/32 -p udp --dport 80 -j DNAT --to-destination 10.244.2.2:8080
--A SCT-SERVICES -d 10.96.0.12/32 -p tcp --dport 80 -j SCT-MARK-MASQ
--A SCT-SERVICES -d 10.96.0.12/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.1.3:8080
--A SCT-SERVICES -d 10.96.0.12/32 -p udp --dport 80 -j SCT-MARK-MASQ
--A SCT-SERVICES -d 10.96.0.12/32 -p udp --dport 80 -j DNAT --to-destination 10.244.1.3:8080
--A SCT-SERVICES -d 10.96.0.13/32 ! -s {cluster} -j SCT-MARK-MASQ
--A SCT-SERVICES -d 10.96.0.13/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.2.2:8080
--A SCT-SERVICES -d 10.96.0.13/32 -p udp --dport 80 -j DNAT --to-destination 10.244.2.2:8080
-COMMIT
-"
-    )
 }
 
 #[test]
@@ -140,6 +107,8 @@ fn node_settings() {
     let lab = Lab::new("settings", &LabSpec::default()).expect("lab");
     for (key, want) in [
         ("net.ipv4.ip_forward", "1"),
+        ("net.ipv6.conf.all.forwarding", "1"),
+        ("net.ipv6.conf.eth0.forwarding", "1"),
         ("net.ipv4.conf.all.route_localnet", "1"),
         ("net.ipv4.conf.all.rp_filter", "0"),
         ("net.ipv4.conf.eth0.rp_filter", "0"),
@@ -152,15 +121,69 @@ fn node_settings() {
         assert!(out.status.success(), "{key}");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want, "{key}");
     }
-    let out = lab
-        .exec("node", "ip", &["route", "get", "10.244.2.3"], None)
-        .expect("ip route get");
-    let route = String::from_utf8_lossy(&out.stdout);
-    assert!(route.contains("via 198.51.100.2 dev eth1"), "{route}");
+    for (dst, via) in [
+        ("10.244.2.3", "via 198.51.100.2 dev eth1"),
+        ("fd00:10:244:2::3", "via fd00:198:51:100::2 dev eth1"),
+        ("10.244.1.3", "dev vpod1 src 10.244.1.1"),
+        ("fd00:10:244:1::3", "dev vpod1 src fd00:10:244:1::1"),
+    ] {
+        let out = lab
+            .exec("node", "ip", &["route", "get", dst], None)
+            .expect("ip route get");
+        let route = String::from_utf8_lossy(&out.stdout);
+        assert!(route.contains(via), "{dst}: {route}");
+    }
     // A command that exits non-zero is an Output for exec, an error for exec_ok.
     let out = lab.exec("node", "false", &[], None).expect("false");
     assert!(!out.status.success());
     assert!(lab.exec_ok("node", "false", &[], None).is_err());
+}
+
+/// kube-proxy-like nat rules: VIP .10 → pod-r1:8080 without masquerade,
+/// .11 → pod-r1:8080 and .12 → pod-b:8080 marked for masquerade, .13 →
+/// pod-r1:8080 masquerading only sources outside the clusterCIDR.
+fn dnat_rules(lab: &Lab, fam: Family) -> String {
+    let cluster = addr::cidr(addr::CLUSTER_CIDR, fam);
+    let (r1, b) = (lab.addr("pod-r1", fam, 8080), lab.addr("pod-b", fam, 8080));
+    let mut doc = String::from(
+        "*nat
+:SCT-SERVICES - [0:0]
+:SCT-MARK-MASQ - [0:0]
+:SCT-POSTROUTING - [0:0]
+-A PREROUTING -j SCT-SERVICES
+-A OUTPUT -j SCT-SERVICES
+-A POSTROUTING -j SCT-POSTROUTING
+-A SCT-MARK-MASQ -j MARK --or-mark 0x4000
+-A SCT-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A SCT-POSTROUTING -j MARK --xor-mark 0x4000
+-A SCT-POSTROUTING -j MASQUERADE
+",
+    );
+    for p in ["tcp", "udp"] {
+        doc += &format!(
+            "-A SCT-SERVICES {} -j DNAT --to-destination {r1}\n",
+            svc(10, fam, p)
+        );
+        doc += &format!("-A SCT-SERVICES {} -j SCT-MARK-MASQ\n", svc(11, fam, p));
+        doc += &format!(
+            "-A SCT-SERVICES {} -j DNAT --to-destination {r1}\n",
+            svc(11, fam, p)
+        );
+        doc += &format!("-A SCT-SERVICES {} -j SCT-MARK-MASQ\n", svc(12, fam, p));
+        doc += &format!(
+            "-A SCT-SERVICES {} -j DNAT --to-destination {b}\n",
+            svc(12, fam, p)
+        );
+        doc += &format!(
+            "-A SCT-SERVICES {} ! -s {cluster} -j SCT-MARK-MASQ\n",
+            svc(13, fam, p)
+        );
+        doc += &format!(
+            "-A SCT-SERVICES {} -j DNAT --to-destination {r1}\n",
+            svc(13, fam, p)
+        );
+    }
+    doc + "COMMIT\n"
 }
 
 #[test]
@@ -169,51 +192,59 @@ fn dnat_and_masquerade() {
         return;
     }
     let lab = lab_serving("dnat");
-    load_iptables(&lab, &dnat_rules());
-    let (plain, masq_remote, masq_local) = (
-        v4(10, 96, 0, 10, 80),
-        v4(10, 96, 0, 11, 80),
-        v4(10, 96, 0, 12, 80),
-    );
-    let off_cluster = v4(10, 96, 0, 13, 80);
-    for proto in PROTOS {
-        for from in ["client1", "client2", "pod-a", "pod-b", "node"] {
-            let real = if from == "node" {
-                IpAddr::V4(addr::NODE_LAN)
-            } else {
-                lab.ip(from)
-            };
-            let cases = [
-                (plain, Outcome::answered("pod-r1", real)),
-                (masq_remote, Outcome::answered("pod-r1", addr::NODE_LINK)),
-                (masq_local, Outcome::answered("pod-b", addr::NODE_POD_GW)),
-                if from.starts_with("pod-") {
-                    (off_cluster, Outcome::answered("pod-r1", real))
+    for &fam in lab.families() {
+        load_iptables(&lab, fam, &dnat_rules(&lab, fam));
+        let (node_link, node_pod_gw) = (
+            addr::of(addr::NODE_LINK, fam),
+            addr::of(addr::NODE_POD_GW, fam),
+        );
+        for proto in PROTOS {
+            for from in ["client1", "client2", "pod-a", "pod-b", "node"] {
+                // The node's own traffic leaves from the address of its
+                // default route: the LAN one.
+                let real = lab.ip(from, fam);
+                let off_cluster = if from.starts_with("pod-") {
+                    real
                 } else {
-                    (off_cluster, Outcome::answered("pod-r1", addr::NODE_LINK))
-                },
-            ];
-            for (vip, want) in cases {
-                assert_eq!(
-                    lab.probe(from, proto, vip),
-                    want,
-                    "{from} -> {vip} {proto:?}"
-                );
+                    node_link
+                };
+                let cases = [
+                    (vip(10, fam), Outcome::answered("pod-r1", real)),
+                    (vip(11, fam), Outcome::answered("pod-r1", node_link)),
+                    (vip(12, fam), Outcome::answered("pod-b", node_pod_gw)),
+                    (vip(13, fam), Outcome::answered("pod-r1", off_cluster)),
+                ];
+                for (dst, want) in cases {
+                    assert_eq!(
+                        lab.probe(from, proto, dst),
+                        want,
+                        "{from} -> {dst} {proto:?}"
+                    );
+                }
             }
         }
     }
     let entries = lab
-        .exec_ok("node", "conntrack", &["-L"], None)
+        .exec_ok("node", "conntrack", &["-L", "-f", "ipv4"], None)
         .expect("conntrack -L");
     assert!(entries.contains("dst=10.96.0.11"), "conntrack:\n{entries}");
-    lab.flush_conntrack().expect("flush");
     let entries = lab
-        .exec_ok("node", "conntrack", &["-L"], None)
+        .exec_ok("node", "conntrack", &["-L", "-f", "ipv6"], None)
         .expect("conntrack -L");
     assert!(
-        !entries.contains("dst=10.96.0.11"),
-        "conntrack after flush:\n{entries}"
+        entries.contains("dst=fd00:10:96::11"),
+        "conntrack:\n{entries}"
     );
+    lab.flush_conntrack().expect("flush");
+    for f in ["ipv4", "ipv6"] {
+        let entries = lab
+            .exec_ok("node", "conntrack", &["-L", "-f", f], None)
+            .expect("conntrack -L");
+        assert!(
+            !entries.contains("dst=10.96.0.11") && !entries.contains("dst=fd00:10:96::11"),
+            "{entries}"
+        );
+    }
 }
 
 #[test]
@@ -222,37 +253,43 @@ fn hairpin() {
         return;
     }
     let lab = lab_serving("hairpin");
-    load_iptables(
-        &lab,
-        "*nat
+    for &fam in lab.families() {
+        let a = lab.addr("pod-a", fam, 8080);
+        let mut doc = String::from(
+            "*nat
 :SCT-HAIRPIN - [0:0]
 -A PREROUTING -j SCT-HAIRPIN
 -A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE
--A SCT-HAIRPIN -d 10.96.0.20/32 -j MARK --or-mark 0x4000
--A SCT-HAIRPIN -d 10.96.0.20/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.1.2:8080
--A SCT-HAIRPIN -d 10.96.0.20/32 -p udp --dport 80 -j DNAT --to-destination 10.244.1.2:8080
--A SCT-HAIRPIN -d 10.96.0.21/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.1.2:8080
-COMMIT
 ",
-    );
-    for proto in PROTOS {
-        let got = lab.probe("pod-a", proto, v4(10, 96, 0, 20, 80));
-        assert_eq!(
-            got,
-            Outcome::answered("pod-a", addr::NODE_POD_GW),
-            "{proto:?}"
         );
-        // Other pods use the same VIP normally.
-        let got = lab.probe("pod-b", proto, v4(10, 96, 0, 20, 80));
-        assert_eq!(
-            got,
-            Outcome::answered("pod-a", addr::NODE_POD_GW),
-            "{proto:?}"
-        );
+        for p in ["tcp", "udp"] {
+            doc += &format!(
+                "-A SCT-HAIRPIN {} -j MARK --or-mark 0x4000\n",
+                svc(20, fam, p)
+            );
+            doc += &format!(
+                "-A SCT-HAIRPIN {} -j DNAT --to-destination {a}\n",
+                svc(20, fam, p)
+            );
+            doc += &format!(
+                "-A SCT-HAIRPIN {} -j DNAT --to-destination {a}\n",
+                svc(21, fam, p)
+            );
+        }
+        load_iptables(&lab, fam, &(doc + "COMMIT\n"));
+        let gw = addr::of(addr::NODE_POD_GW, fam);
+        for proto in PROTOS {
+            let got = lab.probe("pod-a", proto, vip(20, fam));
+            assert_eq!(got, Outcome::answered("pod-a", gw), "{proto:?} {fam:?}");
+            // Other pods use the same VIP normally.
+            let got = lab.probe("pod-b", proto, vip(20, fam));
+            assert_eq!(got, Outcome::answered("pod-a", gw), "{proto:?} {fam:?}");
+        }
     }
-    // Without masquerade pod-a sees its own address as source and drops it.
+    // Without masquerade pod-a sees its own address as source: IPv4 drops
+    // it as a martian.
     assert_eq!(
-        lab.probe("pod-a", Proto::Tcp, v4(10, 96, 0, 21, 80)),
+        lab.probe("pod-a", Proto::Tcp, vip(21, Family::V4)),
         Outcome::TimedOut
     );
 }
@@ -263,53 +300,59 @@ fn reject_and_drop() {
         return;
     }
     let lab = lab_serving("reject");
-    load_iptables(
-        &lab,
-        "*filter
+    for &fam in lab.families() {
+        let mut doc = String::from(
+            "*filter
 :SCT-FILTER - [0:0]
 -A INPUT -j SCT-FILTER
 -A FORWARD -j SCT-FILTER
 -A OUTPUT -j SCT-FILTER
--A SCT-FILTER -d 10.96.0.30/32 -p tcp --dport 80 -j REJECT
--A SCT-FILTER -d 10.96.0.30/32 -p udp --dport 80 -j REJECT
--A SCT-FILTER -d 10.96.0.31/32 -p tcp --dport 80 -j DROP
--A SCT-FILTER -d 10.96.0.31/32 -p udp --dport 80 -j DROP
-COMMIT
 ",
-    );
-    let (reject, drop) = (v4(10, 96, 0, 30, 80), v4(10, 96, 0, 31, 80));
-    for proto in PROTOS {
-        // More than the ICMP rate limit's burst (6): all must be refused.
-        for i in 0..10 {
-            for from in ["client1", "pod-a", "node"] {
-                assert_eq!(
-                    lab.probe(from, proto, reject),
-                    Outcome::Refused,
-                    "#{i} {from} {proto:?}"
-                );
-            }
+        );
+        for p in ["tcp", "udp"] {
+            doc += &format!("-A SCT-FILTER {} -j REJECT\n", svc(30, fam, p));
+            doc += &format!("-A SCT-FILTER {} -j DROP\n", svc(31, fam, p));
         }
+        load_iptables(&lab, fam, &(doc + "COMMIT\n"));
     }
+    // REJECT: more probes than the ICMP rate limits' bursts, all refused;
+    // one thread per source host. (IPv6 TCP takes ~1 s per probe, see
+    // `Outcome::Refused`.)
+    std::thread::scope(|s| {
+        for from in ["client1", "pod-a", "node"] {
+            let lab = &lab;
+            s.spawn(move || {
+                for &fam in lab.families() {
+                    for proto in PROTOS {
+                        let slow = (fam, proto) == (Family::V6, Proto::Tcp);
+                        for i in 0..if slow { 2 } else { 10 } {
+                            let got = lab.probe(from, proto, vip(30, fam));
+                            assert_eq!(got, Outcome::Refused, "#{i} {from} {proto:?} {fam:?}");
+                        }
+                    }
+                }
+            });
+        }
+    });
     // DROP: every probe times out, after the bound and not much later (in
     // parallel, to keep the test short).
     std::thread::scope(|s| {
-        for proto in PROTOS {
-            for from in ["client1", "pod-a", "node"] {
-                let lab = &lab;
-                s.spawn(move || {
-                    let start = Instant::now();
-                    assert_eq!(
-                        lab.probe(from, proto, drop),
-                        Outcome::TimedOut,
-                        "{from} {proto:?}"
-                    );
-                    let took = start.elapsed();
-                    assert!(
-                        took >= PROBE_TIMEOUT - Duration::from_millis(50)
-                            && took < PROBE_TIMEOUT + Duration::from_millis(500),
-                        "{from} {proto:?}: TimedOut after {took:?}"
-                    );
-                });
+        for &fam in lab.families() {
+            for proto in PROTOS {
+                for from in ["client1", "pod-a", "node"] {
+                    let lab = &lab;
+                    s.spawn(move || {
+                        let start = Instant::now();
+                        let got = lab.probe(from, proto, vip(31, fam));
+                        assert_eq!(got, Outcome::TimedOut, "{from} {proto:?} {fam:?}");
+                        let took = start.elapsed();
+                        assert!(
+                            took >= PROBE_TIMEOUT - Duration::from_millis(50)
+                                && took < PROBE_TIMEOUT + Duration::from_secs(1),
+                            "{from} {proto:?} {fam:?}: TimedOut after {took:?}"
+                        );
+                    });
+                }
             }
         }
     });
@@ -322,21 +365,41 @@ fn parallel_labs_do_not_interfere() {
     }
     let names = Mutex::new(Vec::new());
     std::thread::scope(|s| {
-        for (tag, backend, ip) in [
-            ("para", "pod-r1", "10.244.2.2"),
-            ("parb", "pod-b", "10.244.1.3"),
-        ] {
+        // One dual-stack lab, one IPv4-only: same VIP, different backends.
+        for (tag, backend, ipv6) in [("para", "pod-r1", true), ("parb", "pod-b", false)] {
             let names = &names;
             s.spawn(move || {
-                let lab = lab_serving(tag);
-                names.lock().unwrap().extend(lab.namespaces().iter().cloned());
-                let doc = format!(
-                    "*nat\n-A PREROUTING -d 10.96.0.40/32 -p tcp --dport 80 -j DNAT --to-destination {ip}:8080\nCOMMIT\n"
-                );
-                load_iptables(&lab, &doc);
-                for _ in 0..20 {
-                    let got = lab.probe("client1", Proto::Tcp, v4(10, 96, 0, 40, 80));
-                    assert_eq!(got.backend(), Some(backend), "{tag}: {got:?}");
+                let spec = LabSpec {
+                    ipv6,
+                    ..LabSpec::default()
+                };
+                let mut lab = Lab::new(tag, &spec).expect("lab");
+                lab.serve(Proto::Tcp, 8080).expect("serve");
+                names
+                    .lock()
+                    .unwrap()
+                    .extend(lab.namespaces().iter().cloned());
+                let mut families = vec![Family::V4];
+                if ipv6 {
+                    families.push(Family::V6);
+                }
+                assert_eq!(lab.families(), families);
+                for &fam in lab.families() {
+                    let to = lab.addr(backend, fam, 8080);
+                    let doc = format!(
+                        "*nat\n-A PREROUTING {} -j DNAT --to-destination {to}\nCOMMIT\n",
+                        svc(40, fam, "tcp")
+                    );
+                    load_iptables(&lab, fam, &doc);
+                    for _ in 0..20 {
+                        let got = lab.probe("client1", Proto::Tcp, vip(40, fam));
+                        assert_eq!(got.backend(), Some(backend), "{tag}: {got:?}");
+                    }
+                }
+                if !ipv6 {
+                    // No IPv6 address anywhere: unreachable.
+                    let got = lab.probe("client1", Proto::Tcp, vip(40, Family::V6));
+                    assert!(matches!(got, Outcome::Failed(_)), "{got:?}");
                 }
                 let listed = ip_netns_list();
                 assert!(lab.namespaces().iter().all(|n| listed.contains(n)));
@@ -363,7 +426,7 @@ fn panic_still_cleans_up() {
             .unwrap()
             .extend(lab.namespaces().iter().cloned());
         assert_eq!(
-            lab.probe("client1", Proto::Udp, lab.addr("pod-a", 8080))
+            lab.probe("client1", Proto::Udp, lab.addr("pod-a", Family::V4, 8080))
                 .backend(),
             Some("pod-a")
         );
