@@ -12,7 +12,7 @@
 //! - `refused`: rejected (TCP RST or ICMP unreachable);
 //! - `timeout`: no answer (dropped).
 
-use super::{require_root, Lab, LabSpec, Outcome, Proto};
+use super::{require_root, Family, Lab, LabSpec, Outcome, Proto};
 use crate::golden::{case_dirs, compile_case};
 use crate::support::root;
 use std::collections::BTreeSet;
@@ -94,7 +94,14 @@ pub fn parse_flows(text: &str) -> Vec<Flow> {
 
 /// Load a compiled ruleset into the lab's node, checking it first.
 pub fn load(lab: &Lab, target: &str, text: &str) {
+    // The documents name their family in the first line.
+    let v6 = text.lines().next().is_some_and(|l| l.contains("IPv6"));
     let (prog, test_args, args): (&str, &[&str], &[&str]) = match target {
+        "iptables" if v6 => (
+            "ip6tables-restore",
+            &["--test", "--noflush"],
+            &["--noflush"],
+        ),
         "iptables" => ("iptables-restore", &["--test", "--noflush"], &["--noflush"]),
         "nftables" => ("nft", &["-c", "-f", "-"], &["-f", "-"]),
         _ => unreachable!(),
@@ -116,7 +123,12 @@ pub fn check_flows(lab: &Lab, target: &str, flows: &[Flow]) -> Vec<String> {
         .iter()
         .filter(|f| f.target.as_deref().is_none_or(|t| t == target))
     {
-        let own = lab.ip(&f.from);
+        let fam = if f.dst.is_ipv6() {
+            Family::V6
+        } else {
+            Family::V4
+        };
+        let own = lab.ip(&f.from, fam);
         let what = format!("line {}: {} {:?} {}", f.line, f.from, f.proto, f.dst);
         match &f.expect {
             Expect::Answer { backends, masq } => {
