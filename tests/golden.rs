@@ -10,7 +10,7 @@ use crate::support::{root, svc};
 use std::path::Path;
 
 /// Targets snapshotted for every case.
-pub const TARGETS: &[&str] = &["ir", "iptables", "nftables"];
+pub const TARGETS: &[&str] = &["ir", "iptables", "nftables", "nftables-json"];
 
 fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();

@@ -298,3 +298,27 @@ fn affinity_spreads_iptables() {
 fn affinity_spreads_nftables() {
     affinity_spreads("nftables");
 }
+
+/// Every golden case's `nftables-json` output is accepted by `nft -c -j -f`. (The text
+/// targets are checked with `iptables-restore --test` / `nft -c` and loaded by the flows.)
+#[test]
+fn golden_outputs_pass_the_loaders_checks() {
+    if !require_root("kernel golden loaders' checks") {
+        return;
+    }
+    let lab = Lab::new("chk", &LabSpec::default()).expect("lab");
+    let mut failures = Vec::new();
+    for case in case_dirs() {
+        let json = compile_case(&case, "nftables-json");
+        let out = lab
+            .exec("node", "nft", &["-c", "-j", "-f", "-"], Some(&json))
+            .expect("nft");
+        if !out.status.success() {
+            failures.push(format!(
+                "{case}: nft -c -j: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
