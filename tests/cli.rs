@@ -147,3 +147,83 @@ fn check_sarif_format() {
         1
     );
 }
+
+#[test]
+fn all_nodes_writes_one_file_per_node_and_family() {
+    let t = TempDir::new("all");
+    let out = t.path().join("out");
+    let r = svc(
+        &[
+            "golden/cases/dual-stack-ipv6",
+            "--service-cluster-ip-range",
+            "10.96.0.0/12,fd00:10:96::/112",
+            "--target",
+            "iptables",
+            "--all-nodes",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+        &root(),
+    );
+    r.expect(0);
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "node-1.ipv4.rules",
+            "node-1.ipv6.rules",
+            "node-2.ipv4.rules",
+            "node-2.ipv6.rules"
+        ]
+    );
+    let one = std::fs::read_to_string(out.join("node-2.ipv6.rules")).unwrap();
+    assert!(one.lines().next().unwrap().contains("node-2"), "{one}");
+    // The same node compiled alone gives the same text.
+    let single = svc(
+        &[
+            "golden/cases/dual-stack-ipv6",
+            "--service-cluster-ip-range",
+            "10.96.0.0/12,fd00:10:96::/112",
+            "--target",
+            "iptables",
+            "--node",
+            "node-2",
+            "--family",
+            "ipv6",
+        ],
+        None,
+        &root(),
+    );
+    single.expect(0);
+    assert_eq!(single.stdout, one);
+}
+
+#[test]
+fn unknown_node_is_an_input_error() {
+    let r = svc(
+        &["examples/", "--target", "iptables", "--node", "nope"],
+        None,
+        &root(),
+    );
+    r.expect(1);
+    assert!(r.stderr.contains("SVC401"), "{}", r.stderr);
+    let with_ip = svc(
+        &[
+            "examples/",
+            "--target",
+            "iptables",
+            "--node",
+            "nope",
+            "--node-ip",
+            "172.18.0.9",
+        ],
+        None,
+        &root(),
+    );
+    with_ip.expect(0);
+}
