@@ -597,13 +597,22 @@ impl Ctx<'_> {
         if prep.scratch.is_empty() {
             return Ok(String::new());
         }
-        let path =
-            std::env::temp_dir().join(format!("svc-compile-scratch-{}.{ext}", process::id()));
+        // In the state directory (overwritten next time), unless this is a dry run.
+        let path = if self.args.dry_run {
+            std::env::temp_dir().join(format!("svc-compile-scratch-{}.{ext}", process::id()))
+        } else {
+            let dir = self.dir(prep.family);
+            fs::create_dir_all(&dir)
+                .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
+            dir.join(format!("scratch.{ext}"))
+        };
         write_atomic(&path, &prep.scratch)?;
         let mut argv = cmds.scratch.clone();
         argv.push(path.display().to_string());
         let out = run_captured(&argv);
-        let _ = fs::remove_file(&path);
+        if self.args.dry_run {
+            let _ = fs::remove_file(&path);
+        }
         let out = out?;
         if !out.ok {
             return Err(Fail(format!(

@@ -269,6 +269,12 @@ pub(super) fn normalize(json: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// The canonical owned-state text of an `nft -j list table` read (what plans expect and the
+/// state directory keeps), for tools and tests that compare kernel states.
+pub fn owned_state(kernel: &str) -> Result<String, String> {
+    normalize(kernel)
+}
+
 /// Owned state of a kernel read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Owner;
