@@ -21,7 +21,9 @@
 //!
 //! State directory, per network namespace: `lock`, and per target and family
 //! (`iptables-ipv4/`, …) `applied.{rules,nft}` + `applied.state`, `previous.*`, the
-//! last `load.*` document and `load.log` (the loader's output).
+//! last `load.*` document and `load.log` (the loader's output). A `.state` file starts with
+//! the hash of the document it belongs to; a pair that does not match (a kill between the
+//! two writes) counts as no record, so the next apply loads everything.
 
 use crate::cli::{ApplyArgs, Command, Target};
 use crate::run::{print_diagnostics, read_file, read_inputs, Fail};
@@ -491,13 +493,21 @@ impl Ctx<'_> {
         let kernel = self.read_node(&cmds)?;
         let applied_doc = fs::read_to_string(dir.join(format!("applied.{ext}"))).ok();
         let applied_state = fs::read_to_string(dir.join("applied.state")).ok();
+        // The two files are written one after the other: only a snapshot that names this
+        // document's hash belongs to it (a kill between the writes leaves them apart).
         let previous = match (&applied_doc, &applied_state) {
-            (Some(d), Some(s)) => Some(Previous {
+            (Some(d), Some(s)) => snapshot_of(s, d).map(|snapshot| Previous {
                 document: d,
-                snapshot: s,
+                snapshot,
             }),
             _ => None,
         };
+        if previous.is_none() && applied_doc.is_some() && applied_state.is_some() {
+            eprintln!(
+                "svc-compile: note: {what}: the record in {} is from an interrupted apply; loading everything",
+                dir.display()
+            );
+        }
 
         // Plan; an incremental nftables transaction a pre-6.2 kernel refuses is retried
         // as a full load.
@@ -556,8 +566,12 @@ impl Ctx<'_> {
             }
         }
 
-        // What the kernel shows now must be what was meant.
-        let after = self.read_node(&cmds)?;
+        // What the kernel shows now must be what was meant (when nothing was loaded, the
+        // read before is the read-back).
+        let after = match load_path {
+            Some(_) => self.read_node(&cmds)?,
+            None => kernel,
+        };
         let owned = plan
             .owned(&after)
             .map_err(|e| Fail(format!("{what}: cannot read the node back: {e}")))?;
@@ -678,7 +692,7 @@ impl Ctx<'_> {
             }
         }
         write_atomic(&applied, doc)?;
-        write_atomic(&state, owned)
+        write_atomic(&state, &format!("{}{owned}", record_header(doc)))
     }
 
     /// `--dry-run`: a shell script with the exact documents and commands.
@@ -716,6 +730,23 @@ impl Ctx<'_> {
             .write_all(out.as_bytes())
             .and_then(|_| stdout.flush());
     }
+}
+
+/// The first line of a snapshot file: which document it was taken for.
+fn record_header(doc: &str) -> String {
+    format!("# svc-compile snapshot of document {:016x}\n", fnv1a(doc))
+}
+
+/// The snapshot in `state` if it was taken for `doc`.
+fn snapshot_of<'a>(state: &'a str, doc: &str) -> Option<&'a str> {
+    state.strip_prefix(&record_header(doc))
+}
+
+/// FNV-1a, 64 bits: a stable fingerprint to pair files, not a defence against tampering.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 fn first_line(s: &str) -> String {
