@@ -9,6 +9,8 @@ svc-compile: compile Kubernetes Service manifests into kube-proxy dataplane rule
 USAGE:
     svc-compile check PATHS... [OPTIONS]
     svc-compile PATHS... --target TARGET [--node NAME | --all-nodes --out DIR] [OPTIONS]
+    svc-compile apply PATHS... --target iptables|nftables --node NAME [APPLY OPTIONS] [OPTIONS]
+    svc-compile apply --from FILE | --rollback --target iptables|nftables [APPLY OPTIONS]
 
 PATHS are files, directories (read recursively: *.yaml, *.yml, *.json) or `-` for stdin.
 Multi-document YAML, JSON and `kind: List` dumps (kubectl get ... -o yaml) are accepted.
@@ -37,12 +39,21 @@ OPTIONS:
     --format text|json|sarif           how diagnostics are printed (default: text;
                                        sarif for code-scanning in CI)
     -h, --help                         this text
+
+APPLY OPTIONS (load the result on this node; needs root, see README.md):
+    --netns NAME                       load inside network namespace NAME (ip netns)
+    --dry-run                          print the commands and documents, change nothing
+    --from FILE                        apply an already compiled document
+    --rollback                         apply the document loaded before the last apply
+    --full                             rewrite everything owned, not only what changed
+    --state-dir DIR                    default /var/lib/svc-compile/<netns or host>
+    --lock-timeout SECONDS             wait at most this long for another apply (default 30)
     -V, --version                      the version
 
 EXIT CODES:
     0  success (warnings may have been printed)
     1  the input has errors (each printed as error[SVCnnn] at file:line:col)
-    2  usage, I/O or apply failure
+    2  usage, I/O or apply failure (apply: nothing or the previous state is loaded)
 ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +89,20 @@ pub struct Command {
     pub lock: Option<String>,
     pub write_lock: bool,
     pub format: Format,
+    /// `svc-compile apply ...`.
+    pub apply: Option<Box<ApplyArgs>>,
+}
+
+/// The flags only `apply` takes.
+#[derive(Debug, Default)]
+pub struct ApplyArgs {
+    pub netns: Option<String>,
+    pub dry_run: bool,
+    pub from: Option<String>,
+    pub rollback: bool,
+    pub full: bool,
+    pub state_dir: Option<String>,
+    pub lock_timeout: Option<f64>,
 }
 
 pub enum Parsed {
@@ -103,10 +128,14 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         lock: None,
         write_lock: false,
         format: Format::Text,
+        apply: None,
     };
     let mut it = args.iter().peekable();
     if it.peek().is_some_and(|a| *a == "check") {
         cmd.check = true;
+        it.next();
+    } else if it.peek().is_some_and(|a| *a == "apply") {
+        cmd.apply = Some(Box::default());
         it.next();
     } else if it.peek().is_some_and(|a| *a == "compile") {
         it.next();
@@ -191,8 +220,18 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
                     f => return Err(format!("--format `{f}`: use text, json or sarif")),
                 }
             }
-            _ => return Err(format!("unknown flag `{a}`")),
+            _ => match cmd.apply.as_mut() {
+                Some(apply) => parse_apply_flag(apply, flag, &mut v)?,
+                None if APPLY_FLAGS.contains(&flag) => {
+                    return Err(format!("{flag} belongs to `svc-compile apply`"))
+                }
+                None => return Err(format!("unknown flag `{a}`")),
+            },
         }
+    }
+    if let Some(apply) = &cmd.apply {
+        check_apply(&cmd, apply)?;
+        return Ok(Parsed::Run(cmd));
     }
     if cmd.paths.is_empty() {
         return Err("no input: give files, directories or `-` for stdin".into());
@@ -210,4 +249,63 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         return Err("this target needs --node NAME (or --all-nodes --out DIR)".into());
     }
     Ok(Parsed::Run(cmd))
+}
+
+const APPLY_FLAGS: &[&str] = &[
+    "--netns",
+    "--dry-run",
+    "--from",
+    "--rollback",
+    "--full",
+    "--state-dir",
+    "--lock-timeout",
+];
+
+/// One `apply` flag; anything else is unknown.
+fn parse_apply_flag(
+    apply: &mut ApplyArgs,
+    flag: &str,
+    value: &mut dyn FnMut(&str) -> Result<String, String>,
+) -> Result<(), String> {
+    match flag {
+        "--netns" => apply.netns = Some(value(flag)?),
+        "--dry-run" => apply.dry_run = true,
+        "--from" => apply.from = Some(value(flag)?),
+        "--rollback" => apply.rollback = true,
+        "--full" => apply.full = true,
+        "--state-dir" => apply.state_dir = Some(value(flag)?),
+        "--lock-timeout" => {
+            let s = value(flag)?;
+            apply.lock_timeout = Some(
+                s.parse::<f64>()
+                    .ok()
+                    .filter(|t| t.is_finite() && *t >= 0.0)
+                    .ok_or_else(|| format!("--lock-timeout `{s}`: give seconds, e.g. 30"))?,
+            );
+        }
+        _ => return Err(format!("unknown flag `{flag}`")),
+    }
+    Ok(())
+}
+
+fn check_apply(cmd: &Command, apply: &ApplyArgs) -> Result<(), String> {
+    if !matches!(cmd.target, Target::Iptables | Target::Nftables) {
+        return Err("apply needs --target iptables or --target nftables".into());
+    }
+    let sources = [!cmd.paths.is_empty(), apply.from.is_some(), apply.rollback];
+    match sources.iter().filter(|s| **s).count() {
+        0 => return Err("apply needs manifests (PATHS), --from FILE or --rollback".into()),
+        1 => {}
+        _ => return Err("apply takes one of PATHS, --from FILE and --rollback".into()),
+    }
+    if !cmd.paths.is_empty() && cmd.node.is_none() {
+        return Err("apply needs --node NAME: the node this ruleset is for".into());
+    }
+    if cmd.all_nodes || cmd.out_dir.is_some() || cmd.output.is_some() || cmd.write_lock {
+        return Err(
+            "apply loads one node's ruleset: --all-nodes, --out, -o and --write-lock do not apply"
+                .into(),
+        );
+    }
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! The `svc-compile` command line: flags, file I/O, rendering diagnostics, exit codes.
 //! All compiling happens in `svc_compiler`; all rendering in `svc_targets`.
 
+mod apply;
 mod cli;
 mod run;
 

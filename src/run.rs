@@ -11,9 +11,12 @@ use svc_compiler::passes::node::{node_view, NodeSelection};
 use svc_compiler::source::{FileId, SourceMap};
 
 /// A tool failure (exit 2): one line that says what to do.
-struct Fail(String);
+pub(crate) struct Fail(pub(crate) String);
 
 pub fn run(cmd: Command) -> u8 {
+    if cmd.apply.is_some() {
+        return crate::apply::run(&cmd);
+    }
     match run_inner(&cmd) {
         Ok(code) => code,
         Err(Fail(msg)) => {
@@ -161,7 +164,7 @@ fn render(target: Target, v: &NodeView) -> String {
     }
 }
 
-fn print_diagnostics(cmd: &Command, diags: &diag::Diagnostics, sources: &SourceMap) {
+pub(crate) fn print_diagnostics(cmd: &Command, diags: &diag::Diagnostics, sources: &SourceMap) {
     match cmd.format {
         Format::Json | Format::Sarif => {
             let items: Vec<_> = diags
@@ -263,12 +266,12 @@ fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {
     }
 }
 
-fn read_file(p: &Path) -> Result<String, Fail> {
+pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {
     std::fs::read_to_string(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
 }
 
 /// Files, directories (recursive, sorted, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
-fn read_inputs(paths: &[String], sources: &mut SourceMap) -> Result<Vec<FileId>, Fail> {
+pub(crate) fn read_inputs(paths: &[String], sources: &mut SourceMap) -> Result<Vec<FileId>, Fail> {
     let mut ids = Vec::new();
     for p in paths {
         if p == "-" {

@@ -1,0 +1,760 @@
+//! `svc-compile apply`: runs the plans `svc_targets::plan` makes. The only code that runs
+//! iptables or nft, and the only writer of the state directory.
+//!
+//! One apply, per family:
+//!
+//! 1. take the lock (`flock` on `STATE/lock`, bounded wait);
+//! 2. read the node (`iptables-save` / `nft -j list table`) and the last apply's record;
+//! 3. plan step one; load its scratch document into a new, empty network namespace
+//!    (`unshare --net`) and read it back: that refuses a document the kernel rejects before
+//!    the node is touched, and gives the kernel's spelling of the rules;
+//! 4. plan step two; check the load document on the node (`--test` / `nft -c`);
+//! 5. load it, in a child that holds the lock and runs in its own process group, from a
+//!    file: if this process dies, the load still completes and the next apply waits for it;
+//! 6. read the node back and compare the owned part with the plan's expectation;
+//! 7. record the document and that owned state (`applied.*`, the one before as
+//!    `previous.*` for `--rollback`).
+//!
+//! A failed load leaves the previous state: nftables loads one transaction; iptables
+//! commits table by table, so tables a failed load did commit are put back from what the
+//! node showed before (`Plan::revert`).
+//!
+//! State directory, per network namespace: `lock`, and per target and family
+//! (`iptables-ipv4/`, …) `applied.{rules,nft}` + `applied.state`, `previous.*`, the
+//! last `load.*` document and `load.log` (the loader's output). A `.state` file starts with
+//! the hash of the document it belongs to; a pair that does not match (a kill between the
+//! two writes) counts as no record, so the next apply loads everything.
+
+use crate::cli::{ApplyArgs, Command, Target};
+use crate::run::{print_diagnostics, read_file, read_inputs, Fail};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{self, Stdio};
+use std::time::{Duration, Instant};
+use svc_compiler::ir::NodeView;
+use svc_compiler::net::IpFamily;
+use svc_compiler::passes::node::{node_view, NodeSelection};
+use svc_compiler::source::SourceMap;
+use svc_targets::plan::{self, Commands, Family, Mode, Plan, Prepared, Previous};
+
+const DEFAULT_STATE_ROOT: &str = "/var/lib/svc-compile";
+const DEFAULT_LOCK_TIMEOUT: f64 = 30.0;
+
+pub fn run(cmd: &Command) -> u8 {
+    match apply(cmd) {
+        Ok(code) => code,
+        Err(Fail(msg)) => {
+            eprintln!("svc-compile: {msg}");
+            2
+        }
+    }
+}
+
+/// The back end, with what differs between the two.
+#[derive(Clone, Copy)]
+enum Backend {
+    Iptables,
+    Nftables,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Iptables => "iptables",
+            Backend::Nftables => "nftables",
+        }
+    }
+    fn ext(self) -> &'static str {
+        match self {
+            Backend::Iptables => "rules",
+            Backend::Nftables => "nft",
+        }
+    }
+    fn commands(self, family: Family) -> Commands {
+        match self {
+            Backend::Iptables => plan::iptables::commands(family),
+            Backend::Nftables => plan::nftables::commands(family),
+        }
+    }
+    fn family_of(self, doc: &str) -> Option<Family> {
+        match self {
+            Backend::Iptables => plan::iptables::family_of(doc),
+            Backend::Nftables => plan::nftables::family_of(doc),
+        }
+    }
+    fn prepare(
+        self,
+        doc: &str,
+        family: Family,
+        prev: Option<Previous>,
+        kernel: &str,
+        full: bool,
+    ) -> Result<Prepared, String> {
+        match self {
+            Backend::Iptables => plan::iptables::prepare(doc, family, prev, kernel, full),
+            Backend::Nftables => plan::nftables::prepare(doc, family, prev, kernel, full),
+        }
+    }
+    /// The programs an apply runs, with the package that has them.
+    fn tools(self, family: Family) -> Vec<(&'static str, &'static str)> {
+        let mut v = match (self, family) {
+            (Backend::Iptables, Family::V4) => {
+                vec![
+                    ("iptables-save", "iptables"),
+                    ("iptables-restore", "iptables"),
+                ]
+            }
+            (Backend::Iptables, Family::V6) => {
+                vec![
+                    ("ip6tables-save", "iptables"),
+                    ("ip6tables-restore", "iptables"),
+                ]
+            }
+            (Backend::Nftables, _) => vec![("nft", "nftables")],
+        };
+        v.extend([("unshare", "util-linux"), ("sh", "dash")]);
+        v
+    }
+}
+
+/// A document to apply: its family, its text, where it came from.
+type Document = (Family, String, String);
+
+/// Where and how this apply runs.
+struct Ctx<'a> {
+    args: &'a ApplyArgs,
+    backend: Backend,
+    state: PathBuf,
+    lock: Option<File>,
+}
+
+fn apply(cmd: &Command) -> Result<u8, Fail> {
+    let args = cmd.apply.as_ref().expect("an apply command");
+    let backend = match cmd.target {
+        Target::Iptables => Backend::Iptables,
+        Target::Nftables => Backend::Nftables,
+        _ => unreachable!("checked by cli"),
+    };
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Fail(
+            "apply needs root: it reads and loads the node's packet filter rules (run it as root, or in a privileged pod with hostNetwork)".into(),
+        ));
+    }
+    if let Some(ns) = &args.netns {
+        if !Path::new("/run/netns").join(ns).exists() {
+            return Err(Fail(format!(
+                "no network namespace `{ns}` (see `ip netns list`)"
+            )));
+        }
+    }
+    let state = PathBuf::from(args.state_dir.clone().unwrap_or_else(|| {
+        format!(
+            "{DEFAULT_STATE_ROOT}/{}",
+            args.netns.as_deref().unwrap_or("host")
+        )
+    }));
+    let mut ctx = Ctx {
+        args,
+        backend,
+        state,
+        lock: None,
+    };
+
+    // What to apply: (family, document, where it came from).
+    let docs: Vec<Document> = if args.rollback {
+        Vec::new() // read under the lock
+    } else if let Some(from) = &args.from {
+        let doc = read_file(Path::new(from))?;
+        let family = match (cmd.family, backend.family_of(&doc)) {
+            (Some(f), _) => family_of_ip(f),
+            (None, Some(f)) => f,
+            (None, None) => {
+                return Err(Fail(format!(
+                    "cannot tell the IP family of {from}: give --family ipv4 or ipv6"
+                )))
+            }
+        };
+        vec![(family, doc, from.clone())]
+    } else {
+        match compile(cmd, backend)? {
+            Ok(docs) => docs,
+            Err(code) => return Ok(code),
+        }
+    };
+    let families: Vec<Family> = if args.rollback {
+        match cmd.family {
+            Some(f) => vec![family_of_ip(f)],
+            None => vec![Family::V4, Family::V6],
+        }
+    } else {
+        docs.iter().map(|d| d.0).collect()
+    };
+    for f in &families {
+        check_tools(backend.tools(*f), args.netns.is_some())?;
+    }
+
+    // Dry runs change nothing: no state directory is created, the lock is taken only if
+    // one exists.
+    if !args.dry_run || ctx.state.exists() {
+        fs::create_dir_all(&ctx.state).map_err(|e| {
+            Fail(format!(
+                "cannot create the state directory {}: {e}",
+                ctx.state.display()
+            ))
+        })?;
+        ctx.lock = Some(take_lock(
+            &ctx.state.join("lock"),
+            args.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT),
+        )?);
+    }
+
+    let docs = if args.rollback {
+        let mut docs = Vec::new();
+        for f in families {
+            let p = ctx.dir(f).join(format!("previous.{}", backend.ext()));
+            if let Ok(doc) = fs::read_to_string(&p) {
+                docs.push((f, doc, p.display().to_string()));
+            }
+        }
+        if docs.is_empty() {
+            return Err(Fail(format!(
+                "nothing to roll back to: no earlier {} apply recorded in {}",
+                backend.name(),
+                ctx.state.display()
+            )));
+        }
+        docs
+    } else {
+        docs
+    };
+    for (family, doc, source) in &docs {
+        ctx.apply_one(*family, doc, source)?;
+    }
+    Ok(0)
+}
+
+fn family_of_ip(f: IpFamily) -> Family {
+    match f {
+        IpFamily::IPv4 => Family::V4,
+        IpFamily::IPv6 => Family::V6,
+    }
+}
+
+/// Compiles the manifests for the node: one document per family (the `--family`, or every
+/// family of the service CIDRs). `Err(code)` when the input has errors (printed).
+fn compile(cmd: &Command, backend: Backend) -> Result<Result<Vec<Document>, u8>, Fail> {
+    let mut sources = SourceMap::default();
+    let inputs = read_inputs(&cmd.paths, &mut sources)?;
+    let lock = match &cmd.lock {
+        Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
+        _ => None,
+    };
+    let opts = svc_compiler::Options {
+        service_cidrs: cmd.service_cidrs.clone(),
+        node_port_range: cmd.node_port_range,
+        cluster_domain: cmd.cluster_domain.clone(),
+        allocate: cmd.allocate,
+        lock,
+    };
+    let comp = svc_compiler::compile(&sources, &inputs, &opts);
+    let mut diags = comp.diags;
+    let families: Vec<IpFamily> = match cmd.family {
+        Some(f) => vec![f],
+        None => comp
+            .settings
+            .service_cidrs
+            .iter()
+            .map(|c| c.family())
+            .collect(),
+    };
+    let sel = NodeSelection {
+        name: cmd.node.clone().expect("checked by cli"),
+        ips: cmd.node_ips.clone(),
+    };
+    let mut views: Vec<NodeView> = Vec::new();
+    if !diags.has_errors() {
+        for f in families {
+            match node_view(&comp.module, &sel, f) {
+                Ok(v) => views.push(v),
+                Err(d) => diags.push(d),
+            }
+        }
+    }
+    print_diagnostics(cmd, &diags, &sources);
+    if diags.has_errors() {
+        return Ok(Err(1));
+    }
+    let what = format!("the manifests for node {}", sel.name);
+    Ok(Ok(views
+        .iter()
+        .map(|v| {
+            let doc = match backend {
+                Backend::Iptables => svc_targets::iptables::write_string(v, &Default::default()),
+                Backend::Nftables => svc_targets::nftables::write_string(v, &Default::default()),
+            };
+            (family_of_ip(v.family), doc, what.clone())
+        })
+        .collect()))
+}
+
+/// One clear line when a program is missing.
+fn check_tools(tools: Vec<(&str, &str)>, netns: bool) -> Result<(), Fail> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = |tool: &str| std::env::split_paths(&path).any(|d| d.join(tool).is_file());
+    let ip = netns.then_some(("ip", "iproute2"));
+    for (tool, pkg) in tools.into_iter().chain(ip) {
+        if !found(tool) {
+            return Err(Fail(format!(
+                "{tool} not found in PATH; install {pkg} (Debian/Ubuntu: apt-get install {pkg})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `flock` on the lock file, retried until `timeout_s`. The lock lives as long as the open
+/// file: in this process and in the loaders it is handed to.
+fn take_lock(path: &Path, timeout_s: f64) -> Result<File, Fail> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Fail(format!("cannot open the lock file {}: {e}", path.display())))?;
+    let deadline = Instant::now() + Duration::from_secs_f64(timeout_s);
+    loop {
+        // SAFETY: flock on a file descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(f);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(Fail(format!("cannot lock {}: {e}", path.display())));
+        }
+        if Instant::now() >= deadline {
+            return Err(Fail(format!(
+                "another apply holds {} (waited {timeout_s}s); try again later or raise --lock-timeout",
+                path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A finished command: success, stdout, stderr.
+struct Output {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn run_captured(argv: &[String]) -> Result<Output, Fail> {
+    let out = process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Fail(format!("cannot run {}: {e}", argv[0])))?;
+    Ok(Output {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    })
+}
+
+/// Runs a loader so that it finishes even if this process is killed: its own process
+/// group (a terminal's Ctrl-C does not reach it), output to a file (no pipe to break),
+/// and the lock's file descriptor inherited (the lock is held until it exits).
+fn run_loader(argv: &[String], lock: Option<&File>, log: &Path) -> Result<Output, Fail> {
+    let out =
+        File::create(log).map_err(|e| Fail(format!("cannot write {}: {e}", log.display())))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| Fail(format!("cannot write {}: {e}", log.display())))?;
+    let mut c = process::Command::new(&argv[0]);
+    c.args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    if let Some(lock) = lock {
+        let fd = lock.as_raw_fd();
+        // SAFETY: only fcntl (async-signal-safe) between fork and exec.
+        unsafe {
+            c.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let status = c
+        .status()
+        .map_err(|e| Fail(format!("cannot run {}: {e}", argv[0])))?;
+    let text = fs::read_to_string(log).unwrap_or_default();
+    Ok(Output {
+        ok: status.success(),
+        stdout: String::new(),
+        stderr: text.trim().to_string(),
+    })
+}
+
+/// Writes a file so that readers see the old or the new content, never a part.
+fn write_atomic(path: &Path, text: &str) -> Result<(), Fail> {
+    let tmp = path.with_extension("tmp");
+    let res = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    res.map_err(|e| Fail(format!("cannot write {}: {e}", path.display())))
+}
+
+/// `sh` quoting for printing commands.
+fn shell_word(w: &str) -> String {
+    let plain = !w.is_empty()
+        && w.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c));
+    if plain {
+        w.to_string()
+    } else {
+        format!("'{}'", w.replace('\'', r"'\''"))
+    }
+}
+
+fn shell_line(argv: &[String]) -> String {
+    argv.iter()
+        .map(|w| shell_word(w))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+impl Ctx<'_> {
+    fn dir(&self, family: Family) -> PathBuf {
+        self.state
+            .join(format!("{}-{}", self.backend.name(), family.as_str()))
+    }
+
+    /// `argv` inside the node's network namespace.
+    fn on_node(&self, mut argv: Vec<String>, file: Option<&Path>) -> Vec<String> {
+        if let Some(f) = file {
+            argv.push(f.display().to_string());
+        }
+        match &self.args.netns {
+            Some(ns) => ["ip", "netns", "exec", ns]
+                .iter()
+                .map(|s| s.to_string())
+                .chain(argv)
+                .collect(),
+            None => argv,
+        }
+    }
+
+    fn where_(&self) -> String {
+        match &self.args.netns {
+            Some(ns) => format!("network namespace {ns}"),
+            None => "this host".into(),
+        }
+    }
+
+    /// The node's current state (`Commands::read`).
+    fn read_node(&self, cmds: &Commands) -> Result<String, Fail> {
+        let argv = self.on_node(cmds.read.clone(), None);
+        let out = run_captured(&argv)?;
+        if out.ok {
+            Ok(out.stdout)
+        } else if matches!(self.backend, Backend::Nftables)
+            && out.stderr.contains(plan::nftables::ABSENT)
+        {
+            Ok(String::new())
+        } else {
+            Err(Fail(format!(
+                "cannot read the node's state (`{}`): {}",
+                shell_line(&argv),
+                first_line(&out.stderr)
+            )))
+        }
+    }
+
+    fn apply_one(&self, family: Family, doc: &str, source: &str) -> Result<(), Fail> {
+        let start = Instant::now();
+        let backend = self.backend;
+        let cmds = backend.commands(family);
+        let dir = self.dir(family);
+        let ext = backend.ext();
+        let what = format!("{} {}", backend.name(), family.as_str());
+
+        let kernel = self.read_node(&cmds)?;
+        let applied_doc = fs::read_to_string(dir.join(format!("applied.{ext}"))).ok();
+        let applied_state = fs::read_to_string(dir.join("applied.state")).ok();
+        // The two files are written one after the other: only a snapshot that names this
+        // document's hash belongs to it (a kill between the writes leaves them apart).
+        let previous = match (&applied_doc, &applied_state) {
+            (Some(d), Some(s)) => snapshot_of(s, d).map(|snapshot| Previous {
+                document: d,
+                snapshot,
+            }),
+            _ => None,
+        };
+        if previous.is_none() && applied_doc.is_some() && applied_state.is_some() {
+            eprintln!(
+                "svc-compile: note: {what}: the record in {} is from an interrupted apply; loading everything",
+                dir.display()
+            );
+        }
+
+        // Plan; an incremental nftables transaction a pre-6.2 kernel refuses is retried
+        // as a full load.
+        let mut full = self.args.full;
+        let (plan, load_path) = loop {
+            let prep = backend
+                .prepare(doc, family, previous, &kernel, full)
+                .map_err(|e| Fail(format!("cannot apply {source}: {e}")))?;
+            let canonical = self.scratch(&prep, &cmds, ext, source)?;
+            let plan = plan::plan(&prep, &canonical)
+                .map_err(|e| Fail(format!("cannot plan {what}: {e}")))?;
+            if self.args.dry_run {
+                self.print_dry_run(&what, &plan, &cmds, &dir, ext);
+                return Ok(());
+            }
+            let Some(load) = &plan.load else {
+                break (plan, None);
+            };
+            fs::create_dir_all(&dir)
+                .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
+            let path = dir.join(format!("load.{ext}"));
+            write_atomic(&path, load)?;
+            let check = self.on_node(cmds.check.clone(), Some(&path));
+            let out = run_captured(&check)?;
+            if out.ok {
+                break (plan, Some(path));
+            }
+            if plan.mode == Mode::Incremental && !full {
+                eprintln!(
+                    "svc-compile: note: {what}: the incremental load was refused ({}); loading everything instead",
+                    first_line(&out.stderr)
+                );
+                full = true;
+                continue;
+            }
+            return Err(Fail(format!(
+                "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed",
+                shell_line(&check),
+                first_line(&out.stderr)
+            )));
+        };
+        for w in &plan.warnings {
+            eprintln!("svc-compile: warning: {what}: {w}");
+        }
+
+        if let Some(path) = &load_path {
+            let argv = self.on_node(cmds.load.clone(), Some(path));
+            let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
+            if !out.ok {
+                let outcome = self.undo(&plan, &cmds, &kernel, &dir, ext)?;
+                return Err(Fail(format!(
+                    "{what}: loading failed (`{}`): {}; {outcome}",
+                    shell_line(&argv),
+                    first_line(&out.stderr)
+                )));
+            }
+        }
+
+        // What the kernel shows now must be what was meant (when nothing was loaded, the
+        // read before is the read-back).
+        let after = match load_path {
+            Some(_) => self.read_node(&cmds)?,
+            None => kernel,
+        };
+        let owned = plan
+            .owned(&after)
+            .map_err(|e| Fail(format!("{what}: cannot read the node back: {e}")))?;
+        if owned != plan.expected {
+            let _ = fs::remove_file(dir.join("applied.state"));
+            return Err(Fail(format!(
+                "{what}: after loading, the node does not show what was loaded: {}; the next apply will load everything",
+                Plan::first_difference(&plan.expected, &owned)
+            )));
+        }
+        self.record(&dir, ext, doc, &owned, applied_doc.as_deref())?;
+
+        let verb = if load_path.is_some() {
+            "applied"
+        } else {
+            "unchanged"
+        };
+        println!(
+            "svc-compile: {what} {verb} in {}: {}: {}; verified in {} ms",
+            self.where_(),
+            plan.mode,
+            plan.summary,
+            start.elapsed().as_millis()
+        );
+        Ok(())
+    }
+
+    /// Loads the scratch document into an empty namespace; returns its read-back. A
+    /// document the kernel refuses stops here, before the node is touched.
+    fn scratch(
+        &self,
+        prep: &Prepared,
+        cmds: &Commands,
+        ext: &str,
+        source: &str,
+    ) -> Result<String, Fail> {
+        if prep.scratch.is_empty() {
+            return Ok(String::new());
+        }
+        // In the state directory (overwritten next time), unless this is a dry run.
+        let path = if self.args.dry_run {
+            std::env::temp_dir().join(format!("svc-compile-scratch-{}.{ext}", process::id()))
+        } else {
+            let dir = self.dir(prep.family);
+            fs::create_dir_all(&dir)
+                .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
+            dir.join(format!("scratch.{ext}"))
+        };
+        write_atomic(&path, &prep.scratch)?;
+        let mut argv = cmds.scratch.clone();
+        argv.push(path.display().to_string());
+        let out = run_captured(&argv);
+        if self.args.dry_run {
+            let _ = fs::remove_file(&path);
+        }
+        let out = out?;
+        if !out.ok {
+            return Err(Fail(format!(
+                "the kernel refuses {source} (loaded into an empty network namespace first): {}; nothing was changed",
+                first_line(&out.stderr)
+            )));
+        }
+        Ok(out.stdout)
+    }
+
+    /// After a failed load: put back the tables it committed. Returns what happened.
+    fn undo(
+        &self,
+        plan: &Plan,
+        cmds: &Commands,
+        before: &str,
+        dir: &Path,
+        ext: &str,
+    ) -> Result<String, Fail> {
+        let now = self.read_node(cmds)?;
+        let revert = plan
+            .revert(&now)
+            .map_err(|e| Fail(format!("cannot plan the revert: {e}")))?;
+        let Some(revert) = revert else {
+            return Ok("nothing was changed".into());
+        };
+        let path = dir.join(format!("revert.{ext}"));
+        write_atomic(&path, &revert)?;
+        let argv = self.on_node(cmds.load.clone(), Some(&path));
+        let out = run_loader(&argv, self.lock.as_ref(), &dir.join("revert.log"))?;
+        let now = self.read_node(cmds)?;
+        let restored =
+            out.ok && matches!((plan.owned(&now), plan.owned(before)), (Ok(a), Ok(b)) if a == b);
+        if restored {
+            Ok("the tables it had committed were put back; the previous state is in place".into())
+        } else {
+            let _ = fs::remove_file(dir.join("applied.state"));
+            Ok(format!(
+                "putting back the tables it had committed failed too ({}; see {}); the next apply will load everything",
+                first_line(&out.stderr),
+                path.display()
+            ))
+        }
+    }
+
+    /// The new record; the old one becomes `previous` when the document changed.
+    fn record(
+        &self,
+        dir: &Path,
+        ext: &str,
+        doc: &str,
+        owned: &str,
+        applied_doc: Option<&str>,
+    ) -> Result<(), Fail> {
+        fs::create_dir_all(dir)
+            .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
+        let applied = dir.join(format!("applied.{ext}"));
+        let state = dir.join("applied.state");
+        if let Some(old) = applied_doc.filter(|old| *old != doc) {
+            write_atomic(&dir.join(format!("previous.{ext}")), old)?;
+            if let Ok(s) = fs::read_to_string(&state) {
+                write_atomic(&dir.join("previous.state"), &s)?;
+            }
+        }
+        write_atomic(&applied, doc)?;
+        write_atomic(&state, &format!("{}{owned}", record_header(doc)))
+    }
+
+    /// `--dry-run`: a shell script with the exact documents and commands.
+    fn print_dry_run(&self, what: &str, plan: &Plan, cmds: &Commands, dir: &Path, ext: &str) {
+        let mut out = format!(
+            "#!/bin/sh\n# svc-compile apply --dry-run: {what} in {}: {}\n# {}\n",
+            self.where_(),
+            plan.mode,
+            plan.summary
+        );
+        for w in &plan.warnings {
+            out += &format!("# warning: {w}\n");
+        }
+        match &plan.load {
+            None => out += "# nothing to load: the node already shows this state\n",
+            Some(load) => {
+                let path = dir.join(format!("load.{ext}"));
+                out += &format!(
+                    "set -e\nmkdir -p {}\ncat > {} <<'SVC_COMPILE_EOF'\n{load}SVC_COMPILE_EOF\n",
+                    shell_word(&dir.display().to_string()),
+                    shell_word(&path.display().to_string())
+                );
+                out += &shell_line(&self.on_node(cmds.check.clone(), Some(&path)));
+                out.push('\n');
+                out += &shell_line(&self.on_node(cmds.load.clone(), Some(&path)));
+                out.push('\n');
+                out += &format!(
+                    "# then: {} (its owned part must be the plan's expectation)\n",
+                    shell_line(&self.on_node(cmds.read.clone(), None))
+                );
+            }
+        }
+        let mut stdout = io::stdout().lock();
+        let _ = stdout
+            .write_all(out.as_bytes())
+            .and_then(|_| stdout.flush());
+    }
+}
+
+/// The first line of a snapshot file: which document it was taken for.
+fn record_header(doc: &str) -> String {
+    format!("# svc-compile snapshot of document {:016x}\n", fnv1a(doc))
+}
+
+/// The snapshot in `state` if it was taken for `doc`.
+fn snapshot_of<'a>(state: &'a str, doc: &str) -> Option<&'a str> {
+    state.strip_prefix(&record_header(doc))
+}
+
+/// FNV-1a, 64 bits: a stable fingerprint to pair files, not a defence against tampering.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn first_line(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    match lines.as_slice() {
+        [] => "no error message".into(),
+        // iptables-restore prints its name on one line and the reason on the next.
+        [a, b, ..] if a.ends_with(':') => format!("{a} {b}"),
+        [a, ..] => a.to_string(),
+    }
+}

@@ -1,0 +1,741 @@
+//! Planning an iptables apply.
+//!
+//! Input: the compiled document (`iptables::write_string`, with or without the setup part),
+//! `iptables-save` output of the node, and optionally what the last apply recorded. Output:
+//! one `iptables-restore --noflush` document with one `*table … COMMIT` block per table that
+//! changes, in which
+//!
+//! - every rewritten chain is declared (`:CHAIN - [0:0]`, which creates or flushes it) and
+//!   gets its rules (`-A`);
+//! - missing jump rules from built-in chains are inserted (`-I`, in the document's order,
+//!   so they end up in kube-proxy's order) and owned jumps no longer wanted are deleted;
+//! - owned chains no longer wanted are declared (flushed) and deleted (`-X`) after
+//!   everything that jumped to them is gone — unless a rule we do not own still jumps to
+//!   one: then it is only flushed, and a warning says so.
+//!
+//! iptables-restore commits each `*table` block as one transaction (legacy: one table
+//! replace; nf_tables: one netlink batch per `COMMIT`, see iptables' `xtables-restore.c`),
+//! so a failed load can leave an earlier table committed: [`Owner::revert`] builds the
+//! document that puts such tables back from the `iptables-save` text read before the load.
+//!
+//! Owned rules are compared in `iptables-save`'s spelling, learnt by loading the rewritten
+//! chains into an empty network namespace (the `scratch` document): the kernel's rule text
+//! is canonical, ours is not (`-m tcp -p tcp` reads back as `-p tcp -m tcp`, addresses get
+//! `/32`, …).
+
+use super::{argv, Commands, Family, Mode, Owner as PlanOwner, Plan, Prepared, PreparedInner};
+use super::{Previous, Summary};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+/// kube-proxy's per-service chain prefixes: chains with these names belong to us even when
+/// no document we remember declared them (kube-proxy deletes them the same way).
+const SERVICE_PREFIXES: [&str; 5] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-EXT-",
+    "KUBE-FW-",
+    "KUBE-SEP-",
+];
+
+/// The order tables are written in; others follow alphabetically.
+const TABLE_ORDER: [&str; 5] = ["raw", "mangle", "filter", "nat", "security"];
+
+/// The commands for one family.
+pub fn commands(family: Family) -> Commands {
+    let (save, restore) = match family {
+        Family::V4 => ("iptables-save", "iptables-restore"),
+        Family::V6 => ("ip6tables-save", "ip6tables-restore"),
+    };
+    let script = format!("{restore} --noflush \"$1\" && {save}");
+    Commands {
+        read: argv(&[save]),
+        check: argv(&[restore, "--test", "--noflush"]),
+        load: argv(&[restore, "--noflush"]),
+        scratch: argv(&[
+            "unshare",
+            "--net",
+            "--",
+            "sh",
+            "-c",
+            &script,
+            "svc-compile-scratch",
+        ]),
+    }
+}
+
+/// The family a compiled document names in its first line, if any.
+pub fn family_of(doc: &str) -> Option<Family> {
+    let first = doc.lines().next()?;
+    if !first.starts_with("# svc-compile:") {
+        return None;
+    }
+    if first.contains(", IPv6;") {
+        Some(Family::V6)
+    } else if first.contains(", IPv4;") {
+        Some(Family::V4)
+    } else {
+        None
+    }
+}
+
+fn is_service_chain(name: &str) -> bool {
+    SERVICE_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// One table of a restore document or of `iptables-save` output.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Table {
+    /// Declared chains in order of first declaration.
+    order: Vec<String>,
+    /// Chain → policy (`-` for user-defined chains).
+    policy: BTreeMap<String, String>,
+    /// Chain → rule specifications (the text after `-A CHAIN `), in order.
+    rules: BTreeMap<String, Vec<String>>,
+    /// `-I CHAIN SPEC` lines of a document: (chain, spec), in order.
+    inserts: Vec<(String, String)>,
+}
+
+impl Table {
+    fn declares(&self, chain: &str) -> bool {
+        self.policy.contains_key(chain)
+    }
+    fn is_user(&self, chain: &str) -> bool {
+        self.policy.get(chain).is_some_and(|p| p == "-")
+    }
+    fn rules(&self, chain: &str) -> &[String] {
+        self.rules.get(chain).map_or(&[], Vec::as_slice)
+    }
+    fn user_chains(&self) -> impl Iterator<Item = &String> {
+        self.order.iter().filter(|c| self.is_user(c))
+    }
+}
+
+type Tables = BTreeMap<String, Table>;
+
+fn table_order(names: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut v: Vec<String> = names
+        .into_iter()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    v.sort_by_key(|t| {
+        (
+            TABLE_ORDER
+                .iter()
+                .position(|x| x == t)
+                .unwrap_or(TABLE_ORDER.len()),
+            t.clone(),
+        )
+    });
+    v
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A compiled document: user chains, `-A` into them, `-I` into built-in chains.
+    Document,
+    /// `iptables-save` output (or a snapshot in the same syntax).
+    Save,
+}
+
+fn parse(text: &str, source: Source) -> Result<Tables, String> {
+    let mut tables = Tables::new();
+    let mut current: Option<String> = None;
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = raw.trim_end();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('*') {
+            if let Some(t) = &current {
+                return Err(format!(
+                    "line {n}: table {t} is not committed before `{line}`"
+                ));
+            }
+            current = Some(name.to_string());
+            tables.entry(name.to_string()).or_default();
+            continue;
+        }
+        let Some(tname) = current.clone() else {
+            return Err(format!("line {n}: `{line}` outside a table"));
+        };
+        if line == "COMMIT" {
+            current = None;
+            continue;
+        }
+        let table = tables.get_mut(&tname).expect("entered above");
+        if let Some(decl) = line.strip_prefix(':') {
+            let mut w = decl.split_whitespace();
+            let (Some(chain), Some(policy)) = (w.next(), w.next()) else {
+                return Err(format!("line {n}: cannot read chain line `{line}`"));
+            };
+            if source == Source::Document && policy != "-" {
+                return Err(format!(
+                    "line {n}: `{line}` sets the policy of a built-in chain; apply only writes user-defined chains"
+                ));
+            }
+            if !table.declares(chain) {
+                table.order.push(chain.to_string());
+                table.policy.insert(chain.to_string(), policy.to_string());
+            }
+            continue;
+        }
+        let (op, rest) = line.split_at(line.find(' ').unwrap_or(line.len()));
+        if !matches!(op, "-A" | "-I") || (op == "-I" && source == Source::Save) {
+            return Err(format!(
+                "line {n}: `{line}` is not supported here (apply documents declare chains, append to them and insert jumps into built-in chains)"
+            ));
+        }
+        let rest = rest.trim_start();
+        let (chain, spec) = rest.split_at(rest.find(' ').unwrap_or(rest.len()));
+        let spec = spec.trim_start();
+        if chain.is_empty() || spec.is_empty() {
+            return Err(format!("line {n}: cannot read `{line}`"));
+        }
+        match (op, source) {
+            ("-A", Source::Save) => {}
+            ("-A", Source::Document) if table.is_user(chain) => {}
+            ("-A", Source::Document) => {
+                return Err(format!(
+                    "line {n}: `{line}` appends to a chain the document does not declare; apply only appends to its own chains"
+                ))
+            }
+            ("-I", Source::Document) if !table.declares(chain) => {
+                if spec.split_whitespace().next().is_some_and(|w| w.parse::<u32>().is_ok()) {
+                    return Err(format!("line {n}: `{line}`: -I with a position is not supported"));
+                }
+                table.inserts.push((chain.to_string(), spec.to_string()));
+                continue;
+            }
+            _ => {
+                return Err(format!(
+                    "line {n}: `{line}` is not supported here (apply documents declare chains, append to them and insert jumps into built-in chains)"
+                ))
+            }
+        }
+        table
+            .rules
+            .entry(chain.to_string())
+            .or_default()
+            .push(spec.to_string());
+    }
+    if let Some(t) = current {
+        return Err(format!("table {t} has no COMMIT"));
+    }
+    Ok(tables)
+}
+
+/// Chains a rule specification jumps or goes to.
+fn targets(spec: &str) -> impl Iterator<Item = &str> {
+    let mut words = spec.split_whitespace();
+    std::iter::from_fn(move || loop {
+        let w = words.next()?;
+        if matches!(w, "-j" | "--jump" | "-g" | "--goto") {
+            return words.next();
+        }
+    })
+}
+
+/// Which objects of a kernel read are ours.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    /// Per table: chains owned by name (per-service chains are owned by prefix anyway).
+    chains: BTreeMap<String, BTreeSet<String>>,
+    /// Per table and built-in chain: the `iptables-save` text of our jump rules.
+    jumps: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    /// What a failed load must undo.
+    undo: Undo,
+}
+
+/// The changes a load makes, remembered so they can be undone table by table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Undo {
+    /// The kernel before the load.
+    before: Tables,
+    tables: BTreeMap<String, TableUndo>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct TableUndo {
+    /// Chains the load declares (rewritten, created or flushed for deletion).
+    declared: Vec<String>,
+    /// Jumps the load inserts: (built-in chain, save text).
+    inserted: Vec<(String, String)>,
+    /// Jumps the load deletes: (built-in chain, save text).
+    removed: Vec<(String, String)>,
+}
+
+impl Owner {
+    /// Reads an owned-state text (see [`format_owned`]) back into the ownership it records.
+    fn from_snapshot(snapshot: &Tables) -> Owner {
+        let mut o = Owner::default();
+        for (t, table) in snapshot {
+            o.chains
+                .insert(t.clone(), table.order.iter().cloned().collect());
+            for (chain, rules) in &table.rules {
+                if !table.declares(chain) {
+                    o.jumps
+                        .entry(t.clone())
+                        .or_default()
+                        .insert(chain.clone(), rules.iter().cloned().collect());
+                }
+            }
+        }
+        o
+    }
+
+    fn owns_chain(&self, table: &str, chain: &str) -> bool {
+        is_service_chain(chain) || self.chains.get(table).is_some_and(|s| s.contains(chain))
+    }
+
+    fn owns_jump(&self, table: &str, chain: &str, spec: &str) -> bool {
+        self.jumps
+            .get(table)
+            .and_then(|m| m.get(chain))
+            .is_some_and(|s| s.contains(spec))
+    }
+
+    /// The owned part of parsed `iptables-save` output.
+    fn extract(&self, kernel: &Tables) -> Tables {
+        let mut out = Tables::new();
+        for (t, table) in kernel {
+            let mut owned = Table::default();
+            for chain in &table.order {
+                if table.is_user(chain) {
+                    if self.owns_chain(t, chain) {
+                        owned.order.push(chain.clone());
+                        owned.policy.insert(chain.clone(), "-".into());
+                        owned
+                            .rules
+                            .insert(chain.clone(), table.rules(chain).to_vec());
+                    }
+                } else {
+                    let jumps: Vec<String> = table
+                        .rules(chain)
+                        .iter()
+                        .filter(|r| self.owns_jump(t, chain, r))
+                        .cloned()
+                        .collect();
+                    if !jumps.is_empty() {
+                        owned.rules.insert(chain.clone(), jumps);
+                    }
+                }
+            }
+            if !owned.rules.is_empty() || !owned.order.is_empty() {
+                out.insert(t.clone(), owned);
+            }
+        }
+        out
+    }
+
+    pub(super) fn owned(&self, kernel: &str) -> Result<String, String> {
+        let k = parse(kernel, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
+        Ok(format_owned(&self.extract(&k)))
+    }
+
+    pub(super) fn revert(&self, after: &str) -> Result<Option<String>, String> {
+        let after = parse(after, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
+        let empty = Table::default();
+        let mut out = String::new();
+        for (t, u) in &self.undo.tables {
+            let before = self.undo.before.get(t).unwrap_or(&empty);
+            let now = after.get(t).unwrap_or(&empty);
+            // Did this table's transaction commit? Compare everything it touches.
+            let same =
+                |c: &str| before.declares(c) == now.declares(c) && before.rules(c) == now.rules(c);
+            let builtins: BTreeSet<&str> = u
+                .inserted
+                .iter()
+                .chain(&u.removed)
+                .map(|(c, _)| c.as_str())
+                .collect();
+            if u.declared.iter().all(|c| same(c)) && builtins.iter().all(|c| same(c)) {
+                continue;
+            }
+            let _ = writeln!(out, "*{t}");
+            for c in &u.declared {
+                let _ = writeln!(out, ":{c} - [0:0]");
+            }
+            for (c, spec) in &u.inserted {
+                if now.rules(c).contains(spec) {
+                    let _ = writeln!(out, "-D {c} {spec}");
+                }
+            }
+            for (c, spec) in &u.removed {
+                if !now.rules(c).contains(spec) {
+                    let _ = writeln!(out, "-I {c} {spec}");
+                }
+            }
+            for c in u.declared.iter().filter(|c| before.is_user(c)) {
+                for r in before.rules(c) {
+                    let _ = writeln!(out, "-A {c} {r}");
+                }
+            }
+            for c in u.declared.iter().filter(|c| !before.declares(c)) {
+                let _ = writeln!(out, "-X {c}");
+            }
+            out.push_str("COMMIT\n");
+        }
+        Ok((!out.is_empty()).then_some(out))
+    }
+}
+
+/// The canonical owned-state text: per table, owned chains (sorted) declared, then the
+/// owned jumps of each built-in chain (chains sorted, rules in kernel order), then the
+/// rules of each owned chain. It is `iptables-save` syntax, and parses back with
+/// [`Owner::from_snapshot`].
+fn format_owned(owned: &Tables) -> String {
+    let mut out = String::new();
+    for t in table_order(owned.keys().cloned()) {
+        let table = &owned[&t];
+        let _ = writeln!(out, "*{t}");
+        let chains: BTreeSet<&String> = table.order.iter().collect();
+        for c in &chains {
+            let _ = writeln!(out, ":{c} - [0:0]");
+        }
+        for (c, rules) in table.rules.iter().filter(|(c, _)| !table.declares(c)) {
+            for r in rules {
+                let _ = writeln!(out, "-A {c} {r}");
+            }
+        }
+        for c in &chains {
+            for r in table.rules(c) {
+                let _ = writeln!(out, "-A {c} {r}");
+            }
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+/// Step one's iptables part.
+#[derive(Clone, Debug)]
+pub(super) struct Prep {
+    new: Tables,
+    kernel: Tables,
+    /// Per table: the chains this apply declares and rewrites.
+    rewrite: BTreeMap<String, BTreeSet<String>>,
+    /// Per table: chains an earlier apply owned by name (deleted when no longer wanted).
+    old_chains: BTreeMap<String, BTreeSet<String>>,
+    /// Jumps an earlier apply owned (removed when no longer wanted).
+    old_jumps: Owner,
+}
+
+/// Step one (see the module docs of [`super`]). `force_full` ignores `previous`.
+pub fn prepare(
+    new_doc: &str,
+    family: Family,
+    previous: Option<Previous>,
+    kernel: &str,
+    force_full: bool,
+) -> Result<Prepared, String> {
+    let new = parse(new_doc, Source::Document).map_err(|e| format!("the document: {e}"))?;
+    if new.values().all(|t| t.order.is_empty()) {
+        return Err("the document declares no chains".into());
+    }
+    let kernel = parse(kernel, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
+
+    let mut old_chains: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut old_jumps = Owner::default();
+    let mut old_doc = None;
+    let mut mode = Mode::Incremental;
+    match previous {
+        _ if force_full => mode = Mode::Full("asked for with --full".into()),
+        None => mode = Mode::Full("no previous apply recorded".into()),
+        Some(p) => match (
+            parse(p.document, Source::Document),
+            parse(p.snapshot, Source::Save),
+        ) {
+            (Ok(doc), Ok(snap)) => {
+                let owner = Owner::from_snapshot(&snap);
+                let now = format_owned(&owner.extract(&kernel));
+                if now != p.snapshot {
+                    mode = Mode::Full(format!(
+                        "the kernel differs from what the last apply left: {}",
+                        Plan::first_difference(p.snapshot, &now)
+                    ));
+                }
+                for (t, table) in doc.iter().chain(&snap) {
+                    old_chains
+                        .entry(t.clone())
+                        .or_default()
+                        .extend(table.user_chains().cloned());
+                }
+                old_jumps = owner;
+                old_doc = Some(doc);
+            }
+            _ => mode = Mode::Full("the recorded state cannot be read".into()),
+        },
+    }
+
+    let mut rewrite: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let empty = Table::default();
+    for (t, table) in &new {
+        let k = kernel.get(t).unwrap_or(&empty);
+        let old = old_doc.as_ref().and_then(|d| d.get(t)).unwrap_or(&empty);
+        let set: BTreeSet<String> = table
+            .user_chains()
+            .filter(|c| {
+                mode != Mode::Incremental
+                    || !k.is_user(c)
+                    || !old.is_user(c)
+                    || old.rules(c) != table.rules(c)
+            })
+            .cloned()
+            .collect();
+        rewrite.insert(t.clone(), set);
+    }
+
+    let scratch = scratch_document(&new, &rewrite);
+    Ok(Prepared {
+        mode,
+        scratch,
+        family,
+        inner: PreparedInner::Iptables(Box::new(Prep {
+            new,
+            kernel,
+            rewrite,
+            old_chains,
+            old_jumps,
+        })),
+    })
+}
+
+/// The rewritten chains and the jumps, with every chain they refer to declared, for an
+/// empty namespace: its `iptables-save` gives their canonical text.
+fn scratch_document(new: &Tables, rewrite: &BTreeMap<String, BTreeSet<String>>) -> String {
+    let mut out = String::new();
+    for t in table_order(new.keys().cloned()) {
+        let table = &new[&t];
+        let rw = &rewrite[&t];
+        let mut needed: BTreeSet<&str> = rw.iter().map(String::as_str).collect();
+        for c in rw {
+            needed.extend(table.rules(c).iter().flat_map(|r| targets(r)));
+        }
+        needed.extend(table.inserts.iter().flat_map(|(_, s)| targets(s)));
+        if rw.is_empty() && table.inserts.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "*{t}");
+        for c in table.user_chains().filter(|c| needed.contains(c.as_str())) {
+            let _ = writeln!(out, ":{c} - [0:0]");
+        }
+        for (c, spec) in &table.inserts {
+            let _ = writeln!(out, "-I {c} {spec}");
+        }
+        for c in table.user_chains().filter(|c| rw.contains(*c)) {
+            for r in table.rules(c) {
+                let _ = writeln!(out, "-A {c} {r}");
+            }
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+/// Step two (see the module docs of [`super`]).
+pub(super) fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
+    let scratch =
+        parse(scratch_output, Source::Save).map_err(|e| format!("scratch namespace: {e}"))?;
+    let empty = Table::default();
+    let mut load = String::new();
+    let mut expected = Tables::new();
+    let mut owner = Owner::default();
+    let mut summary = Summary::default();
+    let mut warnings = Vec::new();
+    owner.undo.before = p.kernel.clone();
+
+    let tables = table_order(p.new.keys().chain(p.kernel.keys()).cloned());
+    for t in &tables {
+        let new = p.new.get(t).unwrap_or(&empty);
+        let k = p.kernel.get(t).unwrap_or(&empty);
+        let sc = scratch.get(t).unwrap_or(&empty);
+        let rewrite = p.rewrite.get(t).cloned().unwrap_or_default();
+        let old_chains = p.old_chains.get(t).cloned().unwrap_or_default();
+
+        // The save text of each jump: `-I` prepends, so the scratch namespace shows a
+        // built-in chain's jumps in the reverse of the document's order.
+        let mut wanted: Vec<(String, String, String)> = Vec::new(); // (chain, spec, save)
+        let mut by_chain: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (c, spec) in &new.inserts {
+            by_chain.entry(c).or_default().push(spec);
+        }
+        for (c, specs) in &by_chain {
+            let saved = sc.rules(c);
+            if saved.len() != specs.len() {
+                return Err(format!(
+                    "the scratch namespace shows {} rule(s) in {t} {c}, the document inserts {}",
+                    saved.len(),
+                    specs.len()
+                ));
+            }
+            for (spec, save) in specs.iter().zip(saved.iter().rev()) {
+                wanted.push((c.to_string(), spec.to_string(), save.clone()));
+            }
+        }
+        // Keep the document's order for inserting.
+        wanted.sort_by_key(|(c, spec, _)| {
+            new.inserts
+                .iter()
+                .position(|(ic, is)| ic == c && is == spec)
+        });
+        for (c, _, save) in &wanted {
+            owner
+                .jumps
+                .entry(t.clone())
+                .or_default()
+                .entry(c.clone())
+                .or_default()
+                .insert(save.clone());
+        }
+        let missing: Vec<&(String, String, String)> = wanted
+            .iter()
+            .filter(|(c, _, save)| !k.rules(c).contains(save))
+            .collect();
+        let mut unwanted: Vec<(String, String)> = Vec::new();
+        for c in k.order.iter().filter(|c| !k.is_user(c)) {
+            for r in k.rules(c) {
+                if p.old_jumps.owns_jump(t, c, r) && !owner.owns_jump(t, c, r) {
+                    unwanted.push((c.clone(), r.clone()));
+                }
+            }
+        }
+
+        // Owned chains no longer wanted.
+        let stale: Vec<&String> = k
+            .user_chains()
+            .filter(|c| !new.declares(c) && (is_service_chain(c) || old_chains.contains(*c)))
+            .collect();
+        let stale_set: BTreeSet<&str> = stale.iter().map(|c| c.as_str()).collect();
+        // Who else jumps to them: rules that stay after this load.
+        let mut referenced: BTreeSet<&str> = BTreeSet::new();
+        for c in &k.order {
+            let goes = rewrite.contains(c) || stale_set.contains(c.as_str());
+            if goes {
+                continue;
+            }
+            for r in k.rules(c) {
+                if unwanted.iter().any(|(uc, ur)| uc == c && ur == r) {
+                    continue;
+                }
+                referenced.extend(targets(r).filter(|x| stale_set.contains(x)));
+            }
+        }
+        for c in &stale {
+            if referenced.contains(c.as_str()) {
+                warnings.push(format!(
+                    "{t} {c} is no longer wanted but a rule svc-compile did not write jumps to it: flushed, not deleted"
+                ));
+            }
+        }
+
+        // The load block.
+        let mut block = String::new();
+        let mut undo = TableUndo::default();
+        for c in new.user_chains().filter(|c| rewrite.contains(*c)) {
+            let _ = writeln!(block, ":{c} - [0:0]");
+            undo.declared.push(c.clone());
+        }
+        for c in &stale {
+            let _ = writeln!(block, ":{c} - [0:0]");
+            undo.declared.push(c.to_string());
+        }
+        for (c, r) in &unwanted {
+            let _ = writeln!(block, "-D {c} {r}");
+            undo.removed.push((c.clone(), r.clone()));
+        }
+        for (c, spec, save) in &missing {
+            let _ = writeln!(block, "-I {c} {spec}");
+            undo.inserted.push((c.clone(), save.clone()));
+        }
+        for c in new.user_chains().filter(|c| rewrite.contains(*c)) {
+            for r in new.rules(c) {
+                let _ = writeln!(block, "-A {c} {r}");
+            }
+        }
+        let mut deleted = 0;
+        for c in stale.iter().filter(|c| !referenced.contains(c.as_str())) {
+            let _ = writeln!(block, "-X {c}");
+            deleted += 1;
+        }
+        if !block.is_empty() {
+            let _ = write!(load, "*{t}\n{block}COMMIT\n");
+            owner.undo.tables.insert(t.clone(), undo);
+        }
+        summary.rewritten += rewrite.len();
+        summary.deleted += deleted;
+        summary.jumps += missing.len() + unwanted.len();
+
+        // What the kernel must show afterwards.
+        let mut exp = Table::default();
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        for c in new.user_chains() {
+            let rules = if rewrite.contains(c) {
+                sc.rules(c).to_vec()
+            } else {
+                k.rules(c).to_vec()
+            };
+            exp.order.push(c.clone());
+            exp.policy.insert(c.clone(), "-".into());
+            exp.rules.insert(c.clone(), rules);
+            names.insert(c.clone());
+        }
+        for c in stale.iter().filter(|c| referenced.contains(c.as_str())) {
+            exp.order.push(c.to_string());
+            exp.policy.insert(c.to_string(), "-".into());
+            exp.rules.insert(c.to_string(), Vec::new());
+            names.insert(c.to_string());
+        }
+        for c in k.order.iter().filter(|c| !k.is_user(c)) {
+            let mut jumps: Vec<String> = missing
+                .iter()
+                .rev()
+                .filter(|(mc, _, _)| mc == c)
+                .map(|(_, _, save)| save.clone())
+                .collect();
+            jumps.extend(
+                k.rules(c)
+                    .iter()
+                    .filter(|r| owner.owns_jump(t, c, r))
+                    .cloned(),
+            );
+            if !jumps.is_empty() {
+                exp.rules.insert(c.clone(), jumps);
+            }
+        }
+        // Built-in chains the kernel does not show yet (a table nobody used).
+        for (c, _, _) in missing.iter().rev() {
+            if !k.declares(c) {
+                let save: Vec<String> = missing
+                    .iter()
+                    .rev()
+                    .filter(|(mc, _, _)| mc == c)
+                    .map(|(_, _, s)| s.clone())
+                    .collect();
+                exp.rules.insert(c.clone(), save);
+            }
+        }
+        if !exp.order.is_empty() || !exp.rules.is_empty() {
+            expected.insert(t.clone(), exp);
+        }
+        owner.chains.insert(t.clone(), names);
+    }
+
+    let mode = match &prepared.mode {
+        Mode::Incremental if load.is_empty() => Mode::Unchanged,
+        m => m.clone(),
+    };
+    Ok(Plan {
+        mode,
+        load: (!load.is_empty()).then_some(load),
+        expected: format_owned(&expected),
+        summary,
+        warnings,
+        owner: PlanOwner::Iptables(owner),
+    })
+}
+
+#[cfg(test)]
+mod tests;

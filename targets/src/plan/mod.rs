@@ -1,0 +1,211 @@
+//! Planning `svc-compile apply`: pure functions from (the newly compiled document, what the
+//! kernel shows now, what the last apply recorded) to the documents and commands that move
+//! the node to the new state. Nothing here runs a process or touches a file; `src/apply.rs`
+//! runs the plan.
+//!
+//! Both back ends have the same face, in two steps because the kernel's own spelling of a
+//! rule (`iptables-save`, `nft -j list`) is not ours and is only learnt by loading it:
+//!
+//! 1. `prepare(new, previous, kernel, force_full)` parses everything, decides the mode and
+//!    returns a [`Prepared`] whose [`Prepared::scratch`] document the CLI loads into a
+//!    throwaway network namespace and reads back ([`Commands::scratch`]).
+//! 2. `plan(prepared, scratch_output)` returns the [`Plan`]: the document to check and load,
+//!    what the kernel's owned state must look like afterwards, and (iptables) the document
+//!    that undoes a partly committed load.
+//!
+//! # What is owned
+//!
+//! iptables: the chains the compiled document declares (it flushes and rewrites them), the
+//! per-service chains of kube-proxy's layout (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`,
+//! `KUBE-FW-`, `KUBE-SEP-`) and chains an earlier apply declared, and the jump rules from
+//! built-in chains, identified by their exact `iptables-save` text. nftables: the table
+//! `kube-proxy` of the family. Nothing else is ever written, flushed or deleted.
+//!
+//! # Modes
+//!
+//! - **Unchanged**: the kernel shows exactly what the last apply left and the document is
+//!   the same: nothing is loaded.
+//! - **Incremental**: the kernel shows exactly what the last apply left (its owned part,
+//!   compared with the snapshot taken then); only objects whose compiled text differs
+//!   between the old and the new document are rewritten, created or deleted.
+//! - **Full**: anything else (first apply, drift, `--full`): every owned object is
+//!   rewritten. Both give the same kernel state; the kernel tests check it.
+//!
+//! Architecture Invariant: no I/O here; the CLI hands in text and runs what comes out.
+
+pub mod iptables;
+pub mod nftables;
+
+use std::fmt;
+
+/// How much of the owned state a plan rewrites.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Nothing to load.
+    Unchanged,
+    /// Only what changed since the last apply.
+    Incremental,
+    /// Everything owned, with the reason a smaller load was not possible.
+    Full(String),
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Unchanged => f.write_str("unchanged"),
+            Mode::Incremental => f.write_str("incremental"),
+            Mode::Full(why) => write!(f, "full ({why})"),
+        }
+    }
+}
+
+/// What the last successful apply recorded in the state directory.
+#[derive(Clone, Copy, Debug)]
+pub struct Previous<'a> {
+    /// The compiled document it loaded.
+    pub document: &'a str,
+    /// The owned state the kernel showed right after ([`Plan::owned`] of that moment).
+    pub snapshot: &'a str,
+}
+
+/// The IP family of a document, which picks `iptables` or `ip6tables`, `ip` or `ip6`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        }
+    }
+}
+
+/// The commands of one back end for one family, as argument vectors (no shell, no
+/// network namespace: the CLI prefixes `ip netns exec NAME` when asked to).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Commands {
+    /// Prints the kernel's current state on stdout.
+    pub read: Vec<String>,
+    /// Checks the document at the path appended last, without changing anything.
+    pub check: Vec<String>,
+    /// Loads the document at the path appended last, as one transaction per table
+    /// (iptables) or one transaction (nftables).
+    pub load: Vec<String>,
+    /// Loads the document at the path appended last into a new, empty network namespace
+    /// and prints what the kernel shows there (the `read` output).
+    pub scratch: Vec<String>,
+}
+
+fn argv(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+/// What a plan changes, for the one-line report and `--dry-run`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Chains created or rewritten.
+    pub rewritten: usize,
+    /// Chains (and nftables sets) deleted.
+    pub deleted: usize,
+    /// Jump rules added to (or removed from) built-in chains.
+    pub jumps: usize,
+    /// nftables map and set elements added or deleted.
+    pub elements: usize,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} chain(s) written, {} deleted, {} jump(s), {} element(s)",
+            self.rewritten, self.deleted, self.jumps, self.elements
+        )
+    }
+}
+
+/// The result of planning: everything the CLI needs to move the node to the new state.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub mode: Mode,
+    /// The document to check and load; `None` when nothing has to change.
+    pub load: Option<String>,
+    /// The owned state the kernel must show once `load` is in (compare with
+    /// [`Plan::owned`] of a fresh read).
+    pub expected: String,
+    pub summary: Summary,
+    /// Things the operator should know (e.g. a stale chain kept because a foreign rule
+    /// still jumps to it).
+    pub warnings: Vec<String>,
+    owner: Owner,
+}
+
+/// How to cut the owned part out of a kernel read, per back end.
+#[derive(Clone, Debug)]
+enum Owner {
+    Iptables(iptables::Owner),
+    Nftables(nftables::Owner),
+}
+
+impl Plan {
+    /// The owned part of a kernel read (`Commands::read` output), in the canonical text
+    /// [`Plan::expected`] uses and the state directory keeps.
+    pub fn owned(&self, kernel: &str) -> Result<String, String> {
+        match &self.owner {
+            Owner::Iptables(o) => o.owned(kernel),
+            Owner::Nftables(o) => o.owned(kernel),
+        }
+    }
+
+    /// After a failed load: the document that puts back what the kernel showed before,
+    /// for the tables the failed load did commit (`after` is a fresh read). iptables
+    /// commits table by table, so a load can fail halfway; nftables never needs this.
+    pub fn revert(&self, after: &str) -> Result<Option<String>, String> {
+        match &self.owner {
+            Owner::Iptables(o) => o.revert(after),
+            Owner::Nftables(_) => Ok(None),
+        }
+    }
+
+    /// The first line where `expected` and `actual` owned states differ, for error messages.
+    pub fn first_difference(expected: &str, actual: &str) -> String {
+        let (mut e, mut a) = (expected.lines(), actual.lines());
+        loop {
+            match (e.next(), a.next()) {
+                (None, None) => return "no difference".into(),
+                (x, y) if x == y => continue,
+                (Some(x), Some(y)) => return format!("expected `{x}`, the kernel shows `{y}`"),
+                (Some(x), None) => return format!("expected `{x}`, the kernel shows nothing more"),
+                (None, Some(y)) => return format!("the kernel also shows `{y}`"),
+            }
+        }
+    }
+}
+
+/// Step one of planning (see the module docs).
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub mode: Mode,
+    /// Load this into an empty network namespace and hand the read-back to `plan`; when
+    /// it is empty, hand over empty text instead.
+    pub scratch: String,
+    pub family: Family,
+    inner: PreparedInner,
+}
+
+#[derive(Clone, Debug)]
+enum PreparedInner {
+    Iptables(Box<iptables::Prep>),
+    Nftables(Box<nftables::Prep>),
+}
+
+/// Step two of planning, for either back end.
+pub fn plan(prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
+    match &prepared.inner {
+        PreparedInner::Iptables(p) => iptables::plan(prepared, p, scratch_output),
+        PreparedInner::Nftables(p) => nftables::plan(prepared, p, scratch_output),
+    }
+}

@@ -1,0 +1,1060 @@
+//! `svc-compile apply` in the real kernel, always with `--netns` on a lab's node and a
+//! temporary state directory (never the root namespace): traffic after an apply, only the
+//! changed service's chains rewritten, foreign rules untouched, SIGKILL at random moments,
+//! concurrent applies, a refused ruleset, rollback, and established connections.
+//!
+//! Owned and foreign state are cut out of `iptables-save` / `nft` output here, independently
+//! of the planner: owned = `KUBE-*` chains and jumps to them, the table `kube-proxy`.
+
+use super::flows::{check_flows, parse_flows, BACKEND_PORT};
+use super::sys::in_netns;
+use super::{require_root, Lab, LabSpec, Proto};
+use crate::support::{root, svc, Run, TempDir};
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const TARGETS: [&str; 2] = ["iptables", "nftables"];
+
+/// The services of these tests. `api` and `chat` take their endpoints as arguments.
+/// - web: ClusterIP 10.96.0.11:80 → pod-a, pod-r1 (:8080)
+/// - api: NodePort 10.96.0.12:80, node port 30080 (:8080)
+/// - chat: NodePort 10.96.0.13:80, node port 30090 (:9090)
+fn manifests(api: &[&str], chat: &[&str]) -> String {
+    let mut out = String::new();
+    for (name, ip, node_port, port, eps) in [
+        (
+            "web",
+            "10.96.0.11",
+            None,
+            BACKEND_PORT,
+            &["10.244.1.2", "10.244.2.2"][..],
+        ),
+        ("api", "10.96.0.12", Some(30080), BACKEND_PORT, api),
+        ("chat", "10.96.0.13", Some(30090), 9090, chat),
+    ] {
+        let (kind, np) = match node_port {
+            Some(p) => ("NodePort", format!(", nodePort: {p}")),
+            None => ("ClusterIP", String::new()),
+        };
+        out += &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\n\
+             spec:\n  type: {kind}\n  clusterIP: {ip}\n  selector: {{app: {name}}}\n  \
+             ports:\n  - {{port: 80, targetPort: {port}{np}}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata:\n  name: {name}-1\n  namespace: shop\n  labels: {{kubernetes.io/service-name: {name}}}\n\
+             addressType: IPv4\nports:\n- {{port: {port}, protocol: TCP}}\nendpoints:\n"
+        );
+        for ep in eps {
+            let node = if ep.starts_with("10.244.1.") {
+                "node-1"
+            } else {
+                "node-2"
+            };
+            out += &format!("- {{addresses: [{ep}], nodeName: {node}}}\n");
+        }
+        out += "---\n";
+    }
+    out
+}
+
+const V1_API: &[&str] = &["10.244.1.3", "10.244.2.3"]; // pod-b, pod-r2
+const V2_API: &[&str] = &["10.244.1.2", "10.244.2.3"]; // pod-a, pod-r2
+const CHAT: &[&str] = &["10.244.1.2"]; // pod-a
+const CHAT_MORE: &[&str] = &["10.244.1.2", "10.244.1.3"]; // pod-a, pod-b
+
+const FLOWS_V1: &str = "\
+pod-b    tcp 10.96.0.11:80    answer pod-a,pod-r1
+client1  tcp 192.0.2.10:30080 answer pod-b,pod-r2 masq
+";
+const FLOWS_V2: &str = "\
+pod-b    tcp 10.96.0.11:80    answer pod-a,pod-r1
+client1  tcp 192.0.2.10:30080 answer pod-a,pod-r2 masq
+";
+
+/// One target on one lab's node, with its own state directory and manifest versions.
+struct Node<'a> {
+    lab: &'a Lab,
+    target: &'static str,
+    state: TempDir,
+    inputs: TempDir,
+}
+
+impl<'a> Node<'a> {
+    fn new(lab: &'a Lab, target: &'static str) -> Node<'a> {
+        Node {
+            lab,
+            target,
+            state: TempDir::new("apply-state"),
+            inputs: TempDir::new("apply-in"),
+        }
+    }
+
+    /// Writes a manifest version; returns its directory.
+    fn version(&self, name: &str, api: &[&str], chat: &[&str]) -> String {
+        let dir = self.inputs.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("svc.yaml"), manifests(api, chat)).unwrap();
+        dir.display().to_string()
+    }
+
+    fn args(&self, extra: &[&str]) -> Vec<String> {
+        let mut a: Vec<String> = ["apply", "--target", self.target, "--netns"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.push(self.lab.netns("node").to_string());
+        a.push("--state-dir".into());
+        a.push(self.state.path().display().to_string());
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    }
+
+    /// `svc-compile apply VERSION golden/common --node node-1 ...`.
+    fn apply(&self, version: &str, extra: &[&str]) -> Run {
+        let mut e = vec![version, "golden/common", "--node", "node-1"];
+        e.extend(extra);
+        self.run(&e)
+    }
+
+    fn run(&self, extra: &[&str]) -> Run {
+        let args = self.args(extra);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        svc(&refs, None, &root())
+    }
+
+    fn exec(&self, prog: &str, args: &[&str]) -> String {
+        self.lab
+            .exec_ok("node", prog, args, None)
+            .unwrap_or_else(|e| panic!("{prog} {args:?}: {e}"))
+    }
+
+    /// The owned state as the kernel shows it (see the module docs).
+    fn owned(&self) -> String {
+        match self.target {
+            "iptables" => split_iptables(&self.exec("iptables-save", &[]))
+                .0
+                .join("\n"),
+            _ => {
+                let json = self
+                    .lab
+                    .exec(
+                        "node",
+                        "nft",
+                        &["-j", "list", "table", "ip", "kube-proxy"],
+                        None,
+                    )
+                    .unwrap();
+                let text = String::from_utf8_lossy(&json.stdout);
+                svc_targets::plan::nftables::owned_state(&text).unwrap()
+            }
+        }
+    }
+
+    /// Everything that is not owned: iptables-save's foreign lines, and the nft ruleset
+    /// without the tables the target writes (iptables-nft's tables for iptables).
+    fn foreign(&self) -> String {
+        let ipt = split_iptables(&self.exec("iptables-save", &[]))
+            .1
+            .join("\n");
+        let ruleset = self.exec("nft", &["list", "ruleset"]);
+        let skip: &[&str] = match self.target {
+            "iptables" => &[
+                "table ip filter",
+                "table ip nat",
+                "table ip mangle",
+                "table ip raw",
+            ],
+            _ => &["table ip kube-proxy"],
+        };
+        format!("{ipt}\n---\n{}", without_tables(&ruleset, skip))
+    }
+
+    /// What the last apply recorded.
+    fn recorded(&self) -> String {
+        let dir = self.state.path().join(format!("{}-ipv4", self.target));
+        let text = std::fs::read_to_string(dir.join("applied.state")).unwrap();
+        text.split_once('\n').unwrap().1.to_string()
+    }
+
+    fn lock_path(&self) -> std::path::PathBuf {
+        self.state.path().join("lock")
+    }
+
+    fn flows(&self, flows: &str) {
+        let failures = check_flows(self.lab, self.target, &parse_flows(flows));
+        assert!(
+            failures.is_empty(),
+            "[{}] traffic disagrees:\n{}",
+            self.target,
+            failures.join("\n")
+        );
+    }
+}
+
+/// `iptables-save` → (owned lines, foreign lines), comments and counters dropped.
+fn split_iptables(save: &str) -> (Vec<String>, Vec<String>) {
+    let (mut owned, mut foreign) = (Vec::new(), Vec::new());
+    for line in save.lines().filter(|l| !l.starts_with('#')) {
+        let line = match line.strip_prefix(':') {
+            Some(d) => format!(":{}", d.rsplit_once(' ').map_or(d, |(a, _)| a)),
+            None => line.to_string(),
+        };
+        if line.starts_with('*') {
+            foreign.push(line);
+            continue;
+        }
+        let ours = line.starts_with(":KUBE-")
+            || line.starts_with("-A KUBE-")
+            || (line.starts_with("-A ") && line.contains(" -j KUBE-"));
+        if ours {
+            owned.push(line);
+        } else {
+            foreign.push(line);
+        }
+    }
+    (owned, foreign)
+}
+
+/// `nft list ruleset` without the named top-level blocks.
+fn without_tables(ruleset: &str, skip: &[&str]) -> String {
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in ruleset.lines() {
+        if !line.starts_with('\t') && line.starts_with("table ") {
+            skipping = skip.iter().any(|s| line == format!("{s} {{"));
+        }
+        if !skipping {
+            // Packet counts are traffic, not rules: `counter packets 3 bytes 180` → `counter`.
+            let mut words = line.split(' ');
+            let mut kept = Vec::new();
+            while let Some(w) = words.next() {
+                if matches!(w, "packets" | "bytes") {
+                    words.next();
+                } else {
+                    kept.push(w);
+                }
+            }
+            out += &kept.join(" ");
+            out.push('\n');
+        }
+        if line == "}" {
+            skipping = false;
+        }
+    }
+    out
+}
+
+/// iptables-save -c: "table chain" → its lines with counters (empty chains included).
+fn iptables_chains(save: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut table = String::new();
+    for line in save.lines().filter(|l| !l.starts_with('#')) {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.to_string();
+        } else if let Some(d) = line.strip_prefix(':') {
+            let c = d.split(' ').next().unwrap();
+            out.entry(format!("{table} {c}")).or_default();
+        } else if line.starts_with('[') {
+            let c = line.split(' ').nth(2).unwrap_or("");
+            out.entry(format!("{table} {c}"))
+                .or_default()
+                .push(line.to_string());
+        }
+    }
+    out
+}
+
+/// `nft -a list table`: object ("chain X", "map Y") → its block, handles included.
+fn nft_objects(listing: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<(String, String)> = None;
+    for line in listing.lines() {
+        if let Some(head) = line.strip_prefix('\t').filter(|l| !l.starts_with('\t')) {
+            if head == "}" {
+                if let Some((k, v)) = current.take() {
+                    out.insert(k, v);
+                }
+                continue;
+            }
+            let mut w = head.split(' ');
+            if let (Some(kind @ ("chain" | "set" | "map")), Some(name)) = (w.next(), w.next()) {
+                current = Some((format!("{kind} {name}"), String::new()));
+                continue;
+            }
+        }
+        if let Some((_, v)) = current.as_mut() {
+            v.push_str(line);
+            v.push('\n');
+        }
+    }
+    out
+}
+
+/// What differs between two maps: keys added, removed or changed.
+fn changed<V: PartialEq>(a: &BTreeMap<String, V>, b: &BTreeMap<String, V>) -> Vec<String> {
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect()
+}
+
+/// The user's own rules, put in before anything else.
+fn install_foreign(lab: &Lab) {
+    let ipt = "\
+*raw\n-A PREROUTING -s 203.0.113.50/32 -j NOTRACK\nCOMMIT\n\
+*mangle\n:MY-MANGLE - [0:0]\n-A MY-MANGLE -j RETURN\n-A FORWARD -j MY-MANGLE\nCOMMIT\n\
+*filter\n:MY-FILTER - [0:0]\n-A MY-FILTER -s 203.0.113.9/32 -j DROP\n-A INPUT -j MY-FILTER\n\
+-A FORWARD -s 203.0.113.10/32 -j DROP\n-A OUTPUT -d 203.0.113.11/32 -j REJECT\nCOMMIT\n\
+*nat\n:MY-NAT - [0:0]\n-A MY-NAT -d 203.0.113.12/32 -j RETURN\n-A PREROUTING -j MY-NAT\n\
+-A POSTROUTING -s 203.0.113.13/32 -j MASQUERADE\nCOMMIT\n";
+    lab.exec_ok("node", "iptables-restore", &["--noflush"], Some(ipt))
+        .unwrap();
+    let nft = "table inet user {\n\
+        set blocked { type ipv4_addr; elements = { 203.0.113.21 } }\n\
+        chain in { type filter hook input priority 10; policy accept; ip saddr @blocked drop; }\n}\n";
+    lab.exec_ok("node", "nft", &["-f", "-"], Some(nft)).unwrap();
+}
+
+fn lab(tag: &str) -> Lab {
+    let mut lab = Lab::new(tag, &LabSpec::default()).expect("lab");
+    lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
+    lab
+}
+
+fn for_each_target(test: &str, f: impl Fn(&'static str) + Sync) {
+    if !require_root(test) {
+        return;
+    }
+    thread::scope(|s| {
+        let jobs: Vec<_> = TARGETS.iter().map(|t| s.spawn(|| f(t))).collect();
+        for j in jobs {
+            j.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        }
+    });
+}
+
+/// Apply → traffic; change one service → only its chains change, traffic follows, and the
+/// result equals a full load; foreign rules intact after ten applies.
+#[test]
+fn apply_changes_only_what_changed_and_leaves_foreign_rules() {
+    for_each_target(
+        "kernel apply: flows, one-service change, foreign rules",
+        |target| {
+            let lab = lab(&format!("ap{}", &target[..3]));
+            install_foreign(&lab);
+            let node = Node::new(&lab, target);
+            let foreign_before = node.foreign();
+            let v1 = node.version("v1", V1_API, CHAT);
+            let v2 = node.version("v2", V2_API, CHAT);
+
+            let r = node.apply(&v1, &[]);
+            r.expect(0);
+            assert!(
+                r.stdout.contains("full (no previous apply recorded)"),
+                "{}",
+                r.stdout
+            );
+            node.flows(FLOWS_V1);
+            let r = node.apply(&v1, &[]);
+            r.expect(0);
+            assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+
+            // Traffic through both services first, so rewritten iptables chains show by their
+            // reset counters; nftables rules keep their handles unless rewritten.
+            node.flows(FLOWS_V1);
+            let before_ipt = iptables_chains(&node.exec("iptables-save", &["-c"]));
+            let nft_listing = || match target {
+                "nftables" => {
+                    nft_objects(&node.exec("nft", &["-a", "list", "table", "ip", "kube-proxy"]))
+                }
+                _ => BTreeMap::new(),
+            };
+            let before_nft = nft_listing();
+            let r = node.apply(&v2, &[]);
+            r.expect(0);
+            assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
+            let after_ipt = iptables_chains(&node.exec("iptables-save", &["-c"]));
+            let after_nft = nft_listing();
+            let api_only = |names: Vec<String>, blocks: &[&BTreeMap<String, Vec<String>>]| {
+                for n in &names {
+                    let mentions_api = blocks.iter().any(|b| {
+                        b.get(n)
+                            .is_some_and(|r| r.iter().any(|l| l.contains("shop/api")))
+                    });
+                    let per_service = ["KUBE-SVC-", "KUBE-SEP-", "KUBE-EXT-"]
+                        .iter()
+                        .any(|p| n.contains(p));
+                    assert!(per_service && mentions_api, "[{target}] {n} changed");
+                }
+            };
+            match target {
+                "iptables" => {
+                    let diff = changed(&before_ipt, &after_ipt);
+                    assert!(!diff.is_empty());
+                    api_only(diff, &[&before_ipt, &after_ipt]);
+                    // Web's chains kept their (non-zero) counters: not rewritten.
+                    let web: Vec<&String> = before_ipt
+                        .iter()
+                        .filter(|(k, r)| {
+                            k.contains("KUBE-SVC-") && r.iter().any(|l| l.contains("shop/web"))
+                        })
+                        .map(|(k, _)| k)
+                        .collect();
+                    assert_eq!(web.len(), 1);
+                    let counted = |r: &Vec<String>| r.iter().any(|l| !l.starts_with("[0:0]"));
+                    assert!(counted(&before_ipt[web[0]]), "{:?}", before_ipt[web[0]]);
+                }
+                _ => {
+                    let diff = changed(&before_nft, &after_nft);
+                    assert!(!diff.is_empty());
+                    for n in diff {
+                        assert!(n.contains("shop/api"), "[{target}] {n} changed");
+                    }
+                }
+            }
+            node.flows(FLOWS_V2);
+
+            // Incremental equals full: the same owned state after a forced full reload.
+            let incremental = node.recorded();
+            let owned = node.owned();
+            node.apply(&v2, &["--full"]).expect(0);
+            assert_eq!(
+                node.recorded(),
+                incremental,
+                "[{target}] incremental != full"
+            );
+            assert_eq!(node.owned(), owned);
+
+            // Ten applies of changing states; the user's rules stay byte for byte.
+            for i in 0..10 {
+                let v = if i % 2 == 0 { &v1 } else { &v2 };
+                let extra: &[&str] = if i == 7 { &["--full"] } else { &[] };
+                node.apply(v, extra).expect(0);
+            }
+            assert_eq!(
+                node.foreign(),
+                foreign_before,
+                "[{target}] foreign rules changed"
+            );
+            node.flows(FLOWS_V2);
+        },
+    );
+}
+
+/// Holds the state directory's lock until dropped; `None` if it stays busy for `wait`.
+fn hold_lock(path: &Path, wait: Duration) -> Option<File> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let deadline = Instant::now() + wait;
+    loop {
+        // SAFETY: flock on an open descriptor.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Some(f);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A small xorshift generator: no dependency, seed printed for reruns.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// SIGKILL at random moments: afterwards (once a loader the killed apply left behind has
+/// finished, i.e. once the lock is free) the node shows exactly the old or the new state.
+#[test]
+fn sigkill_at_random_moments_leaves_the_old_or_the_new_state() {
+    const RUNS: usize = 50;
+    for_each_target("kernel apply: SIGKILL", |target| {
+        let spec = LabSpec {
+            local_pods: vec![],
+            remote_pods: vec![],
+            clients: vec![],
+        };
+        let lab = Lab::new(&format!("kill{}", &target[..3]), &spec).expect("lab");
+        install_foreign(&lab);
+        let node = Node::new(&lab, target);
+        let foreign = node.foreign();
+        // a → b changes filter (api's REJECT goes) and nat (api's chains come): iptables
+        // commits those in two transactions, and no kill may leave one without the other.
+        let versions = [
+            node.version("a", &[], CHAT),
+            node.version("b", V2_API, CHAT_MORE),
+        ];
+        let mut states = Vec::new();
+        let mut took = Duration::ZERO;
+        for v in &versions {
+            let t = Instant::now();
+            node.apply(v, &[]).expect(0);
+            took = took.max(t.elapsed());
+            states.push(node.owned());
+        }
+        assert_ne!(states[0], states[1]);
+        let mut current = 1;
+        let seed = 0x9E37_79B9_7F4A_7C15 ^ u64::from(std::process::id()) ^ (target.len() as u64);
+        let mut rng = Rng(seed);
+        let (mut old, mut new, mut finished) = (0, 0, 0);
+        for run in 0..RUNS {
+            let next = 1 - current;
+            let mut e = vec![versions[next].as_str(), "golden/common", "--node", "node-1"];
+            if run % 5 == 4 {
+                e.push("--full");
+            }
+            let args = node.args(&e);
+            let mut child = Command::new(env!("CARGO_BIN_EXE_svc-compile"))
+                .args(&args)
+                .current_dir(root())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(File::create(node.inputs.path().join("stderr")).unwrap())
+                .spawn()
+                .unwrap();
+            let delay = Duration::from_micros(rng.next() % (took.as_micros() as u64 * 13 / 10 + 1));
+            thread::sleep(delay);
+            if child.try_wait().unwrap().is_some() {
+                finished += 1;
+            }
+            let _ = child.kill(); // SIGKILL
+            let _ = child.wait();
+            let lock = hold_lock(&node.lock_path(), Duration::from_secs(30))
+                .expect("a loader left behind never finished");
+            let now = node.owned();
+            drop(lock);
+            if now == states[current] {
+                old += 1;
+            } else if now == states[next] {
+                new += 1;
+                current = next;
+            } else {
+                let diff = |want: &str| {
+                    let (w, n): (Vec<&str>, Vec<&str>) =
+                        (want.lines().collect(), now.lines().collect());
+                    let missing: Vec<&&str> = w.iter().filter(|l| !n.contains(l)).collect();
+                    let extra: Vec<&&str> = n.iter().filter(|l| !w.contains(l)).collect();
+                    format!("missing {missing:#?}\nextra {extra:#?}")
+                };
+                let log = |f: &str| std::fs::read_to_string(f).unwrap_or_default();
+                panic!(
+                    "[{target}] run {run} (seed {seed:#x}, killed after {delay:?}): a state that is neither old nor new\n\
+                     vs old: {}\nvs new: {}\nstderr: {}\nload.log: {}",
+                    diff(&states[current]),
+                    diff(&states[next]),
+                    log(&node.inputs.path().join("stderr").display().to_string()),
+                    log(&node.state.path().join(format!("{target}-ipv4/load.log")).display().to_string()),
+                );
+            }
+        }
+        println!(
+            "[{target}] {RUNS} SIGKILLs within {:?}: {old} old, {new} new ({finished} had finished)",
+            took * 13 / 10
+        );
+        // A killed apply never stops the next one from doing its job.
+        let last = 1 - current;
+        node.apply(&versions[last], &[]).expect(0);
+        assert_eq!(node.owned(), states[last]);
+        assert_eq!(node.foreign(), foreign);
+    });
+}
+
+/// Two applies never interleave: one waits for the other's lock, a bounded wait fails
+/// with a clear line, and two started together both finish with one whole state.
+#[test]
+fn concurrent_applies_serialise() {
+    for_each_target("kernel apply: concurrency", |target| {
+        let spec = LabSpec {
+            local_pods: vec![],
+            remote_pods: vec![],
+            clients: vec![],
+        };
+        let lab = Lab::new(&format!("lock{}", &target[..3]), &spec).expect("lab");
+        let node = Node::new(&lab, target);
+        let a = node.version("a", V1_API, CHAT);
+        let b = node.version("b", V2_API, CHAT_MORE);
+        node.apply(&a, &[]).expect(0);
+        let state_a = node.owned();
+
+        // Someone holds the lock: a bounded wait gives up, and nothing changes.
+        let lock = hold_lock(&node.lock_path(), Duration::from_secs(5)).unwrap();
+        let r = node.apply(&b, &["--lock-timeout", "0.3"]);
+        r.expect(2);
+        assert!(r.stderr.contains("another apply holds"), "{}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+        assert_eq!(node.owned(), state_a);
+
+        // An apply started meanwhile waits, then runs.
+        let args = node.args(&[&b, "golden/common", "--node", "node-1"]);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_svc-compile"))
+            .args(&args)
+            .current_dir(root())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        thread::sleep(Duration::from_millis(700));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "did not wait for the lock"
+        );
+        assert_eq!(node.owned(), state_a);
+        drop(lock);
+        assert!(child.wait().unwrap().success());
+        let state_b = node.owned();
+        assert_ne!(state_a, state_b);
+
+        // Two at once, several times: both succeed, the node shows one whole state, and
+        // the record matches it.
+        for _ in 0..3 {
+            let runs: Vec<Run> = thread::scope(|s| {
+                let j1 = s.spawn(|| node.apply(&a, &[]));
+                let j2 = s.spawn(|| node.apply(&b, &[]));
+                vec![j1.join().unwrap(), j2.join().unwrap()]
+            });
+            for r in &runs {
+                r.expect(0);
+            }
+            let now = node.owned();
+            assert!(now == state_a || now == state_b, "[{target}] mixed state");
+            let last = if now == state_a { &a } else { &b };
+            let r = node.apply(last, &[]);
+            r.expect(0);
+            assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+        }
+    });
+}
+
+/// A ruleset the kernel rejects is refused (exit 2, one line) and the old state keeps
+/// serving; so is a document that writes outside what apply owns. Then rollback.
+#[test]
+fn broken_rulesets_are_refused_and_rollback_restores() {
+    for_each_target("kernel apply: refusal and rollback", |target| {
+        let lab = lab(&format!("bad{}", &target[..3]));
+        let node = Node::new(&lab, target);
+        let v1 = node.version("v1", V1_API, CHAT);
+        let v2 = node.version("v2", V2_API, CHAT);
+        node.apply(&v1, &[]).expect(0);
+        let state_v1 = node.owned();
+        let recorded = node.recorded();
+
+        let good = svc(
+            &[&v2, "golden/common", "--node", "node-1", "--target", target],
+            None,
+            &root(),
+        );
+        good.expect(0);
+        let broken: Vec<(&str, String)> =
+            match target {
+                "iptables" => {
+                    vec![
+                // A jump to a chain nobody declares.
+                (
+                    "no such chain",
+                    good.stdout.replace(
+                        "-A KUBE-MARK-MASQ -j MARK",
+                        "-A KUBE-MARK-MASQ -j KUBE-NO-SUCH-CHAIN\n-A KUBE-MARK-MASQ -j MARK",
+                    ),
+                ),
+                // A loop: passes iptables-restore --test, only the kernel sees it.
+                (
+                    "loop",
+                    good.stdout.replace(
+                        "-A KUBE-MARK-MASQ -j MARK",
+                        "-A KUBE-MARK-MASQ -j KUBE-SERVICES\n-A KUBE-MARK-MASQ -j MARK",
+                    ),
+                ),
+                ("not ours", good.stdout.replace("COMMIT\n", "-A INPUT -j DROP\nCOMMIT\n")),
+            ]
+                }
+                _ => vec![
+                    (
+                        "no such chain",
+                        format!(
+                            "{}add rule ip kube-proxy services goto no-such-chain\n",
+                            good.stdout
+                        ),
+                    ),
+                    (
+                        "bad syntax",
+                        format!(
+                            "{}add rule ip kube-proxy services ip daddr 10.0.0.300 drop\n",
+                            good.stdout
+                        ),
+                    ),
+                    ("not ours", format!("{}flush ruleset\n", good.stdout)),
+                ],
+            };
+        for (what, doc) in broken {
+            let f = node
+                .inputs
+                .path()
+                .join(format!("broken-{}", what.replace(' ', "-")));
+            std::fs::write(&f, doc).unwrap();
+            let r = node.run(&["--from", f.to_str().unwrap()]);
+            r.expect(2);
+            assert_eq!(
+                r.stderr.lines().count(),
+                1,
+                "[{target}] {what}: {}",
+                r.stderr
+            );
+            assert!(r.stderr.starts_with("svc-compile: "), "{}", r.stderr);
+            assert_eq!(node.owned(), state_v1, "[{target}] {what} changed the node");
+            assert_eq!(node.recorded(), recorded);
+        }
+        node.flows(FLOWS_V1);
+
+        // The good one goes in; --rollback brings back v1, twice is a redo.
+        node.apply(&v2, &[]).expect(0);
+        let state_v2 = node.owned();
+        node.flows(FLOWS_V2);
+        node.run(&["--rollback"]).expect(0);
+        assert_eq!(node.owned(), state_v1);
+        node.flows(FLOWS_V1);
+        node.run(&["--rollback"]).expect(0);
+        assert_eq!(node.owned(), state_v2);
+    });
+}
+
+/// A TCP connection through a service keeps working across applies that keep its
+/// endpoint, incremental and full.
+#[test]
+fn established_connections_survive_an_apply() {
+    for_each_target("kernel apply: established connections", |target| {
+        let lab = lab(&format!("est{}", &target[..3]));
+        let node = Node::new(&lab, target);
+        let v1 = node.version("v1", V1_API, CHAT);
+        let v3 = node.version("v3", V1_API, CHAT_MORE);
+        node.apply(&v1, &[]).expect(0);
+
+        let listener = in_netns(lab.netns("pod-a"), || TcpListener::bind("0.0.0.0:9090"))
+            .unwrap()
+            .unwrap();
+        let server = thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut w = s.try_clone().unwrap();
+            for line in BufReader::new(s).lines() {
+                let Ok(line) = line else { break };
+                if w.write_all(format!("pod-a {line}\n").as_bytes()).is_err() {
+                    break;
+                }
+            }
+        });
+        let stream = in_netns(lab.netns("client1"), || {
+            TcpStream::connect_timeout(&"192.0.2.10:30090".parse().unwrap(), Duration::from_secs(2))
+        })
+        .unwrap()
+        .expect("connect through the node port");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut talk = |msg: &str| {
+            (&stream).write_all(format!("{msg}\n").as_bytes()).unwrap();
+            let mut answer = String::new();
+            reader
+                .read_line(&mut answer)
+                .unwrap_or_else(|e| panic!("[{target}] no answer to {msg}: {e}"));
+            assert_eq!(answer, format!("pod-a {msg}\n"), "[{target}]");
+        };
+        talk("before");
+        let r = node.apply(&v3, &[]);
+        r.expect(0);
+        assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
+        talk("after an incremental apply");
+        node.apply(&v3, &["--full"]).expect(0);
+        talk("after a full apply");
+        node.apply(&v1, &[]).expect(0);
+        talk("after removing the other endpoint");
+        drop(reader);
+        drop(stream);
+        server.join().unwrap();
+    });
+}
+
+/// The iptables revert document puts back a table that a failed load had committed, in
+/// the kernel's own spelling (the planner's model test covers the logic).
+#[test]
+fn a_half_committed_iptables_load_is_put_back() {
+    if !require_root("kernel apply: iptables revert") {
+        return;
+    }
+    use svc_targets::plan::{self, iptables, Family, Previous};
+    let spec = LabSpec {
+        local_pods: vec![],
+        remote_pods: vec![],
+        clients: vec![],
+    };
+    let lab = Lab::new("revert", &spec).expect("lab");
+    install_foreign(&lab);
+    let node = Node::new(&lab, "iptables");
+    // api without endpoints: a REJECT in filter; with endpoints: chains in nat.
+    let v1 = node.version("v1", &[], CHAT);
+    let v2 = node.version("v2", V2_API, CHAT);
+    node.apply(&v1, &[]).expect(0);
+    let before = node.exec("iptables-save", &[]);
+    let doc = svc(
+        &[
+            &v2,
+            "golden/common",
+            "--node",
+            "node-1",
+            "--target",
+            "iptables",
+        ],
+        None,
+        &root(),
+    )
+    .stdout;
+    let dir = node.state.path().join("iptables-ipv4");
+    let applied = std::fs::read_to_string(dir.join("applied.rules")).unwrap();
+    let snapshot = node.recorded();
+    let previous = Previous {
+        document: &applied,
+        snapshot: &snapshot,
+    };
+    let prep = iptables::prepare(&doc, Family::V4, Some(previous), &before, false).unwrap();
+    let scratch = Command::new("unshare")
+        .args([
+            "--net",
+            "--",
+            "sh",
+            "-c",
+            "iptables-restore --noflush && iptables-save",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(prep.scratch.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let plan = plan::plan(&prep, &String::from_utf8_lossy(&scratch.stdout)).unwrap();
+    let load = plan.load.clone().unwrap();
+    let (filter, _) = load.split_at(load.find("COMMIT\n").unwrap() + 7);
+    assert!(
+        filter.starts_with("*filter") && load.contains("*nat"),
+        "{load}"
+    );
+    // Only the filter table commits, as when the nat transaction fails.
+    lab.exec_ok("node", "iptables-restore", &["--noflush"], Some(filter))
+        .unwrap();
+    let half = node.exec("iptables-save", &[]);
+    assert_ne!(split_iptables(&half).0, split_iptables(&before).0);
+    let revert = plan.revert(&half).unwrap().expect("a revert");
+    assert!(!revert.contains("*nat"), "{revert}");
+    lab.exec_ok("node", "iptables-restore", &["--noflush"], Some(&revert))
+        .unwrap();
+    let after = node.exec("iptables-save", &[]);
+    assert_eq!(split_iptables(&after), split_iptables(&before));
+
+    // Through the CLI: v2 plus a loop through a chain the load does not rewrite (web's
+    // service chain jumps to KUBE-MARK-MASQ), which only the node's kernel sees: filter
+    // commits, nat fails, filter is put back.
+    let r = node.apply(&v1, &[]);
+    r.expect(0);
+    assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+    let web_chain = doc
+        .lines()
+        .find(|l| l.contains("\"shop/web cluster IP\"") && l.starts_with("-A KUBE-SERVICES"))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap()
+        .to_string();
+    let broken = doc.replace(
+        "-A KUBE-MARK-MASQ -j MARK",
+        &format!("-A KUBE-MARK-MASQ -j {web_chain}\n-A KUBE-MARK-MASQ -j MARK"),
+    );
+    let f = node.inputs.path().join("broken.rules");
+    std::fs::write(&f, broken).unwrap();
+    let r = node.run(&["--from", f.to_str().unwrap()]);
+    r.expect(2);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("were put back; the previous state is in place"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        split_iptables(&node.exec("iptables-save", &[])),
+        split_iptables(&before)
+    );
+    let r = node.apply(&v1, &[]);
+    r.expect(0);
+    assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+}
+
+/// The command line around apply: dry runs change nothing; non-root, a missing tool or
+/// namespace give one line and exit 2; input errors exit 1.
+#[test]
+fn apply_command_line() {
+    if !require_root("kernel apply: command line") {
+        return;
+    }
+    let spec = LabSpec {
+        local_pods: vec![],
+        remote_pods: vec![],
+        clients: vec![],
+    };
+    let lab = Lab::new("applycli", &spec).expect("lab");
+    for target in TARGETS {
+        let node = Node::new(&lab, target);
+        let v1 = node.version("v1", V1_API, CHAT);
+        let fresh = node.state.path().join("not-yet");
+        let owned = node.owned();
+        let mut e = vec![
+            v1.as_str(),
+            "golden/common",
+            "--node",
+            "node-1",
+            "--dry-run",
+        ];
+        let fresh_s = fresh.display().to_string();
+        let mut args = node.args(&e);
+        let i = args.iter().position(|a| a == "--state-dir").unwrap();
+        args[i + 1] = fresh_s.clone();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let r = svc(&refs, None, &root());
+        r.expect(0);
+        assert!(r.stdout.starts_with("#!/bin/sh\n"), "{}", r.stdout);
+        assert!(r.stdout.contains("SVC_COMPILE_EOF"), "{}", r.stdout);
+        let restore = if target == "iptables" {
+            "iptables-restore --noflush"
+        } else {
+            "nft -f"
+        };
+        assert!(r.stdout.contains(restore), "{}", r.stdout);
+        assert!(!fresh.exists(), "a dry run created the state directory");
+        assert_eq!(node.owned(), owned);
+
+        // A dry run's script does exactly what apply would.
+        let script = node.state.path().join("dry.sh");
+        std::fs::write(
+            &script,
+            r.stdout.replace(
+                &fresh_s,
+                &node.state.path().join("dry").display().to_string(),
+            ),
+        )
+        .unwrap();
+        let out = Command::new("sh").arg(&script).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let by_script = node.owned();
+        node.apply(&v1, &[]).expect(0);
+        assert_eq!(node.owned(), by_script);
+
+        // A record torn by a kill between its two files (document of one apply, snapshot
+        // of another) is not trusted: the next apply loads everything.
+        let v2 = node.version("v2", V2_API, CHAT_MORE);
+        node.apply(&v2, &[]).expect(0);
+        let state_v2 = node.owned();
+        node.apply(&v1, &[]).expect(0);
+        let doc_v2 = svc(
+            &[&v2, "golden/common", "--node", "node-1", "--target", target],
+            None,
+            &root(),
+        )
+        .stdout;
+        let ext = if target == "iptables" { "rules" } else { "nft" };
+        let applied = node
+            .state
+            .path()
+            .join(format!("{target}-ipv4/applied.{ext}"));
+        std::fs::write(&applied, doc_v2).unwrap();
+        let r = node.apply(&v2, &[]);
+        r.expect(0);
+        assert!(r.stdout.contains(": full ("), "{}", r.stdout);
+        assert!(r.stderr.contains("interrupted apply"), "{}", r.stderr);
+        assert_eq!(node.owned(), state_v2);
+        node.apply(&v1, &[]).expect(0);
+
+        // Input errors: exit 1 with diagnostics; nothing loaded.
+        let bad = node.inputs.path().join("bad");
+        std::fs::create_dir_all(&bad).unwrap();
+        std::fs::write(
+            bad.join("svc.yaml"),
+            "apiVersion: v1\nkind: Service\nmetadata: [\n",
+        )
+        .unwrap();
+        e = vec![bad.to_str().unwrap(), "golden/common", "--node", "node-1"];
+        let r = node.run(&e);
+        r.expect(1);
+        assert!(r.stderr.contains("error["), "{}", r.stderr);
+        assert_eq!(node.owned(), by_script);
+
+        // No such namespace.
+        let r = svc(
+            &[
+                "apply",
+                &v1,
+                "--node",
+                "node-1",
+                "--target",
+                target,
+                "--netns",
+                "no-such-ns",
+            ],
+            None,
+            &root(),
+        );
+        r.expect(2);
+        assert!(
+            r.stderr.contains("no network namespace `no-such-ns`"),
+            "{}",
+            r.stderr
+        );
+
+        // A missing tool.
+        let args = node.args(&[&v1, "golden/common", "--node", "node-1"]);
+        let out = Command::new(env!("CARGO_BIN_EXE_svc-compile"))
+            .args(&args)
+            .current_dir(root())
+            .env("PATH", "/nonexistent")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("not found in PATH; install"), "{err}");
+
+        // Not root.
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_svc-compile"))
+            .args(&args)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim(), "svc-compile: apply needs root: it reads and loads the node's packet filter rules (run it as root, or in a privileged pod with hostNetwork)");
+    }
+}
