@@ -494,6 +494,7 @@ fn sigkill_at_random_moments_leaves_the_old_or_the_new_state() {
             local_pods: vec![],
             remote_pods: vec![],
             clients: vec![],
+            ipv6: false,
         };
         let lab = Lab::new(&format!("kill{}", &target[..3]), &spec).expect("lab");
         install_foreign(&lab);
@@ -589,6 +590,7 @@ fn concurrent_applies_serialise() {
             local_pods: vec![],
             remote_pods: vec![],
             clients: vec![],
+            ipv6: false,
         };
         let lab = Lab::new(&format!("lock{}", &target[..3]), &spec).expect("lab");
         let node = Node::new(&lab, target);
@@ -807,6 +809,7 @@ fn a_half_committed_iptables_load_is_put_back() {
         local_pods: vec![],
         remote_pods: vec![],
         clients: vec![],
+        ipv6: false,
     };
     let lab = Lab::new("revert", &spec).expect("lab");
     install_foreign(&lab);
@@ -919,6 +922,7 @@ fn apply_command_line() {
         local_pods: vec![],
         remote_pods: vec![],
         clients: vec![],
+        ipv6: false,
     };
     let lab = Lab::new("applycli", &spec).expect("lab");
     for target in TARGETS {
