@@ -34,6 +34,7 @@
 //! Hairpin without masquerade gets no answer: the pod drops a packet whose
 //! source is its own address (martian).
 
+mod differential;
 pub mod echo;
 mod flows;
 pub mod lab;
