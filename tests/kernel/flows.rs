@@ -116,6 +116,25 @@ pub fn load(lab: &Lab, target: &str, text: &str) {
     }
 }
 
+/// Replace whatever ruleset an earlier [`load`] left in the lab's node. nftables text
+/// deletes and recreates its own table; iptables restore data is loaded with
+/// `--noflush` and inserts its jumps with `-I`, so the tables it uses (mangle, filter,
+/// nat) are emptied first: every chain flushed, every user chain deleted.
+pub fn reload(lab: &Lab, target: &str, text: &str) {
+    if target == "iptables" {
+        let empty = "*mangle\nCOMMIT\n*filter\nCOMMIT\n*nat\nCOMMIT\n";
+        let out = lab
+            .exec("node", "iptables-restore", &[], Some(empty))
+            .expect("run iptables-restore");
+        assert!(
+            out.status.success(),
+            "emptying the iptables tables failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    load(lab, target, text);
+}
+
 /// Run every flow of a case; returns the failures (empty = all good).
 pub fn check_flows(lab: &Lab, target: &str, flows: &[Flow]) -> Vec<String> {
     let mut failures = Vec::new();
@@ -321,4 +340,42 @@ fn golden_outputs_pass_the_loaders_checks() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `reload` leaves nothing of the previous ruleset: a node port of the first case is
+/// gone after loading the second, and iptables' jumps into its chains are not doubled.
+#[test]
+fn reload_replaces_the_ruleset() {
+    if !require_root("kernel reload") {
+        return;
+    }
+    for target in ["iptables", "nftables"] {
+        let mut lab = Lab::new(&format!("rl{}", &target[..2]), &LabSpec::default()).expect("lab");
+        lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
+        let node_port: SocketAddr = "192.0.2.10:30080".parse().unwrap();
+        reload(&lab, target, &compile_case("nodeport", target));
+        let first = lab.probe("client1", Proto::Tcp, node_port);
+        assert!(first.backend().is_some(), "{target}: {first:?}");
+        reload(&lab, target, &compile_case("clusterip", target));
+        reload(&lab, target, &compile_case("clusterip", target));
+        lab.flush_conntrack().expect("conntrack -F");
+        let gone = lab.probe("client1", Proto::Tcp, node_port);
+        assert_eq!(
+            gone,
+            Outcome::Refused,
+            "{target}: the old node port survived"
+        );
+        let still = lab.probe("pod-b", Proto::Tcp, "10.96.0.10:80".parse().unwrap());
+        assert!(still.backend().is_some(), "{target}: {still:?}");
+        if target == "iptables" {
+            let nat = lab
+                .exec_ok("node", "iptables-save", &["-t", "nat"], None)
+                .expect("iptables-save");
+            let jumps = nat
+                .lines()
+                .filter(|l| l.starts_with("-A PREROUTING") && l.ends_with("-j KUBE-SERVICES"))
+                .count();
+            assert_eq!(jumps, 1, "{target}: PREROUTING jumps after reloads:\n{nat}");
+        }
+    }
 }

@@ -667,7 +667,13 @@ impl Lab {
     /// with the source address routing picks, so on a host with several
     /// addresses UDP is only reliable towards the address routing would pick.
     pub fn serve_on(&mut self, host: &str, proto: Proto, port: u16) -> io::Result<()> {
-        let server = Server::start(self.netns(host), host, proto, port)?;
+        self.serve_as(host, host, proto, port)
+    }
+
+    /// Like [`Lab::serve_on`], but the server answers with `name` instead of the
+    /// host name (e.g. `pod-a:9090`, to tell a pod's ports apart).
+    pub fn serve_as(&mut self, host: &str, name: &str, proto: Proto, port: u16) -> io::Result<()> {
+        let server = Server::start(self.netns(host), name, proto, port)?;
         self.servers.push(server);
         Ok(())
     }

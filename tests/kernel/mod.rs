@@ -48,6 +48,7 @@
 //! [`Lab::probe`] turns that into an [`Outcome`].
 
 mod apply;
+mod differential;
 pub mod echo;
 mod flows;
 pub mod lab;

@@ -1,0 +1,1274 @@
+//! Differential test (issue 4): the iptables and nftables back ends, rendered from the
+//! same per-node IR, must send every flow to the same set of endpoints with the same
+//! masquerade decision — in the real kernel.
+//!
+//! Manifests: every golden case (`golden/cases/*`), then `SVC_DIFF_CASES` generated
+//! ones (default [`DEFAULT_CASES`]), seeds `SVC_DIFF_SEED` (default 1) upwards; see
+//! [`generate`]. For each manifest both targets and the IR (`--target ir --node
+//! node-1`) are compiled through the CLI; the flows come from the IR's port views
+//! ([`derive_flows`]). One lab per target is reused: the ruleset is replaced
+//! ([`reload`]) and conntrack flushed between manifests. Both labs run the same flows at
+//! the same time; within a lab flows run in parallel, except that the flows of one
+//! sender to a port view with session affinity run in order (they share its state).
+//!
+//! Per flow and target we record which backends answered (each pod serves TCP and UDP
+//! on 8080 and 9090 and answers `<pod>:<port>`), whether each saw the sender's address
+//! (`direct`) or another (`masq`), and the probes that got no answer (`refused`,
+//! `timeout`, `failed: ...`). The targets must agree exactly (for session affinity:
+//! both sticky), and each must match what the IR decided whenever that is unambiguous
+//! ([`Expect`]). Probes use a short timeout first; a flow that disagrees is probed
+//! again with a longer timeout and more probes before it counts as a failure, so a slow
+//! answer on a busy machine is not a finding.
+//!
+//! Intended differences ([`Intended`]), exempt from the comparison and checked per
+//! target instead:
+//! - kube-proxy's nftables mode rejects traffic to a cluster IP on a port the service
+//!   does not have; iptables lets it through (routed to the node's default gateway,
+//!   which the lab does not have, so no answer).
+//! - localhost NodePorts (`127.0.0.1:nodePort` from the node) exist only in iptables
+//!   mode; nftables refuses them (nothing listens there).
+//!
+//! A failing manifest is printed with its seed and text. Knobs (environment):
+//! - `SVC_DIFF_CASES`: generated manifests (default [`DEFAULT_CASES`]);
+//! - `SVC_DIFF_SEED`: the first seed (default 1);
+//! - `SVC_DIFF_GOLDEN=0`: leave out the golden cases;
+//! - `SVC_DIFF_FILE=path`: only this manifest (with its own Nodes and
+//!   KubeProxyConfiguration; compiled with `--node node-1`).
+//!
+//! Reproduce one seed with
+//! `SVC_DIFF_SEED=<seed> SVC_DIFF_CASES=1 SVC_DIFF_GOLDEN=0 cargo test differential -- --nocapture`.
+
+use super::echo::{probe_in, Outcome, Proto};
+use super::flows::reload;
+use super::{require_root, Lab, LabSpec};
+use crate::golden::{case_dirs, compile_case};
+use crate::support::{root, svc};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Generated manifests when `SVC_DIFF_CASES` is unset (sized for about two minutes).
+pub const DEFAULT_CASES: u64 = 150;
+
+/// The targets compared, in this order everywhere.
+const TARGETS: [&str; 2] = ["iptables", "nftables"];
+
+/// Ports every pod serves, TCP and UDP; the answer names the pod and the port.
+const SERVED_PORTS: [u16; 2] = [8080, 9090];
+
+/// Probe timeout of the first, fast pass. An answer in the lab takes well under a
+/// millisecond; a flow that disagrees is probed again ([`RECHECK_TIMEOUT`]) before it
+/// counts.
+const FAST_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Probe timeout of the re-check: four times the fast one, so that a slow answer on a
+/// busy machine is not taken for a drop.
+const RECHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Parallel flow groups per lab.
+const WORKERS: usize = 8;
+
+/// The node the manifests are compiled for (the lab's `node`).
+const NODE: &str = "node-1";
+
+// ---------------------------------------------------------------------------------------
+// Generator
+// ---------------------------------------------------------------------------------------
+
+/// xorshift64, seeded through splitmix64 so that neighbouring seeds differ.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Rng((z ^ (z >> 31)) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// True with probability `pct`%.
+    fn chance(&mut self, pct: u64) -> bool {
+        self.below(100) < pct
+    }
+    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len() as u64) as usize]
+    }
+}
+
+/// A manifest that fits the lab (see `mod.rs`): the lab's two Node objects, a
+/// KubeProxyConfiguration with clusterCIDR 10.244.0.0/16 (sometimes masqueradeAll,
+/// localhostNodePorts off or restricted nodePortAddresses) and 3 to 6 services in namespace `diff<seed>`
+/// (unique per seed, so no chain name survives from one manifest to the next):
+/// ClusterIP, NodePort and LoadBalancer (ingress IPs in 203.0.113.0/24, sometimes
+/// loadBalancerSourceRanges allowing only client1), sometimes externalIPs in
+/// 198.18.0.0/24, both traffic policies, sometimes ClientIP affinity or topologyKeys;
+/// one or two TCP/UDP ports each, with explicit cluster IPs and node ports;
+/// EndpointSlices (one or two per service, sometimes none) over the lab's pods, on and
+/// off the node, ready, not ready, terminating and serving or not, sometimes with zone
+/// hints.
+pub fn generate(seed: u64) -> String {
+    let mut r = Rng::new(seed);
+    let ns = format!("diff{seed}");
+    let mut out = format!("# svc-compile differential test, seed {seed}\n");
+    out += &std::fs::read_to_string(root().join("golden/common/nodes.yaml")).unwrap();
+    out += "---\napiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+            clusterCIDR: 10.244.0.0/16\n";
+    let mut iptables = Vec::new();
+    if r.chance(10) {
+        iptables.push("masqueradeAll: true");
+    }
+    if r.chance(5) {
+        iptables.push("localhostNodePorts: false");
+    }
+    if !iptables.is_empty() {
+        out += &format!("iptables: {{{}}}\n", iptables.join(", "));
+    }
+    match r.below(10) {
+        0 => out += "nodePortAddresses: [primary]\n",
+        1 => out += "nodePortAddresses: [192.0.2.0/24]\n",
+        _ => {}
+    }
+
+    let spec = LabSpec::default();
+    let pods: Vec<(String, Ipv4Addr, &str)> = spec
+        .local_pods
+        .iter()
+        .map(|h| (h.name.clone(), h.ip, "node-1"))
+        .chain(
+            spec.remote_pods
+                .iter()
+                .map(|h| (h.name.clone(), h.ip, "node-2")),
+        )
+        .collect();
+
+    let mut cluster_ips = BTreeSet::new();
+    let mut node_ports = BTreeSet::new();
+    let mut next_external = 1 + r.below(100) as u8;
+    let mut next_lb = 1 + r.below(100) as u8;
+    let mut node_port = |r: &mut Rng| loop {
+        let p = 30000 + r.below(2768) as u16;
+        if node_ports.insert(p) {
+            return p;
+        }
+    };
+
+    for i in 0..3 + r.below(4) {
+        let name = format!("s{i}");
+        let kind = *r.pick(&[
+            "ClusterIP",
+            "ClusterIP",
+            "NodePort",
+            "NodePort",
+            "LoadBalancer",
+        ]);
+        let cluster_ip = loop {
+            let ip = Ipv4Addr::new(
+                10,
+                96 + r.below(16) as u8,
+                r.below(256) as u8,
+                2 + r.below(253) as u8,
+            );
+            if cluster_ips.insert(ip) {
+                break ip;
+            }
+        };
+        let external_ips = r.chance(20);
+        let externally = kind != "ClusterIP" || external_ips;
+        let etp_local = externally && r.chance(40);
+        let itp_local = r.chance(25);
+        let affinity = r.chance(15);
+
+        let mut s = format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+             spec:\n  type: {kind}\n  clusterIP: {cluster_ip}\n  selector: {{app: {name}}}\n"
+        );
+        if external_ips {
+            s += &format!("  externalIPs: [198.18.0.{next_external}]\n");
+            next_external += 1;
+        }
+        if etp_local {
+            s += "  externalTrafficPolicy: Local\n";
+            if kind == "LoadBalancer" {
+                s += &format!("  healthCheckNodePort: {}\n", node_port(&mut r));
+            }
+        }
+        if itp_local {
+            s += "  internalTrafficPolicy: Local\n";
+        }
+        if !etp_local && !itp_local && r.chance(8) {
+            s += *r.pick(&[
+                "  topologyKeys: [kubernetes.io/hostname]\n",
+                "  topologyKeys: [kubernetes.io/hostname, \"*\"]\n",
+                "  topologyKeys: [topology.kubernetes.io/zone, \"*\"]\n",
+            ]);
+        }
+        if affinity {
+            s += "  sessionAffinity: ClientIP\n";
+            if r.chance(50) {
+                s += "  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n";
+            }
+        }
+        let mut lb_ips = Vec::new();
+        if kind == "LoadBalancer" && !r.chance(10) {
+            for _ in 0..if r.chance(20) { 2 } else { 1 } {
+                lb_ips.push(format!("203.0.113.{next_lb}"));
+                next_lb += 1;
+            }
+            if r.chance(35) {
+                s += "  loadBalancerSourceRanges: [192.0.2.100/32]\n";
+            }
+        }
+
+        // Ports: (name, protocol, port, target port).
+        let mut ports: Vec<(String, &str, u16, u16)> = Vec::new();
+        let nports = if r.chance(30) { 2 } else { 1 };
+        while ports.len() < nports {
+            let proto = if r.chance(30) { "UDP" } else { "TCP" };
+            let port = *r.pick(&[80u16, 443, 53, 8000, 5000, 9000]);
+            if ports.iter().any(|p| p.1 == proto && p.2 == port) {
+                continue;
+            }
+            let pname = if nports > 1 || r.chance(50) {
+                format!("p{}", ports.len())
+            } else {
+                String::new()
+            };
+            ports.push((pname, proto, port, *r.pick(&SERVED_PORTS)));
+        }
+        s += "  ports:\n";
+        for (pname, proto, port, target) in &ports {
+            s += "  - {";
+            if !pname.is_empty() {
+                s += &format!("name: {pname}, ");
+            }
+            s += &format!("protocol: {proto}, port: {port}, targetPort: {target}");
+            if kind != "ClusterIP" {
+                s += &format!(", nodePort: {}", node_port(&mut r));
+            }
+            s += "}\n";
+        }
+        if !lb_ips.is_empty() {
+            let ingress: Vec<String> = lb_ips.iter().map(|ip| format!("{{ip: {ip}}}")).collect();
+            s += &format!(
+                "status:\n  loadBalancer:\n    ingress: [{}]\n",
+                ingress.join(", ")
+            );
+        }
+        out += &s;
+
+        if r.chance(10) {
+            continue; // no EndpointSlice at all
+        }
+        let slices = if r.chance(20) { 2 } else { 1 };
+        let hints = r.chance(10);
+        let mut eps: Vec<Vec<String>> = vec![Vec::new(); slices];
+        for (_, ip, node) in &pods {
+            if !r.chance(55) {
+                continue;
+            }
+            let mut e = format!("- addresses: [{ip}]\n");
+            if !r.chance(5) {
+                e += &format!("  nodeName: {node}\n");
+            }
+            if hints {
+                let zone = r.pick(&["zone-a", "zone-b"]);
+                e += &format!("  hints: {{forZones: [{{name: {zone}}}]}}\n");
+            }
+            e += match r.below(100) {
+                0..=34 => "",
+                35..=69 => "  conditions: {ready: true}\n",
+                70..=79 => "  conditions: {ready: false, serving: false, terminating: false}\n",
+                80..=91 => "  conditions: {ready: false, serving: true, terminating: true}\n",
+                _ => "  conditions: {ready: false, serving: false, terminating: true}\n",
+            };
+            eps[r.below(slices as u64) as usize].push(e);
+        }
+        for (j, list) in eps.iter().enumerate() {
+            out += &format!(
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
+                 name: {name}-{j}\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: {name}}}\n\
+                 addressType: IPv4\nports:\n"
+            );
+            for (pname, proto, _, target) in &ports {
+                out += "- {";
+                if !pname.is_empty() {
+                    out += &format!("name: {pname}, ");
+                }
+                out += &format!("port: {target}, protocol: {proto}}}\n");
+            }
+            if list.is_empty() {
+                out += "endpoints: []\n";
+            } else {
+                out += "endpoints:\n";
+                for e in list {
+                    out += e;
+                }
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// The IR: what the flows are and what they should do
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+struct Cidr4(Ipv4Addr, u8);
+
+impl Cidr4 {
+    fn parse(s: &str) -> Option<Cidr4> {
+        let (a, p) = s.split_once('/')?;
+        Some(Cidr4(a.parse().ok()?, p.parse().ok()?))
+    }
+    fn contains(&self, ip: IpAddr) -> bool {
+        let IpAddr::V4(ip) = ip else { return false };
+        let mask = u32::MAX.checked_shl(32 - u32::from(self.1)).unwrap_or(0);
+        u32::from(ip) & mask == u32::from(self.0) & mask
+    }
+}
+
+/// The per-node decisions the flows need, read from `--target ir` output.
+struct View {
+    masquerade_all: bool,
+    /// `None`: no detector; `Some(None)`: one that is not a CIDR (not modelled here).
+    detector: Option<Option<Cidr4>>,
+    localhost_node_ports: bool,
+    /// Where clients reach node ports (`None`: not on the lab node's LAN address).
+    node_port_ip: Option<Ipv4Addr>,
+    /// Node ports are open on every local address (no `nodePortAddresses`).
+    node_ports_everywhere: bool,
+    ports: Vec<PortInfo>,
+}
+
+struct PortInfo {
+    spn: String,
+    proto: Option<Proto>,
+    cluster_ip: Option<Ipv4Addr>,
+    port: u16,
+    node_port: Option<u16>,
+    external_ips: Vec<Ipv4Addr>,
+    lb_ips: Vec<Ipv4Addr>,
+    source_ranges: Vec<Cidr4>,
+    affinity: bool,
+    internal_local: bool,
+    external_local: bool,
+    has_endpoints: bool,
+    /// Backend name (`pod:port`) per endpoint; `None` when no lab server answers for it.
+    endpoints: Vec<Option<String>>,
+    cluster: Vec<usize>,
+    local: Vec<usize>,
+}
+
+fn ips(v: &Value) -> Vec<Ipv4Addr> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_str()?.parse().ok())
+        .collect()
+}
+
+fn indices(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_u64().map(|n| n as usize))
+        .collect()
+}
+
+/// The IPv4 node view (`None` for an IPv6-only case: the differential is IPv4).
+fn parse_view(ir: &str, spec: &LabSpec) -> Option<View> {
+    let doc: Value = serde_json::from_str(ir).expect("IR is JSON");
+    let views = doc["nodeViews"].as_array().expect("nodeViews");
+    let v = views.iter().find(|v| v["family"] == "IPv4")?;
+    let pod_of = |ip: Ipv4Addr| {
+        spec.local_pods
+            .iter()
+            .chain(&spec.remote_pods)
+            .find(|h| h.ip == ip)
+            .map(|h| h.name.clone())
+    };
+    let node_ips = ips(&v["nodeIPs"]);
+    let lab_node = super::addr::NODE_LAN;
+    let node_port_ip = match v["nodePortAddresses"]["kind"].as_str() {
+        Some("All") => Some(lab_node),
+        _ => ips(&v["nodePortAddresses"]["ips"])
+            .into_iter()
+            .find(|ip| *ip == lab_node),
+    }
+    .filter(|_| node_ips.contains(&lab_node));
+    let detector = match &v["localDetector"] {
+        Value::Null => None,
+        d if d["kind"] == "Cidr" => Some(d["value"].as_str().and_then(Cidr4::parse)),
+        _ => Some(None),
+    };
+    let ports = v["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| PortInfo {
+            spn: p["spn"].as_str().unwrap_or("?").to_string(),
+            proto: match p["protocol"].as_str() {
+                Some("TCP") => Some(Proto::Tcp),
+                Some("UDP") => Some(Proto::Udp),
+                _ => None,
+            },
+            cluster_ip: p["clusterIP"].as_str().and_then(|s| s.parse().ok()),
+            port: p["port"].as_u64().unwrap_or(0) as u16,
+            node_port: p["nodePort"].as_u64().map(|n| n as u16),
+            external_ips: ips(&p["externalIPs"]),
+            lb_ips: ips(&p["loadBalancerIPs"]),
+            source_ranges: p["sourceRanges"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| Cidr4::parse(c.as_str()?))
+                .collect(),
+            affinity: !p["affinityTimeout"].is_null(),
+            internal_local: p["internalLocal"] == true,
+            external_local: p["externalLocal"] == true,
+            has_endpoints: p["hasEndpoints"] == true,
+            endpoints: p["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    let ip: Ipv4Addr = e["ip"].as_str()?.parse().ok()?;
+                    let port = e["port"].as_u64()? as u16;
+                    SERVED_PORTS.contains(&port).then_some(())?;
+                    Some(format!("{}:{port}", pod_of(ip)?))
+                })
+                .collect(),
+            cluster: indices(&p["clusterEndpoints"]),
+            local: indices(&p["localEndpoints"]),
+        })
+        .collect();
+    Some(View {
+        masquerade_all: v["masqueradeAll"] == true,
+        detector,
+        localhost_node_ports: v["localhostNodePorts"] == true,
+        node_port_ip,
+        node_ports_everywhere: v["nodePortAddresses"]["kind"] == "All",
+        ports,
+    })
+}
+
+/// What one flow should do, by the IR.
+#[derive(Clone, Debug, PartialEq)]
+enum Expect {
+    /// Every probe answered by a backend of the set; all of them answer (or, `sticky`,
+    /// all probes reach the same one). Each answer masqueraded as `masq` says, except
+    /// that a pod reaching itself (hairpin) is always masqueraded.
+    Answer {
+        backends: BTreeSet<String>,
+        masq: bool,
+        sticky: bool,
+    },
+    /// Rejected (TCP RST or ICMP port unreachable).
+    Refused,
+    /// Dropped.
+    Timeout,
+    /// Not answered and not refused: dropped, or routed where nobody is.
+    NoAnswer,
+    /// The IR does not decide it unambiguously: only compared between the targets.
+    Unknown,
+}
+
+/// An intended difference between the targets: the flow is not compared; each target
+/// has its own expectation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Intended {
+    /// nftables rejects a cluster IP's unknown ports; iptables lets them through.
+    UnknownPort,
+    /// `127.0.0.1:nodePort` works only in iptables mode.
+    LocalhostNodePort,
+    /// A load-balancer IP with source ranges and no endpoints, from outside the ranges:
+    /// kube-proxy's iptables mode writes no KUBE-FW chain without endpoints, so the
+    /// no-endpoints REJECT answers; its nftables mode keeps the firewall (pre-DNAT
+    /// filter), which drops first.
+    FirewallWithoutEndpoints,
+    /// The node itself to an external or load-balancer IP of a service without
+    /// endpoints: iptables mode REJECTs in KUBE-EXTERNAL-SERVICES, reached only from
+    /// INPUT and FORWARD, so the node's own packet leaves unanswered; nftables mode's
+    /// service-endpoints-check also runs in filter-output and rejects it.
+    NoEndpointsFromHost,
+    /// A node port on an address that does not accept node ports (nodePortAddresses,
+    /// localhostNodePorts off), ETP=Local without local endpoints: iptables mode's DROP
+    /// matches `--dst-type LOCAL` (every node address), nftables mode's
+    /// no-endpoint-nodeports only the node-port addresses, so nothing listens: refused.
+    NodePortDropEverywhere,
+}
+
+#[derive(Clone, Debug)]
+struct Flow {
+    /// Flows of one group run in order: the flows of one sender to a port view with
+    /// session affinity (they share its affinity state for that sender); any other flow
+    /// is a group of its own.
+    group: String,
+    /// The kind of destination (`cluster IP`, `node port`, ...).
+    kind: String,
+    /// `<service port> <kind>`.
+    what: String,
+    from: String,
+    proto: Proto,
+    dst: SocketAddr,
+    /// What the IR says, for each target (the same unless `intended`).
+    expect: [Expect; 2],
+    intended: Option<Intended>,
+}
+
+impl Flow {
+    fn line(&self) -> String {
+        format!(
+            "{} {:?} {} ({})",
+            self.from, self.proto, self.dst, self.what
+        )
+    }
+}
+
+/// The backends of an endpoint set, or `None` when some endpoint has no lab server.
+fn names(p: &PortInfo, set: &[usize]) -> Option<BTreeSet<String>> {
+    set.iter()
+        .map(|&i| p.endpoints.get(i).cloned().flatten())
+        .collect()
+}
+
+/// The flows of one node view:
+/// - cluster IP from pod-a, pod-b, the node and client1;
+/// - node port (on the node's LAN address), each load-balancer IP and external IP from
+///   client1, client2, pod-a and the node;
+/// - node port on the local pods' gateway address (10.244.1.1) from pod-a;
+/// - `127.0.0.1:nodePort` from the node (intended difference when the IR enables
+///   localhost node ports);
+/// - once per manifest, an unknown port of a cluster IP from pod-a (intended difference).
+fn derive_flows(view: &View) -> Vec<Flow> {
+    let mut flows = Vec::new();
+    let lab_ip = |host: &str| -> IpAddr {
+        let spec = LabSpec::default();
+        let all = spec
+            .local_pods
+            .iter()
+            .chain(&spec.remote_pods)
+            .chain(&spec.clients);
+        match all.into_iter().find(|h| h.name == host) {
+            Some(h) => IpAddr::V4(h.ip),
+            None => IpAddr::V4(super::addr::NODE_LAN),
+        }
+    };
+    let is_pod = |host: &str| host.starts_with("pod-");
+    // Masquerade of cluster-IP traffic: masqueradeAll, or a source the detector does
+    // not call local. A detector that is not a CIDR is not modelled.
+    let cluster_masq = |from: &str| -> Option<bool> {
+        if view.masquerade_all {
+            return Some(true);
+        }
+        match view.detector {
+            None => Some(false),
+            Some(Some(c)) => Some(!c.contains(lab_ip(from))),
+            Some(None) => None,
+        }
+    };
+    // No endpoints at all: REJECT; endpoints elsewhere but none for this traffic: DROP.
+    let empty = |p: &PortInfo| {
+        if p.has_endpoints {
+            Expect::Timeout
+        } else {
+            Expect::Refused
+        }
+    };
+    let answer = |p: &PortInfo, set: &[usize], masq: Option<bool>| -> Expect {
+        if set.is_empty() {
+            return empty(p);
+        }
+        match (names(p, set), masq) {
+            (Some(backends), Some(masq)) => Expect::Answer {
+                backends,
+                masq,
+                sticky: p.affinity,
+            },
+            _ => Expect::Unknown,
+        }
+    };
+
+    for (g, p) in view.ports.iter().enumerate() {
+        let Some(proto) = p.proto else { continue };
+        let mut add = |what: String, from: &str, dst: SocketAddr, e: [Expect; 2], i| {
+            flows.push(Flow {
+                group: if p.affinity {
+                    format!("{g} {from}")
+                } else {
+                    format!("flow {}", flows.len())
+                },
+                what: format!("{} {what}", p.spn),
+                kind: what,
+                from: from.to_string(),
+                proto,
+                dst,
+                expect: e,
+                intended: i,
+            })
+        };
+        let both = |e: Expect| [e.clone(), e];
+
+        if let Some(ip) = p.cluster_ip {
+            let set = if p.internal_local {
+                &p.local
+            } else {
+                &p.cluster
+            };
+            for from in ["pod-a", "pod-b", "node", "client1"] {
+                let e = answer(p, set, cluster_masq(from));
+                add(
+                    "cluster IP".into(),
+                    from,
+                    (ip, p.port).into(),
+                    both(e),
+                    None,
+                );
+            }
+        }
+
+        // External destinations. From a client: the external policy's set (ETP=Local:
+        // the local endpoints, source kept; Cluster: masqueraded). From a local pod:
+        // short-circuited to the cluster endpoints (masqueraded unless ETP=Local).
+        let external = |from: &str, source_ranges: &[Cidr4]| -> Expect {
+            if !source_ranges.is_empty() && !source_ranges.iter().any(|c| c.contains(lab_ip(from)))
+            {
+                // Dropped by the firewall; without endpoints the IR does not say
+                // whether the firewall or the no-endpoints REJECT comes first.
+                return if p.has_endpoints {
+                    Expect::Timeout
+                } else {
+                    Expect::Unknown
+                };
+            }
+            if from == "node" {
+                // Host traffic: masqueraded, to the cluster endpoints (ETP=Local
+                // short-circuits it too).
+                return if p.has_endpoints {
+                    answer(p, &p.cluster, Some(true))
+                } else {
+                    Expect::Refused
+                };
+            }
+            if is_pod(from) {
+                // The short-circuit needs a detector that calls the pod local.
+                let local = matches!(view.detector, Some(Some(c)) if c.contains(lab_ip(from)));
+                if p.external_local && !local {
+                    return Expect::Unknown;
+                }
+                answer(p, &p.cluster, Some(!p.external_local))
+            } else if p.external_local {
+                answer(p, &p.local, Some(false))
+            } else {
+                answer(p, &p.cluster, Some(true))
+            }
+        };
+        let mut external_dsts: Vec<(String, Ipv4Addr, u16, &[Cidr4])> = Vec::new();
+        if let (Some(np), Some(ip)) = (p.node_port, view.node_port_ip) {
+            external_dsts.push(("node port".into(), ip, np, &[][..]));
+        }
+        for ip in &p.lb_ips {
+            external_dsts.push(("load-balancer IP".into(), *ip, p.port, &p.source_ranges));
+        }
+        for ip in &p.external_ips {
+            external_dsts.push(("external IP".into(), *ip, p.port, &[][..]));
+        }
+        let blocked = |from: &str, ranges: &[Cidr4]| {
+            !ranges.is_empty() && !ranges.iter().any(|c| c.contains(lab_ip(from)))
+        };
+        for (what, ip, port, ranges) in external_dsts {
+            for from in ["client1", "client2", "pod-a", "node"] {
+                let routed = what != "node port";
+                let (e, i) = if !p.has_endpoints && routed && from == "node" {
+                    let nft = if blocked(from, ranges) {
+                        Expect::Timeout
+                    } else {
+                        Expect::Refused
+                    };
+                    ([Expect::NoAnswer, nft], Some(Intended::NoEndpointsFromHost))
+                } else if !p.has_endpoints && blocked(from, ranges) {
+                    (
+                        [Expect::Refused, Expect::Timeout],
+                        Some(Intended::FirewallWithoutEndpoints),
+                    )
+                } else {
+                    (both(external(from, ranges)), None)
+                };
+                add(what.clone(), from, (ip, port).into(), e, i);
+            }
+        }
+        // ETP=Local without local endpoints: iptables drops the node port on every node
+        // address, nftables only on the node-port addresses.
+        let dropped_everywhere = p.external_local && p.has_endpoints && p.local.is_empty();
+        // The node port on another node address, the local pods' gateway: a node port
+        // only when nodePortAddresses leaves it open, else nothing listens there.
+        if let Some(np) = p.node_port {
+            let (e, i) = if view.node_ports_everywhere {
+                (both(external("pod-a", &[])), None)
+            } else if dropped_everywhere {
+                (
+                    [Expect::Timeout, Expect::Refused],
+                    Some(Intended::NodePortDropEverywhere),
+                )
+            } else {
+                (both(Expect::Refused), None)
+            };
+            let dst = (super::addr::NODE_POD_GW, np).into();
+            add("node port on the pod gateway".into(), "pod-a", dst, e, i);
+        }
+
+        if let Some(np) = p.node_port {
+            let dst: SocketAddr = (Ipv4Addr::LOCALHOST, np).into();
+            if view.localhost_node_ports {
+                // iptables: like host traffic to any node port.
+                let ipt = external("node", &[]);
+                add(
+                    "localhost node port".into(),
+                    "node",
+                    dst,
+                    [ipt, Expect::Refused],
+                    Some(Intended::LocalhostNodePort),
+                );
+            } else if dropped_everywhere {
+                add(
+                    "localhost node port (off)".into(),
+                    "node",
+                    dst,
+                    [Expect::Timeout, Expect::Refused],
+                    Some(Intended::NodePortDropEverywhere),
+                );
+            } else {
+                add(
+                    "localhost node port (off)".into(),
+                    "node",
+                    dst,
+                    both(Expect::Refused),
+                    None,
+                );
+            }
+        }
+    }
+
+    // One unknown port of one cluster IP (port 1: no case or generated service uses it).
+    if let Some(p) = view.ports.iter().find(|p| p.cluster_ip.is_some()) {
+        flows.push(Flow {
+            group: format!("flow {}", flows.len()),
+            what: format!("{} cluster IP, unknown port", p.spn),
+            kind: "cluster IP, unknown port".into(),
+            from: "pod-a".into(),
+            proto: Proto::Tcp,
+            dst: (p.cluster_ip.unwrap(), 1).into(),
+            expect: [Expect::NoAnswer, Expect::Refused],
+            intended: Some(Intended::UnknownPort),
+        });
+    }
+    flows
+}
+
+// ---------------------------------------------------------------------------------------
+// Probing and comparing
+// ---------------------------------------------------------------------------------------
+
+/// What one flow did on one target.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Seen {
+    /// Backend → masquerade flags seen (`true`: it saw an address other than the sender's).
+    answers: BTreeMap<String, BTreeSet<bool>>,
+    /// Probes without an answer: `refused`, `timeout`, `failed: <error>`.
+    others: BTreeSet<String>,
+    probes: usize,
+}
+
+impl Seen {
+    fn describe(&self) -> String {
+        let mut parts: Vec<String> = self
+            .answers
+            .iter()
+            .map(|(b, m)| {
+                let m: Vec<&str> = m
+                    .iter()
+                    .map(|&m| if m { "masq" } else { "direct" })
+                    .collect();
+                format!("{b} {}", m.join("+"))
+            })
+            .collect();
+        parts.extend(self.others.iter().cloned());
+        format!("[{}] in {} probes", parts.join(", "), self.probes)
+    }
+}
+
+/// The class of an unanswered probe that the comparison uses: `timeout` also stands
+/// for "no route to host", which is what a packet routed to the lab node's absent
+/// default gateway gets instead once the neighbour entry has failed — the same fate.
+fn class(other: &str) -> &str {
+    if other.contains("os error 113") {
+        "timeout"
+    } else {
+        other
+    }
+}
+
+fn hairpin(from: &str, backend: &str) -> bool {
+    backend.split(':').next() == Some(from)
+}
+
+fn ok_vs(e: &Expect, from: &str, s: &Seen) -> bool {
+    let unanswered = |allowed: &dyn Fn(&str) -> bool| {
+        s.answers.is_empty() && !s.others.is_empty() && s.others.iter().all(|o| allowed(class(o)))
+    };
+    match e {
+        Expect::Answer {
+            backends,
+            masq,
+            sticky,
+        } => {
+            let set: BTreeSet<&String> = s.answers.keys().collect();
+            let reached = if *sticky {
+                set.len() == 1 && set.iter().all(|b| backends.contains(*b))
+            } else {
+                set == backends.iter().collect()
+            };
+            s.others.is_empty()
+                && reached
+                && s.answers
+                    .iter()
+                    .all(|(b, m)| *m == BTreeSet::from([*masq || hairpin(from, b)]))
+        }
+        Expect::Refused => unanswered(&|o| o == "refused"),
+        Expect::Timeout => unanswered(&|o| o == "timeout"),
+        Expect::NoAnswer => unanswered(&|o| o != "refused"),
+        Expect::Unknown => true,
+    }
+}
+
+/// What is compared between the targets. With session affinity the backend itself is
+/// chance: then only "sticky" (and the masquerade rule) is compared.
+fn key(f: &Flow, s: &Seen) -> String {
+    let others: BTreeSet<&str> = s.others.iter().map(|o| class(o)).collect();
+    if let Expect::Answer {
+        masq, sticky: true, ..
+    } = &f.expect[0]
+    {
+        let masq_ok = s
+            .answers
+            .iter()
+            .all(|(b, m)| *m == BTreeSet::from([*masq || hairpin(&f.from, b)]));
+        return format!(
+            "sticky={} masq-as-IR={masq_ok} others={others:?}",
+            s.answers.len() == 1
+        );
+    }
+    format!("{:?} others={others:?}", s.answers)
+}
+
+/// Probe one flow: enough to see every expected backend (and stickiness), few probes
+/// for refusals and drops. `careful`: longer timeout and more probes (the re-check).
+fn run_flow(lab: &Lab, f: &Flow, e: &Expect, careful: bool) -> Seen {
+    let timeout = if careful {
+        RECHECK_TIMEOUT
+    } else {
+        FAST_TIMEOUT
+    };
+    let (min, max) = match e {
+        Expect::Answer { sticky: true, .. } => (10, 10),
+        Expect::Answer { backends, .. } => ((3 * backends.len()).max(6), 60),
+        Expect::Refused => (2, 2),
+        Expect::Timeout | Expect::NoAnswer => (1, 1),
+        Expect::Unknown => (16, 40),
+    };
+    let (min, max) = if careful {
+        (min.max(3) * 2, max.max(3) * 2)
+    } else {
+        (min, max)
+    };
+    let own = if f.dst.ip().is_loopback() {
+        f.dst.ip()
+    } else {
+        lab.ip(&f.from, super::Family::V4)
+    };
+    let mut s = Seen::default();
+    let mut unanswered = 0;
+    for i in 1..=max {
+        s.probes = i;
+        match probe_in(lab.netns(&f.from), f.proto, f.dst, timeout) {
+            Outcome::Answered {
+                backend,
+                seen_source,
+            } => {
+                s.answers
+                    .entry(backend)
+                    .or_default()
+                    .insert(seen_source != own);
+            }
+            other => {
+                unanswered += 1;
+                s.others.insert(match other {
+                    Outcome::Refused => "refused".into(),
+                    Outcome::TimedOut => "timeout".into(),
+                    Outcome::Failed(m) => format!("failed: {m}"),
+                    Outcome::Answered { .. } => unreachable!(),
+                });
+            }
+        }
+        // Nothing answers: more probes (each a timeout, maybe) say nothing new. The
+        // re-check only has to rule out a slow answer: one long probe does.
+        if s.answers.is_empty() && unanswered >= if careful { 1 } else { 2 } {
+            break;
+        }
+        if i < min {
+            continue;
+        }
+        let done = match e {
+            Expect::Answer {
+                backends,
+                sticky: false,
+                ..
+            } => backends.iter().all(|b| s.answers.contains_key(b)),
+            Expect::Unknown => false,
+            _ => true,
+        };
+        if done {
+            break;
+        }
+    }
+    s
+}
+
+/// Run `flows` (the indices given) on one lab: groups in parallel, a group in order.
+fn run_flows(lab: &Lab, t: usize, flows: &[Flow], which: &[usize], careful: bool) -> Vec<Seen> {
+    let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for &i in which {
+        groups.entry(&flows[i].group).or_default().push(i);
+    }
+    // Groups that may wait for timeouts first: they are the long ones.
+    let mut groups: Vec<Vec<usize>> = groups.into_values().collect();
+    groups.sort_by_key(|g| {
+        let waits = |i: &usize| matches!(flows[*i].expect[t], Expect::Timeout | Expect::NoAnswer);
+        std::cmp::Reverse(g.iter().filter(|i| waits(i)).count())
+    });
+    let results = Mutex::new(vec![Seen::default(); flows.len()]);
+    let next = AtomicUsize::new(0);
+    thread::scope(|s| {
+        for _ in 0..WORKERS.min(groups.len()) {
+            s.spawn(|| loop {
+                let g = next.fetch_add(1, Ordering::Relaxed);
+                let Some(group) = groups.get(g) else { break };
+                for &i in group {
+                    let seen = run_flow(lab, &flows[i], &flows[i].expect[t], careful);
+                    results.lock().unwrap()[i] = seen;
+                }
+            });
+        }
+    });
+    results.into_inner().unwrap()
+}
+
+/// Why a flow is wrong (empty: fine), from what both targets saw.
+fn judge(f: &Flow, seen: &[Seen; 2]) -> Vec<String> {
+    let mut why = Vec::new();
+    if f.intended.is_none() && key(f, &seen[0]) != key(f, &seen[1]) {
+        why.push("the targets differ".to_string());
+    }
+    for t in 0..2 {
+        if !ok_vs(&f.expect[t], &f.from, &seen[t]) {
+            why.push(format!(
+                "{} disagrees with the IR ({:?})",
+                TARGETS[t], f.expect[t]
+            ));
+        }
+    }
+    why
+}
+
+// ---------------------------------------------------------------------------------------
+// Driver
+// ---------------------------------------------------------------------------------------
+
+struct Manifest {
+    /// `golden NAME` or `seed N`.
+    label: String,
+    case: Option<String>,
+    text: Option<String>,
+}
+
+impl Manifest {
+    fn compile(&self, target: &str) -> String {
+        if let Some(case) = &self.case {
+            return compile_case(case, target);
+        }
+        let text = self.text.as_deref().unwrap();
+        let r = svc(
+            &["-", "--target", target, "--node", NODE],
+            Some(text),
+            &root(),
+        );
+        assert_eq!(
+            r.code, 0,
+            "{}: `{}` exited {}\n{}\n--- manifest\n{text}",
+            self.label, r.cmdline, r.code, r.stderr
+        );
+        r.stdout
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    manifests: usize,
+    flows: usize,
+    probes: usize,
+    rechecked: usize,
+    /// Wall time: compiling, loading, probing (first pass), re-checking.
+    phases: [Duration; 4],
+    /// Intended differences seen: kind → flows where the targets did differ.
+    intended: BTreeMap<String, usize>,
+    /// Failing flows by signature (sender, destination kind, protocol, what each target
+    /// did): how many, and the first manifest that showed it.
+    signatures: BTreeMap<String, (usize, String)>,
+}
+
+/// What a target did with a flow, in a word or two: `answered`, `refused`, `timeout`.
+fn brief(s: &Seen) -> String {
+    let mut v: BTreeSet<&str> = s.others.iter().map(|o| class(o)).collect();
+    if !s.answers.is_empty() {
+        v.insert("answered");
+    }
+    v.into_iter().collect::<Vec<_>>().join("+")
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+/// Load one manifest in both labs, run its flows, re-check what disagrees; returns the
+/// failures as text.
+fn check_manifest(labs: &[Lab; 2], m: &Manifest, stats: &mut Stats) -> Option<String> {
+    let spec = LabSpec::default();
+    let t0 = Instant::now();
+    let Some(view) = parse_view(&m.compile("ir"), &spec) else {
+        eprintln!(
+            "{}: no IPv4 node view, skipped (the differential is IPv4)",
+            m.label
+        );
+        return None;
+    };
+    let rules = TARGETS.map(|t| m.compile(t));
+    let flows = derive_flows(&view);
+    let t1 = Instant::now();
+    thread::scope(|s| {
+        for t in 0..2 {
+            let (lab, rules) = (&labs[t], &rules[t]);
+            s.spawn(move || {
+                reload(lab, TARGETS[t], rules);
+                lab.flush_conntrack().expect("conntrack -F");
+            });
+        }
+    });
+
+    let t2 = Instant::now();
+    let all: Vec<usize> = (0..flows.len()).collect();
+    let run = |which: &[usize], careful: bool| -> [Vec<Seen>; 2] {
+        thread::scope(|s| {
+            let h: Vec<_> = (0..2)
+                .map(|t| {
+                    let flows = &flows;
+                    let lab = &labs[t];
+                    s.spawn(move || run_flows(lab, t, flows, which, careful))
+                })
+                .collect();
+            let mut h = h.into_iter().map(|h| h.join().unwrap());
+            [h.next().unwrap(), h.next().unwrap()]
+        })
+    };
+    let [a, b] = run(&all, false);
+    let t3 = Instant::now();
+    let mut seen: Vec<[Seen; 2]> = a.into_iter().zip(b).map(|(a, b)| [a, b]).collect();
+    stats.manifests += 1;
+    stats.flows += flows.len();
+    stats.probes += seen
+        .iter()
+        .map(|s| s[0].probes + s[1].probes)
+        .sum::<usize>();
+
+    let bad: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|&i| !judge(&flows[i], &seen[i]).is_empty())
+        .collect();
+    if !bad.is_empty() {
+        stats.rechecked += bad.len();
+        let [a, b] = run(&bad, true);
+        for &i in &bad {
+            seen[i] = [a[i].clone(), b[i].clone()];
+            stats.probes += a[i].probes + b[i].probes;
+        }
+    }
+    for (acc, d) in stats
+        .phases
+        .iter_mut()
+        .zip([t1 - t0, t2 - t1, t3 - t2, t3.elapsed()])
+    {
+        *acc += d;
+    }
+
+    let mut failures = Vec::new();
+    for (f, s) in flows.iter().zip(&seen) {
+        if let Some(kind) = f.intended {
+            if key(f, &s[0]) != key(f, &s[1]) {
+                *stats.intended.entry(format!("{kind:?}")).or_default() += 1;
+            }
+        }
+        let why = judge(f, s);
+        if !why.is_empty() {
+            let sig = format!(
+                "{} -> {} ({:?}): iptables {}, nftables {}",
+                f.from,
+                f.kind,
+                f.proto,
+                brief(&s[0]),
+                brief(&s[1])
+            );
+            stats
+                .signatures
+                .entry(sig)
+                .or_insert((0, m.label.clone()))
+                .0 += 1;
+            failures.push(format!(
+                "  {}: {}\n    iptables: {}\n    nftables: {}",
+                f.line(),
+                why.join("; "),
+                s[0].describe(),
+                s[1].describe()
+            ));
+        }
+    }
+    if failures.is_empty() {
+        return None;
+    }
+    let mut text = format!(
+        "{}: {} flow(s) wrong\n{}",
+        m.label,
+        failures.len(),
+        failures.join("\n")
+    );
+    if let Some(t) = &m.text {
+        text += &format!("\n--- manifest ({})\n{t}", m.label);
+    }
+    Some(text)
+}
+
+#[test]
+fn iptables_and_nftables_agree() {
+    if !require_root("kernel differential iptables/nftables") {
+        return;
+    }
+    let start = Instant::now();
+    let cases = env_u64("SVC_DIFF_CASES", DEFAULT_CASES);
+    let first = env_u64("SVC_DIFF_SEED", 1);
+    let golden = env_u64("SVC_DIFF_GOLDEN", 1) != 0;
+
+    let spec = LabSpec::default();
+    let mk = |tag: &str| {
+        let mut lab = Lab::new(tag, &spec).expect("lab");
+        for pod in spec.local_pods.iter().chain(&spec.remote_pods) {
+            for port in SERVED_PORTS {
+                for proto in [Proto::Tcp, Proto::Udp] {
+                    lab.serve_as(&pod.name, &format!("{}:{port}", pod.name), proto, port)
+                        .expect("serve");
+                }
+            }
+        }
+        lab
+    };
+    let labs = [mk("diffipt"), mk("diffnft")];
+
+    let mut manifests: Vec<Manifest> = Vec::new();
+    if let Ok(path) = std::env::var("SVC_DIFF_FILE") {
+        // One manifest of your own (compiled with `--node node-1`), nothing else.
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        manifests.push(Manifest {
+            label: format!("file {path}"),
+            case: None,
+            text: Some(text),
+        });
+    } else {
+        if golden {
+            manifests.extend(case_dirs().into_iter().map(|c| Manifest {
+                label: format!("golden {c}"),
+                case: Some(c),
+                text: None,
+            }));
+        }
+        manifests.extend((first..first + cases).map(|seed| Manifest {
+            label: format!("seed {seed}"),
+            case: None,
+            text: Some(generate(seed)),
+        }));
+    }
+
+    let mut stats = Stats::default();
+    let mut failures = Vec::new();
+    for m in &manifests {
+        if let Some(f) = check_manifest(&labs, m, &mut stats) {
+            eprintln!("{f}\n");
+            failures.push(f);
+        }
+    }
+    let generated = manifests
+        .iter()
+        .filter(|m| m.label.starts_with("seed"))
+        .count() as u64;
+    println!(
+        "differential: {} manifests ({generated} generated, seeds {first}..{}), {} flows, {} probes, \
+         {} flows re-checked, intended differences seen: {:?}, {:.1} s \
+         (compile {:.1}, load {:.1}, probe {:.1}, re-check {:.1})",
+        stats.manifests,
+        first + generated,
+        stats.flows,
+        stats.probes,
+        stats.rechecked,
+        stats.intended,
+        start.elapsed().as_secs_f64(),
+        stats.phases[0].as_secs_f64(),
+        stats.phases[1].as_secs_f64(),
+        stats.phases[2].as_secs_f64(),
+        stats.phases[3].as_secs_f64(),
+    );
+    let kinds: Vec<String> = stats
+        .signatures
+        .iter()
+        .map(|(sig, (n, first))| format!("  {n:>4} x {sig} (first: {first})"))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "iptables and nftables disagree (or disagree with the IR) on {} manifest(s) \
+         (each printed above with its flows and text): {}\nFailing flows by kind:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .map(|f| f.split(':').next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join(", "),
+        kinds.join("\n")
+    );
+}
