@@ -270,34 +270,39 @@ pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {
     std::fs::read_to_string(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
 }
 
-/// Files, directories (recursive, sorted, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
+/// Files, directories (recursive, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
+/// Files are added in name order, whatever the order of the arguments, so that even
+/// "first defined here" in a diagnostic does not depend on how the command was typed.
 pub(crate) fn read_inputs(paths: &[String], sources: &mut SourceMap) -> Result<Vec<FileId>, Fail> {
-    let mut ids = Vec::new();
+    let mut files: Vec<(String, String)> = Vec::new();
     for p in paths {
         if p == "-" {
             let mut text = String::new();
             std::io::stdin()
                 .read_to_string(&mut text)
                 .map_err(|e| Fail(format!("cannot read standard input: {e}")))?;
-            ids.push(sources.add("<stdin>", text));
+            files.push(("<stdin>".into(), text));
             continue;
         }
         let path = Path::new(p);
         let meta = std::fs::metadata(path)
             .map_err(|e| Fail(format!("cannot read {p}: {e}; check the path")))?;
         if meta.is_dir() {
-            let mut files = Vec::new();
-            walk(path, &mut files)?;
-            files.sort();
-            for f in files {
+            let mut found = Vec::new();
+            walk(path, &mut found)?;
+            for f in found {
                 let text = read_file(&f)?;
-                ids.push(sources.add(f.display().to_string(), text));
+                files.push((f.display().to_string(), text));
             }
         } else {
-            ids.push(sources.add(p.clone(), read_file(path)?));
+            files.push((p.clone(), read_file(path)?));
         }
     }
-    Ok(ids)
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(files
+        .into_iter()
+        .map(|(name, text)| sources.add(name, text))
+        .collect())
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Fail> {

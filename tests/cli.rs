@@ -227,3 +227,67 @@ fn unknown_node_is_an_input_error() {
     );
     with_ip.expect(0);
 }
+
+#[test]
+fn source_ranges_come_from_the_spec_and_a_zero_prefix_allows_everyone() {
+    let lb = |extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: lb\n{extra}spec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.50\n  ports: [{{port: 80, nodePort: 30500}}]\nstatus:\n  loadBalancer: {{ingress: [{{ip: 203.0.113.9}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: lb-1, labels: {{kubernetes.io/service-name: lb}}}}\naddressType: IPv4\nports: [{{port: 80}}]\nendpoints: [{{addresses: [10.244.1.2]}}]\n"
+        )
+    };
+    let rules = |text: &str| {
+        let r = svc(
+            &[
+                "-",
+                "--target",
+                "iptables",
+                "--node",
+                "n",
+                "--node-ip",
+                "192.0.2.10",
+            ],
+            Some(text),
+            &root(),
+        );
+        r.expect(0);
+        r.stdout
+    };
+    let spec = lb("").replace(
+        "  type: LoadBalancer\n",
+        "  type: LoadBalancer\n  loadBalancerSourceRanges: [10.0.0.0/8]\n",
+    );
+    assert!(rules(&spec).contains(":KUBE-FW-"));
+    let zero = spec.replace("10.0.0.0/8", "0.0.0.0/0");
+    assert!(!rules(&zero).contains(":KUBE-FW-"), "{}", rules(&zero));
+    let annotation = lb(
+        "  annotations:\n    service.beta.kubernetes.io/load-balancer-source-ranges: 10.0.0.0/8\n",
+    );
+    assert!(!rules(&annotation).contains(":KUBE-FW-"));
+}
+
+#[test]
+fn argument_order_changes_nothing_not_even_where_a_duplicate_is_reported() {
+    let t = TempDir::new("order");
+    let (a, b) = (t.path().join("a.yaml"), t.path().join("b.yaml"));
+    std::fs::write(&a, SVC).unwrap();
+    std::fs::write(&b, SVC.replace("port: 80", "port: 81")).unwrap();
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let ab = svc(&["check", a, b], None, &root());
+    let ba = svc(&["check", b, a], None, &root());
+    ab.expect(1);
+    assert_eq!(ab.stdout, ba.stdout);
+    assert!(ab.stdout.contains("SVC301"), "{}", ab.stdout);
+    // The later file in name order is the duplicate; the earlier is "first defined here".
+    let dup_at = ab.stdout.lines().find(|l| l.contains("-->")).unwrap();
+    assert!(dup_at.contains("b.yaml"), "{}", ab.stdout);
+    // Distinct files in either order compile to the same output.
+    std::fs::write(
+        t.path().join("b.yaml"),
+        SVC.replace("name: web", "name: api"),
+    )
+    .unwrap();
+    let one = svc(&["--target", "ir", a, b], None, &root());
+    let two = svc(&["--target", "ir", b, a], None, &root());
+    one.expect(0);
+    assert_eq!(one.stdout, two.stdout);
+}

@@ -2,6 +2,8 @@
 //! services never moves an existing allocation.
 
 use crate::support::root;
+use svc_compiler::net::IpFamily;
+use svc_compiler::passes::node::{node_view, NodeSelection};
 use svc_compiler::source::SourceMap;
 use svc_compiler::Options;
 
@@ -52,7 +54,20 @@ fn compile_ir(files: &[String], opts: &Options) -> (String, svc_compiler::Compil
         .collect();
     let c = svc_compiler::compile(&sources, &ids, opts);
     assert!(!c.diags.has_errors(), "{:?}", c.diags.items);
-    (svc_targets::ir::write_string(&c.module, &[]), c)
+    // Every node's views and rulesets too, not only the module.
+    let mut out = String::new();
+    let mut views = Vec::new();
+    for node in &c.module.nodes {
+        let sel = NodeSelection {
+            name: node.name.clone(),
+            ips: vec![],
+        };
+        let v = node_view(&c.module, &sel, IpFamily::IPv4).expect("node view");
+        out += &svc_targets::iptables::write_string(&v, &Default::default());
+        out += &svc_targets::nftables::write_string(&v, &Default::default());
+        views.push(v);
+    }
+    (svc_targets::ir::write_string(&c.module, &views) + &out, c)
 }
 
 #[test]

@@ -147,6 +147,9 @@ pub fn render_text(d: &Diagnostic, sources: &SourceMap) -> String {
     out
 }
 
+/// Longest source line a code frame shows whole.
+const FRAME_WIDTH: u32 = 120;
+
 fn frame(out: &mut String, sources: &SourceMap, span: Span, label: Option<&str>) {
     let _ = writeln!(out, "  --> {}", sources.location(span));
     if let Some(text) = sources.line_text(span.file, span.line) {
@@ -154,7 +157,28 @@ fn frame(out: &mut String, sources: &SourceMap, span: Span, label: Option<&str>)
         let pad = " ".repeat(gutter.len());
         let text = text.replace('\t', " ");
         let chars = text.chars().count() as u32;
-        let start = span.col.saturating_sub(1).min(chars);
+        let mut start = span.col.saturating_sub(1).min(chars);
+        // A long line (minified JSON) is shown as a window around the column.
+        let text = if chars > FRAME_WIDTH {
+            let from = start.saturating_sub(FRAME_WIDTH / 3);
+            let to = (from + FRAME_WIDTH).min(chars);
+            let mut w: String = text
+                .chars()
+                .skip(from as usize)
+                .take((to - from) as usize)
+                .collect();
+            if to < chars {
+                w.push('…');
+            }
+            if from > 0 {
+                w.insert(0, '…');
+                start = start - from + 1;
+            }
+            w
+        } else {
+            text
+        };
+        let chars = text.chars().count() as u32;
         let len = span.len.clamp(1, (chars - start).max(1));
         let _ = writeln!(out, "{pad} |");
         let _ = writeln!(out, "{gutter} | {text}");
@@ -231,5 +255,32 @@ pub fn to_json<'a>(d: &'a Diagnostic, sources: &'a SourceMap) -> JsonDiagnostic<
                 message: &r.message,
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::FileId;
+
+    #[test]
+    fn long_lines_are_windowed_around_the_column() {
+        let mut sources = SourceMap::default();
+        let line = format!(
+            "{}\"nodePort\": 40000{}",
+            "x".repeat(5000),
+            "y".repeat(5000)
+        );
+        let f = sources.add("min.json", line);
+        let d = Diagnostic::error("SVC116", "bad").at(Span::new(FileId(0), 1, 5013, 5));
+        let text = render_text(&d, &sources);
+        assert!(text.len() < 600, "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let src = lines.iter().find(|l| l.starts_with("1 | ")).unwrap();
+        let caret = lines.iter().find(|l| l.contains('^')).unwrap();
+        let at = caret.chars().position(|c| c == '^').unwrap();
+        let under: String = src.chars().skip(at).take(5).collect();
+        assert_eq!(under, "40000", "{text}");
+        let _ = f;
     }
 }

@@ -162,8 +162,8 @@ pub struct Service {
     /// `status.loadBalancer.ingress[].ip`, in status order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub load_balancer_ingress: Vec<LoadBalancerIngress>,
-    /// `spec.loadBalancerSourceRanges`, or the annotation
-    /// `service.beta.kubernetes.io/load-balancer-source-ranges` when the spec has none.
+    /// `spec.loadBalancerSourceRanges` (kube-proxy ignores the annotation
+    /// `service.beta.kubernetes.io/load-balancer-source-ranges`, which cloud providers read).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub load_balancer_source_ranges: Vec<Cidr>,
     pub external_traffic_policy: TrafficPolicy,
@@ -342,7 +342,8 @@ pub struct PortView {
     /// This family's LoadBalancer ingress IPs that the proxy captures (ipMode VIP), in status order.
     #[serde(rename = "loadBalancerIPs")]
     pub load_balancer_ips: Vec<IpAddr>,
-    /// This family's loadBalancerSourceRanges.
+    /// This family's loadBalancerSourceRanges; empty when one of them is a zero prefix
+    /// (`0.0.0.0/0` allows everyone).
     pub source_ranges: Vec<Cidr>,
     /// Some source range contains a node IP (kube-proxy then also accepts `-s lbIP`).
     pub source_ranges_include_node: bool,

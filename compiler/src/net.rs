@@ -146,11 +146,16 @@ impl Serialize for Cidr {
 
 /// Parse an IP the way the API server's strict validation does: no leading zeros in IPv4
 /// octets, no zone suffix.
+/// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is the IPv4 address, as Go's
+/// `net.ParseIP` and so the API server and kube-proxy read it.
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
     if s.contains('%') {
         return None;
     }
-    s.parse().ok()
+    match s.parse().ok()? {
+        IpAddr::V6(a) => Some(a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)),
+        v4 => Some(v4),
+    }
 }
 
 /// `ip:port`, with brackets for IPv6, as Go's `net.JoinHostPort` writes it.
@@ -176,5 +181,9 @@ mod tests {
         assert!(v6.contains(&"fd00:10:96::ffff".parse().unwrap()));
         assert_eq!(v6.nth(10).to_string(), "fd00:10:96::a");
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert_eq!(
+            parse_ip("::ffff:10.244.1.5"),
+            Some("10.244.1.5".parse().unwrap())
+        );
     }
 }

@@ -49,8 +49,13 @@ pub struct LockEntry {
 
 pub const LOCK_KIND: &str = "AllocationLock";
 
+/// The API server's own service, which owns the first host address of the range.
+const KUBERNETES: &str = "default/kubernetes";
+
+/// `clusterIP: None`, or `clusterIPs: [None]` (the apiserver reads either).
 pub fn is_headless(s: &Service) -> bool {
     s.cluster_ip.as_ref().is_some_and(|c| c.v == "None")
+        || s.cluster_ips.first().is_some_and(|c| c.v == "None")
 }
 
 fn svc_type(s: &Service) -> &str {
@@ -172,6 +177,21 @@ impl PortPool {
     }
 }
 
+/// A node port another port of the same service with the same number already has: the
+/// apiserver gives ports that differ only in protocol (DNS on 53/UDP and 53/TCP) one
+/// node port.
+fn sibling_node_port(s: &Service, node_ports: &[Option<u16>], pi: usize) -> Option<u16> {
+    let number = s.ports[pi].port.as_ref()?.v;
+    s.ports
+        .iter()
+        .zip(node_ports)
+        .enumerate()
+        .find(|(j, (p, np))| {
+            *j != pi && np.is_some() && p.port.as_ref().is_some_and(|x| x.v == number)
+        })
+        .and_then(|(_, (_, np))| *np)
+}
+
 fn needs_node_ports(s: &Service) -> bool {
     matches!(svc_type(s), "NodePort" | "LoadBalancer") && !is_headless(s)
 }
@@ -279,10 +299,14 @@ pub fn allocate(
                 continue;
             }
             if let Some(ip) = entry.cluster_ips.iter().find(|ip| IpFamily::of(ip) == *fam) {
-                if let Some(pool) = pools
-                    .iter_mut()
-                    .find(|p| p.cidr.family() == *fam && p.free(ip))
-                {
+                let kubernetes_first = id(s) == KUBERNETES
+                    && pools
+                        .iter()
+                        .any(|p| p.cidr.contains(ip) && p.cidr.offset(ip) == 1);
+                if let Some(pool) = pools.iter_mut().find(|p| {
+                    p.cidr.family() == *fam
+                        && (p.free(ip) || (kubernetes_first && !p.used.contains(&1)))
+                }) {
                     pool.take(ip);
                     out[i].cluster_ips.push(*ip);
                     out[i]
@@ -294,6 +318,11 @@ pub fn allocate(
         if needs_node_ports(s) {
             for (pi, p) in s.ports.iter().enumerate() {
                 if out[i].node_ports[pi].is_some() {
+                    continue;
+                }
+                if let Some(np) = sibling_node_port(s, &out[i].node_ports, pi) {
+                    out[i].node_ports[pi] = Some(np);
+                    out[i].allocated.push(format!("spec.ports[{pi}].nodePort"));
                     continue;
                 }
                 if let Some(np) = entry
@@ -326,7 +355,8 @@ pub fn allocate(
             let Some(pool) = pools.iter_mut().find(|p| p.cidr.family() == fam) else {
                 continue;
             };
-            let ip = if key == "default/kubernetes" && pool.free(&pool.cidr.nth(1)) {
+            // The first host address is reserved for the `kubernetes` service itself.
+            let ip = if key == KUBERNETES && !pool.used.contains(&1) {
                 let ip = pool.cidr.nth(1);
                 pool.used.insert(1);
                 Some(ip)
@@ -356,6 +386,11 @@ pub fn allocate(
         if needs_node_ports(s) {
             for (pi, p) in s.ports.iter().enumerate() {
                 if out[i].node_ports[pi].is_some() {
+                    continue;
+                }
+                if let Some(np) = sibling_node_port(s, &out[i].node_ports, pi) {
+                    out[i].node_ports[pi] = Some(np);
+                    out[i].allocated.push(format!("spec.ports[{pi}].nodePort"));
                     continue;
                 }
                 let (pk, proto) = port_key(p);
@@ -498,5 +533,87 @@ pub fn target_port(p: &crate::k8s::Port) -> crate::ir::TargetPort {
             Err(_) => crate::ir::TargetPort::Name(s.clone()),
         },
         None => crate::ir::TargetPort::Number(p.port.as_ref().map_or(0, |p| p.v as u16)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ir::Module;
+    use crate::source::SourceMap;
+
+    fn compile(yaml: &str, lock: Option<&str>) -> crate::Compilation {
+        let mut sources = SourceMap::default();
+        let f = sources.add("t.yaml", yaml);
+        let lock = lock.map(|l| sources.add("lock.yaml", l));
+        let c = crate::compile(
+            &sources,
+            &[f],
+            &crate::Options {
+                allocate: true,
+                lock,
+                ..Default::default()
+            },
+        );
+        assert!(!c.diags.has_errors(), "{:?}", c.diags.items);
+        c
+    }
+    fn module(yaml: &str) -> Module {
+        compile(yaml, None).module
+    }
+
+    #[test]
+    fn the_kubernetes_service_gets_the_first_host_address() {
+        let y = "apiVersion: v1\nkind: Service\nmetadata: {name: kubernetes, namespace: default}\nspec: {ports: [{name: https, port: 443}]}\n";
+        let m = module(y);
+        assert_eq!(m.services[0].cluster_ips[0].to_string(), "10.96.0.1");
+        // Nobody else ever does.
+        let other = y.replace("name: kubernetes,", "name: other,");
+        assert_ne!(
+            module(&other).services[0].cluster_ips[0].to_string(),
+            "10.96.0.1"
+        );
+    }
+
+    #[test]
+    fn ports_differing_only_in_protocol_share_a_node_port() {
+        let y = "apiVersion: v1\nkind: Service\nmetadata: {name: dns}\nspec:\n  type: NodePort\n  ports:\n  - {name: dns, port: 53, protocol: UDP}\n  - {name: dns-tcp, port: 53, protocol: TCP}\n  - {name: metrics, port: 9153}\n";
+        let m = module(y);
+        let np: Vec<Option<u16>> = m.services[0].ports.iter().map(|p| p.node_port).collect();
+        assert_eq!(np[0], np[1]);
+        assert_ne!(np[0], np[2]);
+        // A node port written on one applies to the other.
+        let written = y.replace("protocol: TCP}", "protocol: TCP, nodePort: 30053}");
+        let m = module(&written);
+        assert_eq!(m.services[0].ports[0].node_port, Some(30053));
+    }
+
+    #[test]
+    fn cluster_ips_none_alone_means_headless() {
+        let y = "apiVersion: v1\nkind: Service\nmetadata: {name: h}\nspec:\n  clusterIPs: [\"None\"]\n  selector: {app: x}\n  ports: [{port: 80}]\n";
+        let m = module(y);
+        assert!(m.services[0].headless);
+        assert!(m.services[0].cluster_ips.is_empty());
+    }
+
+    #[test]
+    fn the_lock_file_wins_over_the_hashed_slot() {
+        let y = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  type: NodePort\n  ports: [{name: http, port: 80}]\n";
+        let free = module(y);
+        assert_ne!(free.services[0].cluster_ips[0].to_string(), "10.96.7.7");
+        assert_ne!(free.services[0].ports[0].node_port, Some(31111));
+        let lock = "apiVersion: svc-compile/v1alpha1\nkind: AllocationLock\nservices:\n- service: default/web\n  clusterIPs: [\"10.96.7.7\"]\n  nodePorts:\n  - {port: \"http\", protocol: TCP, nodePort: 31111}\n";
+        let c = compile(y, Some(lock));
+        assert_eq!(c.module.services[0].cluster_ips[0].to_string(), "10.96.7.7");
+        assert_eq!(c.module.services[0].ports[0].node_port, Some(31111));
+        // ... and is written back unchanged.
+        assert!(super::write_lock(&c.lock).contains("10.96.7.7"));
+        assert!(super::write_lock(&c.lock).contains("nodePort: 31111"));
+        // A lock value outside the range is allocated anew.
+        let stale = lock.replace("10.96.7.7", "10.200.0.1");
+        let c = compile(y, Some(&stale));
+        assert_eq!(
+            c.module.services[0].cluster_ips,
+            free.services[0].cluster_ips
+        );
     }
 }

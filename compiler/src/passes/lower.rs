@@ -32,22 +32,13 @@ pub fn lower(
                     Some("Local") => TrafficPolicy::Local,
                     _ => TrafficPolicy::Cluster,
                 };
-            let mut ranges: Vec<Cidr> = s
+            // kube-proxy reads only the spec (the annotation is for cloud providers);
+            // validation checks both.
+            let ranges: Vec<Cidr> = s
                 .load_balancer_source_ranges
                 .iter()
                 .filter_map(|r| r.v.trim().parse().ok())
                 .collect();
-            if ranges.is_empty() {
-                if let Some(a) = s
-                    .meta
-                    .annotation("service.beta.kubernetes.io/load-balancer-source-ranges")
-                {
-                    ranges =
-                        a.v.split(',')
-                            .filter_map(|r| r.trim().parse().ok())
-                            .collect();
-                }
-            }
             let mut ip_families: Vec<IpFamily> = a.cluster_ips.iter().map(IpFamily::of).collect();
             if ip_families.is_empty() {
                 ip_families = s

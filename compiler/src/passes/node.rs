@@ -325,12 +325,16 @@ fn port_view(
         .filter(|ip| IpFamily::of(ip) == family)
         .collect();
     // Printed as parsed networks, like every CIDR kube-proxy writes.
-    let source_ranges: Vec<Cidr> = svc
+    let mut source_ranges: Vec<Cidr> = svc
         .load_balancer_source_ranges
         .iter()
         .filter(|c| c.family() == family)
         .map(Cidr::network)
         .collect();
+    // A zero-prefix range allows everyone: the same as no ranges (newBaseServiceInfo).
+    if source_ranges.iter().any(|c| c.prefix == 0) {
+        source_ranges.clear();
+    }
     let node_ip = primary_ip(node_ips, family);
     let source_ranges_include_node = source_ranges.iter().any(|c| c.contains(&node_ip));
 

@@ -43,9 +43,16 @@ pub fn resolve(objects: &Objects) -> Resolved {
             .entry((&e.meta.namespace.v, &e.meta.name.v))
             .or_insert(i);
     }
-    let mut pods_by_ns: HashMap<&str, Vec<&Pod>> = HashMap::new();
+    // Pods by (namespace, label key, label value): a selector looks up its rarest pair
+    // and checks the rest, so selection is linear in the pods it could match.
+    let mut pods_by_label: HashMap<(&str, &str, &str), Vec<&Pod>> = HashMap::new();
     for p in &objects.pods {
-        pods_by_ns.entry(&p.meta.namespace.v).or_default().push(p);
+        for (k, v) in &p.meta.labels {
+            pods_by_label
+                .entry((&p.meta.namespace.v, &k.v, &v.v))
+                .or_default()
+                .push(p);
+        }
     }
     let node_zone: HashMap<&str, &str> = objects
         .nodes
@@ -64,13 +71,33 @@ pub fn resolve(objects: &Objects) -> Resolved {
         .map(|svc| {
             let key = (svc.meta.namespace.v.as_str(), svc.meta.name.v.as_str());
             let has_selector = svc.selector.as_ref().is_some_and(|s| !s.is_empty());
+            let slices = slices_by_svc.get(&key);
+            // The EndpointSlice controller's work, for services whose slices are not given.
+            let selected: Vec<&Pod> = match &svc.selector {
+                Some(sel) if has_selector && slices.is_none() => sel
+                    .iter()
+                    .map(|(k, v)| {
+                        pods_by_label
+                            .get(&(key.0, k.v.as_str(), v.v.as_str()))
+                            .map_or(&[][..], |p| p.as_slice())
+                    })
+                    .min_by_key(|c| c.len())
+                    .unwrap_or(&[])
+                    .iter()
+                    .filter(|pod| {
+                        sel.iter()
+                            .all(|(k, v)| pod.meta.label(&k.v) == Some(v.v.as_str()))
+                    })
+                    .copied()
+                    .collect(),
+                _ => Vec::new(),
+            };
             svc.ports
                 .iter()
                 .map(|port| {
                     let pname = port.name.as_ref().map_or("", |n| n.v.as_str());
                     let proto = protocol_of(port.protocol.as_ref().map(|p| p.v.as_str()));
                     let mut out = Vec::new();
-                    let slices = slices_by_svc.get(&key);
                     for &i in slices.into_iter().flatten() {
                         from_slice(objects, i, pname, proto, &mut out);
                     }
@@ -78,9 +105,8 @@ pub fn resolve(objects: &Objects) -> Resolved {
                         if let Some(&i) = eps_by_name.get(&key) {
                             from_endpoints(objects, i, pname, proto, &mut out);
                         }
-                    } else if slices.is_none() {
-                        let pods = pods_by_ns.get(key.0).map_or(&[][..], |v| v.as_slice());
-                        from_pods(svc, port, proto, pods, &node_zone, &mut out);
+                    } else {
+                        from_pods(svc, port, proto, &selected, &node_zone, &mut out);
                     }
                     sort_dedup(out)
                 })
@@ -186,14 +212,15 @@ fn from_pods(
     node_zone: &HashMap<&str, &str>,
     out: &mut Vec<Endpoint>,
 ) {
-    let Some(sel) = &svc.selector else { return };
+    // trafficDistribution: the controller hints each endpoint for its own zone (and,
+    // PreferSameNode, its own node); kube-proxy reads only those hints.
+    let distribution = svc.traffic_distribution.as_ref().map(|t| t.v.as_str());
+    let zone_hints = matches!(
+        distribution,
+        Some("PreferClose" | "PreferSameZone" | "PreferSameNode")
+    );
+    let node_hints = distribution == Some("PreferSameNode");
     for pod in pods {
-        if !sel
-            .iter()
-            .all(|(k, v)| pod.meta.label(&k.v) == Some(v.v.as_str()))
-        {
-            continue;
-        }
         if matches!(pod.phase.as_deref(), Some("Succeeded" | "Failed")) {
             continue;
         }
@@ -216,24 +243,28 @@ fn from_pods(
         else {
             continue;
         };
+        // The controller's podToEndpoint: serving is the pod's Ready condition; ready is
+        // serving and not terminating, or publishNotReadyAddresses.
         let terminating = pod.meta.deletion_timestamp;
-        let ready = pod.ready && !terminating;
+        let serving = pod.ready;
+        let ready = svc.publish_not_ready_addresses || (serving && !terminating);
         let node_name = pod.node_name.as_ref().map(|n| n.v.clone());
+        let zone = node_name
+            .as_deref()
+            .and_then(|n| node_zone.get(n))
+            .map(|z| z.to_string());
         for ip in &pod.pod_ips {
             let Some(ip) = parse_ip(&ip.v) else { continue };
             out.push(Endpoint {
                 ip,
                 port: tp,
-                zone: node_name
-                    .as_deref()
-                    .and_then(|n| node_zone.get(n))
-                    .map(|z| z.to_string()),
+                hint_zones: zone.iter().filter(|_| zone_hints).cloned().collect(),
+                hint_nodes: node_name.iter().filter(|_| node_hints).cloned().collect(),
+                zone: zone.clone(),
                 node_name: node_name.clone(),
-                ready: ready || (svc.publish_not_ready_addresses && !terminating),
-                serving: pod.ready || svc.publish_not_ready_addresses,
+                ready,
+                serving,
                 terminating,
-                hint_zones: vec![],
-                hint_nodes: vec![],
                 source: format!("Pod {}/{}", pod.meta.namespace.v, pod.meta.name.v),
             });
         }
@@ -253,4 +284,159 @@ fn sort_dedup(eps: Vec<Endpoint>) -> Vec<Endpoint> {
     });
     keyed.dedup_by(|later, first| later.0 == first.0);
     keyed.into_iter().map(|(_, e)| e).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ir::{Endpoint, Module};
+    use crate::source::SourceMap;
+
+    fn module(yaml: &str) -> Module {
+        let mut sources = SourceMap::default();
+        let f = sources.add("t.yaml", yaml);
+        let c = crate::compile(
+            &sources,
+            &[f],
+            &crate::Options {
+                allocate: true,
+                ..Default::default()
+            },
+        );
+        assert!(!c.diags.has_errors(), "{:?}", c.diags.items);
+        c.module
+    }
+
+    fn eps(m: &Module, port: usize) -> Vec<&Endpoint> {
+        m.services[0].ports[port].endpoints.iter().collect()
+    }
+
+    const SVC: &str =
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: web}\n";
+
+    fn pod(name: &str, ip: &str, node: &str, ready: bool, extra_meta: &str) -> String {
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}{extra_meta}}}\nspec:\n  nodeName: {node}\n  containers:\n  - name: c\n    ports: [{{name: http, containerPort: 8080}}, {{name: dns, containerPort: 5353, protocol: UDP}}]\nstatus:\n  podIPs: [{{ip: {ip}}}]\n  conditions: [{{type: Ready, status: \"{}\"}}]\n",
+            if ready { "True" } else { "False" }
+        )
+    }
+
+    #[test]
+    fn pods_give_endpoints_like_the_endpointslice_controller() {
+        let y = format!(
+            "{SVC}  ports:\n  - {{name: a, port: 80, targetPort: http}}\n  - {{name: b, port: 53, targetPort: dns, protocol: UDP}}\n  - {{name: c, port: 81, targetPort: nope}}\n{}{}{}{}",
+            pod("p1", "10.0.0.1", "n1", true, ""),
+            pod("p2", "10.0.0.2", "n1", false, ""),
+            pod("p3", "10.0.0.3", "n2", true, ", deletionTimestamp: \"2026-01-01T00:00:00Z\""),
+            // Another label: not selected.
+            pod("p4", "10.0.0.4", "n1", true, "").replace("app: web", "app: other"),
+        );
+        let m = module(&y);
+        let a = eps(&m, 0);
+        let got: Vec<(String, u16, bool, bool, bool)> = a
+            .iter()
+            .map(|e| (e.ip.to_string(), e.port, e.ready, e.serving, e.terminating))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("10.0.0.1".into(), 8080, true, true, false),
+                ("10.0.0.2".into(), 8080, false, false, false),
+                ("10.0.0.3".into(), 8080, false, true, true),
+            ]
+        );
+        // Named target ports are matched by name and protocol.
+        assert_eq!(
+            eps(&m, 1).iter().map(|e| e.port).collect::<Vec<_>>(),
+            [5353; 3]
+        );
+        // A name no container has: no endpoint.
+        assert!(eps(&m, 2).is_empty());
+    }
+
+    #[test]
+    fn publish_not_ready_addresses_makes_every_pod_ready() {
+        let y = format!(
+            "{SVC}  publishNotReadyAddresses: true\n  ports: [{{port: 80, targetPort: 8080}}]\n{}{}",
+            pod("p1", "10.0.0.1", "n1", false, ""),
+            pod("p2", "10.0.0.2", "n1", true, ", deletionTimestamp: \"2026-01-01T00:00:00Z\""),
+        );
+        let m = module(&y);
+        let got: Vec<(bool, bool, bool)> = eps(&m, 0)
+            .iter()
+            .map(|e| (e.ready, e.serving, e.terminating))
+            .collect();
+        assert_eq!(got, [(true, false, false), (true, true, true)]);
+    }
+
+    #[test]
+    fn traffic_distribution_hints_pods_for_their_zone_and_node() {
+        let nodes = "---\napiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {topology.kubernetes.io/zone: za}}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: n2, labels: {topology.kubernetes.io/zone: zb}}\n";
+        for (td, zones, nodes_hinted) in
+            [("PreferClose", true, false), ("PreferSameNode", true, true)]
+        {
+            let y = format!(
+                "{SVC}  trafficDistribution: {td}\n  ports: [{{port: 80, targetPort: 8080}}]\n{}{}{nodes}",
+                pod("p1", "10.0.0.1", "n1", true, ""),
+                pod("p2", "10.0.0.2", "n2", true, ""),
+            );
+            let m = module(&y);
+            let e = eps(&m, 0);
+            assert_eq!(e[0].zone.as_deref(), Some("za"));
+            assert_eq!(
+                e[0].hint_zones,
+                if zones {
+                    vec!["za".to_string()]
+                } else {
+                    vec![]
+                }
+            );
+            assert_eq!(
+                e[1].hint_nodes,
+                if nodes_hinted {
+                    vec!["n2".to_string()]
+                } else {
+                    vec![]
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn endpoints_are_mirrored_for_services_without_selector() {
+        let y = "apiVersion: v1\nkind: Service\nmetadata: {name: ext}\nspec:\n  ports: [{name: h, port: 80}]\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {name: ext}\nsubsets:\n- addresses: [{ip: 192.0.2.2}, {ip: 192.0.2.10}]\n  notReadyAddresses: [{ip: 192.0.2.3}]\n  ports: [{name: h, port: 9376}]\n";
+        let m = module(y);
+        let got: Vec<(String, bool)> = eps(&m, 0)
+            .iter()
+            .map(|e| (crate::net::join_host_port(&e.ip, e.port), e.ready))
+            .collect();
+        // kube-proxy's order: the string `ip:port`.
+        assert_eq!(
+            got,
+            [
+                ("192.0.2.10:9376".into(), true),
+                ("192.0.2.2:9376".into(), true),
+                ("192.0.2.3:9376".into(), false)
+            ]
+        );
+        let skipped = y.replace(
+            "metadata: {name: ext}\nsubsets",
+            "metadata: {name: ext, labels: {endpointslice.kubernetes.io/skip-mirror: \"true\"}}\nsubsets",
+        );
+        assert!(eps(&module(&skipped), 0).is_empty());
+    }
+
+    #[test]
+    fn duplicate_endpoints_merge_with_the_non_terminating_one_winning() {
+        let slice = |name: &str, term: bool| {
+            format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n- addresses: [10.0.0.1]\n  conditions: {{ready: {}, serving: true, terminating: {term}}}\n", !term)
+        };
+        let y = format!(
+            "{SVC}  ports: [{{port: 80, targetPort: 8080}}]\n{}{}",
+            slice("a", true),
+            slice("b", false)
+        );
+        let e = eps(&module(&y), 0).into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!(e.len(), 1);
+        assert!(!e[0].terminating && e[0].ready);
+    }
 }
