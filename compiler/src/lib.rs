@@ -14,6 +14,7 @@ pub mod k8s;
 pub mod net;
 pub mod passes;
 pub mod source;
+pub mod synth;
 pub mod tree;
 
 use diag::{Diagnostic, Diagnostics};
