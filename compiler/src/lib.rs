@@ -95,7 +95,8 @@ pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compil
 }
 
 /// Merge the ClusterConfig document (if any) with the flags; flags win.
-fn settings(objects: &Objects, opts: &Options, diags: &mut Diagnostics) -> Settings {
+/// Public for the benchmarks, which run the passes one by one.
+pub fn settings(objects: &Objects, opts: &Options, diags: &mut Diagnostics) -> Settings {
     let mut s = Settings::default();
     if let Some(doc) = objects.cluster_configs.first() {
         if let Some(r) = &doc.service_cluster_ip_range {
