@@ -7,7 +7,7 @@
 use crate::decode::{join, Decoder, Fields, IntOrString, Sp};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::source::Span;
-use crate::tree::{Document, Node, Value};
+use crate::tree::{Document, Node, Part, Value};
 
 #[derive(Clone, Debug, Default)]
 pub struct Meta {
@@ -233,6 +233,31 @@ pub fn decode_document(doc: &Document, out: &mut Objects, diags: &mut Diagnostic
     decode_object(&doc.root, "", &mut d, out);
 }
 
+/// Decode one part of a file parsed by [`crate::tree::parse_each`]: a whole document, or a
+/// run of a `List`'s items (decoded as [`decode_document`] would decode them in the list).
+pub fn decode_part(part: &Part<'_>, out: &mut Objects, diags: &mut Diagnostics) {
+    let mut d = Decoder { diags };
+    match part {
+        Part::Document(root) => decode_object(root, "", &mut d, out),
+        Part::Items { list, first, items } => {
+            // Decoded as decode_object would in the list's own arm; the list document
+            // itself reports a missing apiVersion or kind.
+            let api = list.get("apiVersion").and_then(Node::as_str);
+            let kind = list.get("kind").and_then(Node::as_str);
+            if api.is_some() && kind.is_some_and(|k| is_list(k, list)) {
+                for (i, it) in items.iter().enumerate() {
+                    decode_object(it, &format!("items[{}]", first + i), &mut d, out);
+                }
+            }
+        }
+    }
+}
+
+/// `kind: List`, or a typed list such as `ServiceList`, whose items are objects.
+fn is_list(kind: &str, root: &Node) -> bool {
+    kind == "List" || (kind.ends_with("List") && root.get("items").is_some())
+}
+
 fn decode_object(root: &Node, path: &str, d: &mut Decoder, out: &mut Objects) {
     let Value::Map(_) = &root.value else {
         d.diags.push(
@@ -260,7 +285,7 @@ fn decode_object(root: &Node, path: &str, d: &mut Decoder, out: &mut Objects) {
     };
     let a = api.v.as_str();
     match kind.v.as_str() {
-        k if k == "List" || (k.ends_with("List") && root.get("items").is_some()) => {
+        k if is_list(k, root) => {
             let items_path = join(path, "items");
             for (i, it) in d.seq(root.get("items"), &items_path).iter().enumerate() {
                 decode_object(it, &format!("{items_path}[{i}]"), d, out);

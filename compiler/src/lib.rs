@@ -52,21 +52,26 @@ pub struct Compilation {
 pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compilation {
     use rayon::prelude::*;
     let mut diags = Diagnostics::default();
-    let parsed: Vec<(Objects, Diagnostics)> = inputs
+    // Each piece of each file is decoded right after it is parsed, on the same thread, so
+    // the located tree of a large file never exists whole.
+    let parsed: Vec<(Vec<(Objects, Diagnostics)>, Diagnostics)> = inputs
         .par_iter()
         .map(|&f| {
-            let (docs, mut d) = tree::parse_file(f, &sources.file(f).text);
-            let mut objs = Objects::default();
-            for doc in &docs {
-                k8s::decode_document(doc, &mut objs, &mut d);
-            }
-            (objs, d)
+            tree::parse_each(f, &sources.file(f).text, |part| {
+                let mut objs = Objects::default();
+                let mut d = Diagnostics::default();
+                k8s::decode_part(&part, &mut objs, &mut d);
+                (objs, d)
+            })
         })
         .collect();
     let mut objects = Objects::default();
-    for (o, d) in parsed {
-        objects.extend(o);
+    for (parts, d) in parsed {
         diags.extend(d);
+        for (o, d) in parts {
+            objects.extend(o);
+            diags.extend(d);
+        }
     }
     let settings = settings(&objects, opts, &mut diags);
     passes::validate::validate(&objects, &settings, &mut diags);
