@@ -13,7 +13,8 @@
 //! It prints Markdown: the README's "Performance" table is this output.
 //!
 //! Options: `--sizes 1000,10000,20000,30000` `--runs 5` `--quick` (sizes 1000,2000, one
-//! run, no kernel loads) `--no-kernel` `--no-cli`.
+//! run, no kernel loads) `--no-kernel` `--no-cli` `--only NAME` (just the stages whose name
+//! contains NAME, for a profiler).
 
 use rayon::prelude::*;
 use std::fmt::Write as _;
@@ -36,6 +37,7 @@ const BUDGET_SIZE: usize = 10_000;
 
 struct Args {
     sizes: Vec<usize>,
+    only: Option<String>,
     runs: usize,
     kernel: bool,
     cli: bool,
@@ -44,6 +46,7 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         sizes: vec![1_000, 10_000, 20_000, 30_000],
+        only: None,
         runs: 5,
         kernel: true,
         cli: true,
@@ -64,6 +67,11 @@ fn args() -> Args {
             "--quick" => {
                 a.sizes = vec![1_000, 2_000];
                 a.runs = 1;
+                a.kernel = false;
+            }
+            "--only" => {
+                a.only = it.next().cloned();
+                a.cli = false;
                 a.kernel = false;
             }
             "--no-kernel" => a.kernel = false,
@@ -92,10 +100,22 @@ impl Stat {
     }
 }
 
-/// Time `f` `runs` times; its result is dropped outside the timed region.
-fn time<T>(runs: usize, mut f: impl FnMut() -> T) -> Stat {
-    Stat::of(
-        (0..runs)
+/// Times stages, `runs` times each; with `only`, just the stages whose name contains it
+/// (for profiling one stage).
+struct Timer<'a> {
+    runs: usize,
+    only: Option<&'a str>,
+    stats: Vec<(&'static str, Stat)>,
+}
+
+impl Timer<'_> {
+    /// Time `f`; its result is dropped outside the timed region.
+    fn stage<T>(&mut self, name: &'static str, mut f: impl FnMut() -> T) {
+        if self.only.is_some_and(|o| !name.contains(o)) {
+            self.stats.push((name, Stat::default()));
+            return;
+        }
+        let times = (0..self.runs)
             .map(|_| {
                 let t = Instant::now();
                 let r = f();
@@ -103,8 +123,9 @@ fn time<T>(runs: usize, mut f: impl FnMut() -> T) -> Stat {
                 drop(r);
                 d
             })
-            .collect(),
-    )
+            .collect();
+        self.stats.push((name, Stat::of(times)));
+    }
 }
 
 fn shape(services: usize) -> Shape {
@@ -116,33 +137,23 @@ fn shape(services: usize) -> Shape {
     }
 }
 
-const STAGES: &[&str] = &[
-    "parse YAML (kind: List)",
-    "parse YAML (--- stream)",
-    "parse JSON",
-    "decode",
-    "validate",
-    "resolve",
-    "allocate",
-    "lower",
-    "node view, 1 node",
-    "iptables, 1 node",
-    "nftables, 1 node",
-    "node views + iptables, 100 nodes",
-    "node views + nftables, 100 nodes",
-];
-
 /// Every stage of the pipeline at one size.
-fn stages(services: usize, runs: usize) -> Vec<Stat> {
+fn stages(services: usize, runs: usize, only: Option<&str>) -> Vec<(&'static str, Stat)> {
     let sh = shape(services);
     let list = synth::generate(&sh, Format::YamlList);
     let stream = synth::generate(&sh, Format::YamlStream);
     let json = synth::generate(&sh, Format::Json);
     let file = FileId(0);
-    let mut out = Vec::new();
-    out.push(time(runs, || tree::parse_file(file, &list)));
-    out.push(time(runs, || tree::parse_file(file, &stream)));
-    out.push(time(runs, || tree::parse_file(file, &json)));
+    let mut t = Timer {
+        runs,
+        only,
+        stats: Vec::new(),
+    };
+    t.stage("parse YAML (kind: List)", || tree::parse_file(file, &list));
+    t.stage("parse YAML (--- stream)", || {
+        tree::parse_file(file, &stream)
+    });
+    t.stage("parse JSON", || tree::parse_file(file, &json));
 
     let (docs, _) = tree::parse_file(file, &list);
     let decode = || {
@@ -153,7 +164,12 @@ fn stages(services: usize, runs: usize) -> Vec<Stat> {
         }
         (objects, diags)
     };
-    out.push(time(runs, decode));
+    t.stage("decode (one thread)", decode);
+    let mut sources = svc_compiler::source::SourceMap::default();
+    let f = sources.add("cluster.yaml", list.clone());
+    t.stage("parse + decode, in parallel as `compile` runs them", || {
+        svc_compiler::read(&sources, &[f])
+    });
     let (objects, mut diags) = decode();
     drop(docs);
     let opts = svc_compiler::Options {
@@ -161,25 +177,20 @@ fn stages(services: usize, runs: usize) -> Vec<Stat> {
         ..Default::default()
     };
     let settings = svc_compiler::settings(&objects, &opts, &mut diags);
-    out.push(time(runs, || {
+    t.stage("validate", || {
         passes::validate::validate(&objects, &settings, &mut Diagnostics::default())
-    }));
-    out.push(time(runs, || passes::resolve::resolve(&objects)));
+    });
+    t.stage("resolve", || passes::resolve::resolve(&objects));
     let lock = Default::default();
-    out.push(time(runs, || {
-        passes::allocate::allocate(
-            &objects,
-            &settings,
-            &lock,
-            true,
-            &mut Diagnostics::default(),
-        )
-    }));
+    t.stage("allocate", || {
+        let mut d = Diagnostics::default();
+        passes::allocate::allocate(&objects, &settings, &lock, true, &mut d)
+    });
     let resolved = passes::resolve::resolve(&objects);
     let (allocs, _) = passes::allocate::allocate(&objects, &settings, &lock, true, &mut diags);
-    out.push(time(runs, || {
+    t.stage("lower", || {
         passes::lower::lower(&objects, &settings, resolved.clone(), allocs.clone())
-    }));
+    });
     let module = passes::lower::lower(&objects, &settings, resolved, allocs);
     assert!(
         !diags.has_errors(),
@@ -194,17 +205,21 @@ fn stages(services: usize, runs: usize) -> Vec<Stat> {
         };
         passes::node::node_view(&module, &sel, IpFamily::IPv4).expect("the node exists")
     };
-    out.push(time(runs, || view("node-000")));
+    t.stage("node view, 1 node", || view("node-000"));
     let v = view("node-000");
-    out.push(time(runs, || {
+    t.stage("iptables, 1 node", || {
         svc_targets::iptables::write_string(&v, &Default::default())
-    }));
-    out.push(time(runs, || {
+    });
+    t.stage("nftables, 1 node", || {
         svc_targets::nftables::write_string(&v, &Default::default())
-    }));
-    out.push(time(runs, || all_nodes(&module, Target::Iptables)));
-    out.push(time(runs, || all_nodes(&module, Target::Nftables)));
-    out
+    });
+    t.stage("node views + iptables, 100 nodes", || {
+        all_nodes(&module, Target::Iptables)
+    });
+    t.stage("node views + nftables, 100 nodes", || {
+        all_nodes(&module, Target::Nftables)
+    });
+    t.stats
 }
 
 #[derive(Clone, Copy)]
@@ -514,10 +529,10 @@ fn main() {
     );
 
     // 1. Stages.
-    let mut by_size: Vec<Vec<Stat>> = Vec::new();
+    let mut by_size: Vec<Vec<(&str, Stat)>> = Vec::new();
     for &n in &a.sizes {
         eprintln!("stages: {n} services ...");
-        by_size.push(stages(n, a.runs));
+        by_size.push(stages(n, a.runs, a.only.as_deref()));
     }
     let _ = write!(report, "| stage (ms) |");
     for &n in &a.sizes {
@@ -543,15 +558,17 @@ fn main() {
         "---:|".repeat(a.sizes.len()),
         if doubling.is_some() { "---:|" } else { "" }
     );
-    for (s, name) in STAGES.iter().enumerate() {
+    for s in 0..by_size[0].len() {
+        let name = by_size[0][s].0;
         let _ = write!(report, "| {name} |");
         for st in &by_size {
-            let _ = write!(report, " {} [{}] |", ms(st[s].min), ms(st[s].median));
+            let _ = write!(report, " {} [{}] |", ms(st[s].1.min), ms(st[s].1.median));
         }
         if let Some((i, j)) = doubling {
-            let r = by_size[j][s].min.as_secs_f64() / by_size[i][s].min.as_secs_f64().max(1e-9);
+            let (a, b) = (by_size[i][s].1.min, by_size[j][s].1.min);
+            let r = b.as_secs_f64() / a.as_secs_f64().max(1e-9);
             // Stages under a millisecond are timer noise, not growth.
-            let ok = r <= 2.2 || by_size[j][s].min < Duration::from_millis(1);
+            let ok = r <= 2.2 || b < Duration::from_millis(1);
             let _ = write!(report, " {r:.2}× |");
             budgets.push((format!("linear: {name} ×{r:.2} when the input doubles"), ok));
         }

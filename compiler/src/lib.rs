@@ -50,29 +50,7 @@ pub struct Compilation {
 /// Compile the manifests in `inputs` (files of `sources`). Never fails: problems are
 /// diagnostics; the module is built from whatever was valid.
 pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compilation {
-    use rayon::prelude::*;
-    let mut diags = Diagnostics::default();
-    // Each piece of each file is decoded right after it is parsed, on the same thread, so
-    // the located tree of a large file never exists whole.
-    let parsed: Vec<(Vec<(Objects, Diagnostics)>, Diagnostics)> = inputs
-        .par_iter()
-        .map(|&f| {
-            tree::parse_each(f, &sources.file(f).text, |part| {
-                let mut objs = Objects::default();
-                let mut d = Diagnostics::default();
-                k8s::decode_part(&part, &mut objs, &mut d);
-                (objs, d)
-            })
-        })
-        .collect();
-    let mut objects = Objects::default();
-    for (parts, d) in parsed {
-        diags.extend(d);
-        for (o, d) in parts {
-            objects.extend(o);
-            diags.extend(d);
-        }
-    }
+    let (objects, mut diags) = read(sources, inputs);
     let settings = settings(&objects, opts, &mut diags);
     passes::validate::validate(&objects, &settings, &mut diags);
     let lock = match opts.lock {
@@ -97,6 +75,34 @@ pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compil
         lock: new_lock,
         diags,
     }
+}
+
+/// Parse and decode the manifests in `inputs`: files in parallel, and large files in
+/// parallel pieces. Each piece is decoded right after it is parsed, on the same thread, so
+/// the located tree of a large file never exists whole. Objects come in input order.
+pub fn read(sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
+    use rayon::prelude::*;
+    let parsed: Vec<(Vec<(Objects, Diagnostics)>, Diagnostics)> = inputs
+        .par_iter()
+        .map(|&f| {
+            tree::parse_each(f, &sources.file(f).text, |part| {
+                let mut objs = Objects::default();
+                let mut d = Diagnostics::default();
+                k8s::decode_part(&part, &mut objs, &mut d);
+                (objs, d)
+            })
+        })
+        .collect();
+    let mut objects = Objects::default();
+    let mut diags = Diagnostics::default();
+    for (parts, d) in parsed {
+        diags.extend(d);
+        for (o, d) in parts {
+            objects.extend(o);
+            diags.extend(d);
+        }
+    }
+    (objects, diags)
 }
 
 /// Merge the ClusterConfig document (if any) with the flags; flags win.

@@ -527,8 +527,9 @@ fn parse_yaml_piece(
             Some(Frame::Seq(_, items, _)) => items.push(node),
             Some(Frame::Map(_, entries, pending, _)) => match pending.take() {
                 None => {
-                    let key = match &node.value {
-                        Value::Scalar { text, .. } => text.clone(),
+                    let span = node.span;
+                    let key = match node.value {
+                        Value::Scalar { text, .. } => text,
                         Value::Null => String::new(),
                         _ => {
                             diags.push(
@@ -536,12 +537,12 @@ fn parse_yaml_piece(
                                     "SVC001",
                                     "mapping keys must be plain strings, not lists or mappings",
                                 )
-                                .at(node.span),
+                                .at(span),
                             );
                             String::new()
                         }
                     };
-                    *pending = Some((key, node.span));
+                    *pending = Some((key, span));
                 }
                 Some((key, key_span)) => entries.push(Entry {
                     key,
