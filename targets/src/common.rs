@@ -52,8 +52,13 @@ impl fmt::Display for ChainHash {
 /// kube-proxy nftables: `hashAndTruncate(s)` = first 8 base32 chars of sha256(s), `-`, s;
 /// cut to 240 characters (237 + `...`).
 pub fn hash_and_truncate(s: &str) -> String {
-    let h = &sha256_base32(s)[..8];
-    let full = format!("{h}-{s}");
+    // 8 base32 characters are exactly the first 5 bytes.
+    let mut h = [0u8; 8];
+    data_encoding::BASE32_NOPAD.encode_mut(&Sha256::digest(s.as_bytes())[..5], &mut h);
+    let mut full = String::with_capacity(9 + s.len());
+    full.push_str(std::str::from_utf8(&h).expect("base32 is ASCII"));
+    full.push('-');
+    full.push_str(s);
     if full.len() > 240 {
         let mut cut = 237;
         while !full.is_char_boundary(cut) {
