@@ -111,14 +111,25 @@ struct Timer<'a> {
 impl Timer<'_> {
     /// Time `f`; its result is dropped outside the timed region.
     fn stage<T>(&mut self, name: &'static str, mut f: impl FnMut() -> T) {
+        self.stage_with(name, || (), |()| f());
+    }
+
+    /// Time `f` on what `setup` made, which is not timed.
+    fn stage_with<I, T>(
+        &mut self,
+        name: &'static str,
+        mut setup: impl FnMut() -> I,
+        mut f: impl FnMut(I) -> T,
+    ) {
         if self.only.is_some_and(|o| !name.contains(o)) {
             self.stats.push((name, Stat::default()));
             return;
         }
         let times = (0..self.runs)
             .map(|_| {
+                let input = setup();
                 let t = Instant::now();
-                let r = f();
+                let r = f(input);
                 let d = t.elapsed();
                 drop(r);
                 d
@@ -188,9 +199,11 @@ fn stages(services: usize, runs: usize, only: Option<&str>) -> Vec<(&'static str
     });
     let resolved = passes::resolve::resolve(&objects);
     let (allocs, _) = passes::allocate::allocate(&objects, &settings, &lock, true, &mut diags);
-    t.stage("lower", || {
-        passes::lower::lower(&objects, &settings, resolved.clone(), allocs.clone())
-    });
+    t.stage_with(
+        "lower",
+        || (resolved.clone(), allocs.clone()),
+        |(r, a)| passes::lower::lower(&objects, &settings, r, a),
+    );
     let module = passes::lower::lower(&objects, &settings, resolved, allocs);
     assert!(
         !diags.has_errors(),
