@@ -11,6 +11,7 @@ USAGE:
     svc-compile PATHS... --target TARGET [--node NAME | --all-nodes --out DIR] [OPTIONS]
     svc-compile apply PATHS... --target iptables|nftables --node NAME [APPLY OPTIONS] [OPTIONS]
     svc-compile apply --from FILE | --rollback --target iptables|nftables [APPLY OPTIONS]
+    svc-compile gen --services N --endpoints M --nodes K [--seed S] [--format F] [-o FILE]
 
 PATHS are files, directories (read recursively: *.yaml, *.yml, *.json) or `-` for stdin.
 Multi-document YAML, JSON and `kind: List` dumps (kubectl get ... -o yaml) are accepted.
@@ -39,6 +40,7 @@ OPTIONS:
     --format text|json|sarif           how diagnostics are printed (default: text;
                                        sarif for code-scanning in CI)
     -h, --help                         this text
+    -V, --version                      the version
 
 APPLY OPTIONS (load the result on this node; needs root, see README.md):
     --netns NAME                       load inside network namespace NAME (ip netns)
@@ -48,7 +50,12 @@ APPLY OPTIONS (load the result on this node; needs root, see README.md):
     --full                             rewrite everything owned, not only what changed
     --state-dir DIR                    default /var/lib/svc-compile/<netns or host>
     --lock-timeout SECONDS             wait at most this long for another apply (default 30)
-    -V, --version                      the version
+
+GEN (a synthetic cluster for benchmarks; deterministic from the seed):
+    --services N / --endpoints M / --nodes K   N services with M endpoints each on K nodes
+    --seed S                           default 1
+    --format yaml|yaml-stream|json     a kind: List as kubectl prints it (default yaml),
+                                       or one YAML document per object
 
 EXIT CODES:
     0  success (warnings may have been printed)
@@ -108,9 +115,64 @@ pub struct ApplyArgs {
 pub enum Parsed {
     Help(String),
     Run(Command),
+    Gen(GenCommand),
+}
+
+#[derive(Debug)]
+pub struct GenCommand {
+    pub shape: svc_compiler::synth::Shape,
+    pub format: svc_compiler::synth::Format,
+    pub output: Option<String>,
+}
+
+fn parse_gen(args: &[String]) -> Result<Parsed, String> {
+    use svc_compiler::synth::{Format, Shape, MAX_NODES};
+    let mut shape = Shape {
+        services: 1000,
+        endpoints: 10,
+        nodes: 1,
+        seed: 1,
+    };
+    let (mut format, mut output) = (Format::YamlList, None);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let number = |v: &String| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag} `{v}` is not a number"))
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Parsed::Help(USAGE.to_string())),
+            "--services" => shape.services = number(value()?)?,
+            "--endpoints" => shape.endpoints = number(value()?)?,
+            "--nodes" => shape.nodes = number(value()?)?,
+            "--seed" => shape.seed = number(value()?)? as u64,
+            "--format" => {
+                format = match value()?.as_str() {
+                    "yaml" => Format::YamlList,
+                    "yaml-stream" => Format::YamlStream,
+                    "json" => Format::Json,
+                    f => return Err(format!("--format `{f}`: use yaml, yaml-stream or json")),
+                }
+            }
+            "-o" | "--output" => output = Some(value()?.clone()),
+            _ => return Err(format!("gen: unknown flag `{flag}`")),
+        }
+    }
+    if !(1..=MAX_NODES).contains(&shape.nodes) {
+        return Err(format!("--nodes must be between 1 and {MAX_NODES}"));
+    }
+    Ok(Parsed::Gen(GenCommand {
+        shape,
+        format,
+        output,
+    }))
 }
 
 pub fn parse(args: &[String]) -> Result<Parsed, String> {
+    if args.first().is_some_and(|a| a == "gen") {
+        return parse_gen(&args[1..]);
+    }
     let mut cmd = Command {
         check: false,
         paths: vec![],

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
             0
         }
         Ok(cli::Parsed::Run(cmd)) => run::run(cmd),
+        Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
         Err(e) => {
             eprintln!("svc-compile: {e}");
             eprintln!("svc-compile: run `svc-compile --help` for usage");

@@ -1,6 +1,6 @@
 //! Running a command: the only place that reads files, writes files and prints.
 
-use crate::cli::{Command, Format, Target};
+use crate::cli::{Command, Format, GenCommand, Target};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use svc_compiler::diag::{self, Severity};
@@ -19,6 +19,18 @@ pub fn run(cmd: Command) -> u8 {
     }
     match run_inner(&cmd) {
         Ok(code) => code,
+        Err(Fail(msg)) => {
+            eprintln!("svc-compile: {msg}");
+            2
+        }
+    }
+}
+
+/// `svc-compile gen`: write a synthetic cluster.
+pub fn gen(cmd: GenCommand) -> u8 {
+    let text = svc_compiler::synth::generate(&cmd.shape, cmd.format);
+    match write_output(cmd.output.as_deref(), &text) {
+        Ok(()) => 0,
         Err(Fail(msg)) => {
             eprintln!("svc-compile: {msg}");
             2

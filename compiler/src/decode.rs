@@ -47,22 +47,46 @@ impl<'a> Fields<'a> {
     }
 }
 
-pub fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_string()
-    } else {
-        format!("{path}.{key}")
+/// A field path such as `spec.ports[0].nodePort`: links on the stack while decoding
+/// descends, written out only when a diagnostic needs it.
+#[derive(Clone, Copy, Debug)]
+pub enum Path<'a> {
+    /// Where the path starts: empty, or a prefix written as is (`data[config.conf]`).
+    Root(&'a str),
+    Key(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl<'a> Path<'a> {
+    pub const ROOT: Path<'static> = Path::Root("");
+
+    pub fn key(&'a self, key: &'a str) -> Path<'a> {
+        Path::Key(self, key)
+    }
+    pub fn index(&'a self, i: usize) -> Path<'a> {
+        Path::Index(self, i)
     }
 }
 
-fn type_error(n: &Node, want: &str, path: &str) -> Diagnostic {
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Root(s) => f.write_str(s),
+            Path::Key(Path::Root(""), key) => f.write_str(key),
+            Path::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+fn type_error(n: &Node, want: &str, path: &Path) -> Diagnostic {
     let found = n.kind_name();
     let d = Diagnostic::error(
         "SVC004",
         format!("`{path}` must be {want}, found a {found}"),
     )
     .at(n.span)
-    .path(path);
+    .path(path.to_string());
     match (&n.value, want) {
         (Value::Scalar { plain: false, text }, w)
             if w.contains("integer") && text.parse::<i64>().is_ok() =>
@@ -79,7 +103,7 @@ impl Decoder<'_> {
     pub fn map<'a>(
         &mut self,
         n: &'a Node,
-        path: &str,
+        path: &Path,
         what: &str,
         known: Option<&[&str]>,
     ) -> Option<Fields<'a>> {
@@ -97,7 +121,7 @@ impl Decoder<'_> {
                         format!("unknown field `{}` in {what}", e.key),
                     )
                     .at(e.key_span)
-                    .path(join(path, &e.key));
+                    .path(path.key(&e.key).to_string());
                     if let Some(s) = closest(&e.key, known) {
                         d = d.hint(format!("did you mean `{s}`?"));
                     } else {
@@ -116,7 +140,7 @@ impl Decoder<'_> {
                 self.diags.push(
                     Diagnostic::error("SVC005", format!("duplicate key `{}`", e.key))
                         .at(e.key_span)
-                        .path(join(path, &e.key))
+                        .path(path.key(&e.key).to_string())
                         .related(first.key_span, "first written here")
                         .hint("a mapping may hold each key once; the API server would reject it"),
                 );
@@ -130,7 +154,7 @@ impl Decoder<'_> {
         })
     }
 
-    pub fn str_(&mut self, n: Option<&Node>, path: &str) -> Option<Sp<String>> {
+    pub fn str_(&mut self, n: Option<&Node>, path: &Path) -> Option<Sp<String>> {
         let n = n?;
         match &n.value {
             Value::Null => None,
@@ -142,7 +166,7 @@ impl Decoder<'_> {
         }
     }
 
-    pub fn int(&mut self, n: Option<&Node>, path: &str) -> Option<Sp<i64>> {
+    pub fn int(&mut self, n: Option<&Node>, path: &Path) -> Option<Sp<i64>> {
         let n = n?;
         match &n.value {
             Value::Null => None,
@@ -156,7 +180,7 @@ impl Decoder<'_> {
         }
     }
 
-    pub fn bool_(&mut self, n: Option<&Node>, path: &str) -> Option<Sp<bool>> {
+    pub fn bool_(&mut self, n: Option<&Node>, path: &Path) -> Option<Sp<bool>> {
         let n = n?;
         match &n.value {
             Value::Null => None,
@@ -171,7 +195,7 @@ impl Decoder<'_> {
         }
     }
 
-    pub fn int_or_string(&mut self, n: Option<&Node>, path: &str) -> Option<Sp<IntOrString>> {
+    pub fn int_or_string(&mut self, n: Option<&Node>, path: &Path) -> Option<Sp<IntOrString>> {
         let n = n?;
         match &n.value {
             Value::Null => None,
@@ -187,7 +211,7 @@ impl Decoder<'_> {
         }
     }
 
-    pub fn seq<'a>(&mut self, n: Option<&'a Node>, path: &str) -> &'a [Node] {
+    pub fn seq<'a>(&mut self, n: Option<&'a Node>, path: &Path) -> &'a [Node] {
         let Some(n) = n else { return &[] };
         match &n.value {
             Value::Null => &[],
@@ -199,11 +223,11 @@ impl Decoder<'_> {
         }
     }
 
-    pub fn str_list(&mut self, n: Option<&Node>, path: &str) -> Vec<Sp<String>> {
+    pub fn str_list(&mut self, n: Option<&Node>, path: &Path) -> Vec<Sp<String>> {
         let items = self.seq(n, path);
         let mut out = Vec::with_capacity(items.len());
         for (i, it) in items.iter().enumerate() {
-            if let Some(s) = self.str_(Some(it), &format!("{path}[{i}]")) {
+            if let Some(s) = self.str_(Some(it), &path.index(i)) {
                 out.push(s);
             }
         }
@@ -211,14 +235,14 @@ impl Decoder<'_> {
     }
 
     /// A `map[string]string` (labels, selector, annotations), in written order.
-    pub fn str_map(&mut self, n: Option<&Node>, path: &str) -> Vec<(Sp<String>, Sp<String>)> {
+    pub fn str_map(&mut self, n: Option<&Node>, path: &Path) -> Vec<(Sp<String>, Sp<String>)> {
         let Some(n) = n else { return Vec::new() };
         let Some(f) = self.map(n, path, "", None) else {
             return Vec::new();
         };
         let mut out = Vec::new();
         for e in f.entries() {
-            let p = join(path, &e.key);
+            let p = path.key(&e.key);
             let v = match &e.value.value {
                 Value::Null => Some(Sp::new(String::new(), e.value.span)),
                 _ => self.str_(Some(&e.value), &p),
@@ -258,4 +282,20 @@ fn edit_distance(a: &str, b: &str) -> usize {
         prev = cur;
     }
     prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Path;
+
+    #[test]
+    fn paths_are_written_as_field_paths() {
+        let spec = Path::ROOT.key("spec");
+        let ports = spec.key("ports");
+        let port = ports.index(0);
+        assert_eq!(port.key("nodePort").to_string(), "spec.ports[0].nodePort");
+        assert_eq!(Path::ROOT.index(3).to_string(), "[3]");
+        let conf = Path::Root("data[config.conf]");
+        assert_eq!(conf.key("mode").to_string(), "data[config.conf].mode");
+    }
 }

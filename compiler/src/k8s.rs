@@ -4,10 +4,10 @@
 //! in `passes::validate`. Optional fields stay `Option` so passes can tell "unset" from a
 //! written default.
 
-use crate::decode::{join, Decoder, Fields, IntOrString, Sp};
+use crate::decode::{Decoder, Fields, IntOrString, Path, Sp};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::source::Span;
-use crate::tree::{Document, Node, Value};
+use crate::tree::{Document, Node, Part, Value};
 
 #[derive(Clone, Debug, Default)]
 pub struct Meta {
@@ -230,10 +230,36 @@ const META_FIELDS: &[&str] = &[
 /// Decode every object of a document (a `List` yields its items).
 pub fn decode_document(doc: &Document, out: &mut Objects, diags: &mut Diagnostics) {
     let mut d = Decoder { diags };
-    decode_object(&doc.root, "", &mut d, out);
+    decode_object(&doc.root, &Path::ROOT, &mut d, out);
 }
 
-fn decode_object(root: &Node, path: &str, d: &mut Decoder, out: &mut Objects) {
+/// Decode one part of a file parsed by [`crate::tree::parse_each`]: a whole document, or a
+/// run of a `List`'s items (decoded as [`decode_document`] would decode them in the list).
+pub fn decode_part(part: &Part<'_>, out: &mut Objects, diags: &mut Diagnostics) {
+    let mut d = Decoder { diags };
+    match part {
+        Part::Document(root) => decode_object(root, &Path::ROOT, &mut d, out),
+        Part::Items { list, first, items } => {
+            // Decoded as decode_object would in the list's own arm; the list document
+            // itself reports a missing apiVersion or kind.
+            let api = list.get("apiVersion").and_then(Node::as_str);
+            let kind = list.get("kind").and_then(Node::as_str);
+            if api.is_some() && kind.is_some_and(|k| is_list(k, list)) {
+                let list = Path::ROOT.key("items");
+                for (i, it) in items.iter().enumerate() {
+                    decode_object(it, &list.index(first + i), &mut d, out);
+                }
+            }
+        }
+    }
+}
+
+/// `kind: List`, or a typed list such as `ServiceList`, whose items are objects.
+fn is_list(kind: &str, root: &Node) -> bool {
+    kind == "List" || (kind.ends_with("List") && root.get("items").is_some())
+}
+
+fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
     let Value::Map(_) = &root.value else {
         d.diags.push(
             Diagnostic::error(
@@ -248,8 +274,8 @@ fn decode_object(root: &Node, path: &str, d: &mut Decoder, out: &mut Objects) {
         );
         return;
     };
-    let api = d.str_(root.get("apiVersion"), &join(path, "apiVersion"));
-    let kind = d.str_(root.get("kind"), &join(path, "kind"));
+    let api = d.str_(root.get("apiVersion"), &path.key("apiVersion"));
+    let kind = d.str_(root.get("kind"), &path.key("kind"));
     let (Some(api), Some(kind)) = (api, kind) else {
         d.diags.push(
             Diagnostic::error("SVC006", "object without `apiVersion` and `kind`")
@@ -260,10 +286,10 @@ fn decode_object(root: &Node, path: &str, d: &mut Decoder, out: &mut Objects) {
     };
     let a = api.v.as_str();
     match kind.v.as_str() {
-        k if k == "List" || (k.ends_with("List") && root.get("items").is_some()) => {
-            let items_path = join(path, "items");
+        k if is_list(k, root) => {
+            let items_path = path.key("items");
             for (i, it) in d.seq(root.get("items"), &items_path).iter().enumerate() {
-                decode_object(it, &format!("{items_path}[{i}]"), d, out);
+                decode_object(it, &items_path.index(i), d, out);
             }
         }
         "Service" if a == "v1" => {
@@ -315,7 +341,7 @@ fn decode_object(root: &Node, path: &str, d: &mut Decoder, out: &mut Objects) {
                     format!("unsupported apiVersion `{a}` for kind {k}"),
                 )
                 .at(api.span)
-                .path(join(path, "apiVersion"))
+                .path(path.key("apiVersion").to_string())
                 .hint(match k {
                     "EndpointSlice" => "use discovery.k8s.io/v1 (or v1beta1)",
                     "KubeProxyConfiguration" => "use kubeproxy.config.k8s.io/v1alpha1",
@@ -334,7 +360,7 @@ fn decode_object(root: &Node, path: &str, d: &mut Decoder, out: &mut Objects) {
                     ),
                 )
                 .at(kind.span)
-                .path(join(path, "kind")),
+                .path(path.key("kind").to_string()),
             );
         }
     }
@@ -354,7 +380,7 @@ fn object_name(root: &Node) -> String {
 
 fn top<'a>(
     root: &'a Node,
-    path: &str,
+    path: &Path,
     what: &str,
     extra: &[&str],
     d: &mut Decoder,
@@ -364,8 +390,8 @@ fn top<'a>(
     d.map(root, path, what, Some(&known))
 }
 
-fn meta(root: &Node, path: &str, what: &str, d: &mut Decoder, namespaced: bool) -> Option<Meta> {
-    let mp = join(path, "metadata");
+fn meta(root: &Node, path: &Path, what: &str, d: &mut Decoder, namespaced: bool) -> Option<Meta> {
+    let mp = path.key("metadata");
     let Some(m) = root
         .get("metadata")
         .and_then(|n| d.map(n, &mp, "metadata", Some(META_FIELDS)))
@@ -373,22 +399,22 @@ fn meta(root: &Node, path: &str, what: &str, d: &mut Decoder, namespaced: bool) 
         d.diags.push(
             Diagnostic::error("SVC009", format!("{what} without `metadata.name`"))
                 .at(root.span)
-                .path(mp)
+                .path(mp.to_string())
                 .hint("every object needs metadata.name"),
         );
         return None;
     };
-    let Some(name) = d.str_(m.get("name"), &join(&mp, "name")) else {
+    let Some(name) = d.str_(m.get("name"), &mp.key("name")) else {
         d.diags.push(
             Diagnostic::error("SVC009", format!("{what} without `metadata.name`"))
                 .at(m.span)
-                .path(join(&mp, "name"))
+                .path(mp.key("name").to_string())
                 .hint("every object needs metadata.name"),
         );
         return None;
     };
     let namespace = d
-        .str_(m.get("namespace"), &join(&mp, "namespace"))
+        .str_(m.get("namespace"), &mp.key("namespace"))
         .unwrap_or_else(|| {
             Sp::new(
                 if namespaced {
@@ -400,8 +426,8 @@ fn meta(root: &Node, path: &str, what: &str, d: &mut Decoder, namespaced: bool) 
             )
         });
     Some(Meta {
-        labels: d.str_map(m.get("labels"), &join(&mp, "labels")),
-        annotations: d.str_map(m.get("annotations"), &join(&mp, "annotations")),
+        labels: d.str_map(m.get("labels"), &mp.key("labels")),
+        annotations: d.str_map(m.get("annotations"), &mp.key("annotations")),
         deletion_timestamp: m.get("deletionTimestamp").is_some(),
         name,
         namespace,
@@ -441,31 +467,31 @@ const SERVICE_PORT: &[&str] = &[
     "nodePort",
 ];
 
-fn service(root: &Node, path: &str, d: &mut Decoder) -> Option<Service> {
+fn service(root: &Node, path: &Path, d: &mut Decoder) -> Option<Service> {
     let f = top(root, path, "Service", &["spec", "status"], d)?;
     let meta = meta(root, path, "Service", d, true)?;
-    let sp = join(path, "spec");
+    let sp = path.key("spec");
     let empty = Node {
         span: root.span,
         value: Value::Map(Vec::new()),
     };
     let spec_node = f.get("spec").unwrap_or(&empty);
     let s = d.map(spec_node, &sp, "Service spec", Some(SERVICE_SPEC))?;
-    let p = |k: &str| join(&sp, k);
+    let p = |k: &'static str| sp.key(k);
     let mut ports = Vec::new();
     let pp = p("ports");
     for (i, n) in d.seq(s.get("ports"), &pp).iter().enumerate() {
-        let ip = format!("{pp}[{i}]");
+        let ip = pp.index(i);
         let Some(pf) = d.map(n, &ip, "Service port", Some(SERVICE_PORT)) else {
             continue;
         };
         ports.push(Port {
             span: n.span,
-            name: d.str_(pf.get("name"), &join(&ip, "name")),
-            protocol: d.str_(pf.get("protocol"), &join(&ip, "protocol")),
-            port: d.int(pf.get("port"), &join(&ip, "port")),
-            target_port: d.int_or_string(pf.get("targetPort"), &join(&ip, "targetPort")),
-            node_port: d.int(pf.get("nodePort"), &join(&ip, "nodePort")),
+            name: d.str_(pf.get("name"), &ip.key("name")),
+            protocol: d.str_(pf.get("protocol"), &ip.key("protocol")),
+            port: d.int(pf.get("port"), &ip.key("port")),
+            target_port: d.int_or_string(pf.get("targetPort"), &ip.key("targetPort")),
+            node_port: d.int(pf.get("nodePort"), &ip.key("nodePort")),
         });
     }
     let (affinity_timeout, _) = {
@@ -477,36 +503,31 @@ fn service(root: &Node, path: &str, d: &mut Decoder) -> Option<Service> {
             .and_then(|n| {
                 d.map(
                     n,
-                    &join(&ap, "clientIP"),
+                    &ap.key("clientIP"),
                     "clientIP",
                     Some(&["timeoutSeconds"]),
                 )
             })
-            .and_then(|f| {
-                d.int(
-                    f.get("timeoutSeconds"),
-                    &join(&ap, "clientIP.timeoutSeconds"),
-                )
-            });
+            .and_then(|f| d.int(f.get("timeoutSeconds"), &ap.key("clientIP.timeoutSeconds")));
         (t, ())
     };
     let mut lb_ingress = Vec::new();
     if let Some(st) = f.get("status") {
-        let stp = join(path, "status");
+        let stp = path.key("status");
         if let Some(stf) = d.map(
             st,
             &stp,
             "Service status",
             Some(&["loadBalancer", "conditions"]),
         ) {
-            let lbp = join(&stp, "loadBalancer");
+            let lbp = stp.key("loadBalancer");
             if let Some(lb) = stf
                 .get("loadBalancer")
                 .and_then(|n| d.map(n, &lbp, "loadBalancer status", Some(&["ingress"])))
             {
-                let ingp = join(&lbp, "ingress");
+                let ingp = lbp.key("ingress");
                 for (i, n) in d.seq(lb.get("ingress"), &ingp).iter().enumerate() {
-                    let ip = format!("{ingp}[{i}]");
+                    let ip = ingp.index(i);
                     if let Some(g) = d.map(
                         n,
                         &ip,
@@ -514,9 +535,9 @@ fn service(root: &Node, path: &str, d: &mut Decoder) -> Option<Service> {
                         Some(&["ip", "hostname", "ipMode", "ports"]),
                     ) {
                         lb_ingress.push(LbIngress {
-                            ip: d.str_(g.get("ip"), &join(&ip, "ip")),
-                            hostname: d.str_(g.get("hostname"), &join(&ip, "hostname")),
-                            ip_mode: d.str_(g.get("ipMode"), &join(&ip, "ipMode")),
+                            ip: d.str_(g.get("ip"), &ip.key("ip")),
+                            hostname: d.str_(g.get("hostname"), &ip.key("hostname")),
+                            ip_mode: d.str_(g.get("ipMode"), &ip.key("ipMode")),
                         });
                     }
                 }
@@ -585,10 +606,10 @@ const SLICE_EP: &[&str] = &[
     "topology",
 ];
 
-fn slice_ports(items: &[Node], path: &str, d: &mut Decoder) -> Vec<SlicePort> {
+fn slice_ports(items: &[Node], path: &Path, d: &mut Decoder) -> Vec<SlicePort> {
     let mut ports = Vec::new();
     for (i, n) in items.iter().enumerate() {
-        let pp = format!("{path}[{i}]");
+        let pp = path.index(i);
         if let Some(f) = d.map(
             n,
             &pp,
@@ -597,26 +618,26 @@ fn slice_ports(items: &[Node], path: &str, d: &mut Decoder) -> Vec<SlicePort> {
         ) {
             ports.push(SlicePort {
                 span: n.span,
-                name: d.str_(f.get("name"), &join(&pp, "name")),
-                protocol: d.str_(f.get("protocol"), &join(&pp, "protocol")),
-                port: d.int(f.get("port"), &join(&pp, "port")),
+                name: d.str_(f.get("name"), &pp.key("name")),
+                protocol: d.str_(f.get("protocol"), &pp.key("protocol")),
+                port: d.int(f.get("port"), &pp.key("port")),
             });
         }
     }
     ports
 }
 
-fn endpoint_slice(root: &Node, path: &str, beta: bool, d: &mut Decoder) -> Option<EndpointSlice> {
+fn endpoint_slice(root: &Node, path: &Path, beta: bool, d: &mut Decoder) -> Option<EndpointSlice> {
     let f = top(root, path, "EndpointSlice", SLICE_TOP, d)?;
     let meta = meta(root, path, "EndpointSlice", d, true)?;
     let mut endpoints = Vec::new();
-    let ep = join(path, "endpoints");
+    let ep = path.key("endpoints");
     for (i, n) in d.seq(f.get("endpoints"), &ep).iter().enumerate() {
-        let p = format!("{ep}[{i}]");
+        let p = ep.index(i);
         let Some(e) = d.map(n, &p, "endpoint", Some(SLICE_EP)) else {
             continue;
         };
-        let cp = join(&p, "conditions");
+        let cp = p.key("conditions");
         let (mut ready, mut serving, mut terminating) = (None, None, None);
         if let Some(c) = e.get("conditions").and_then(|n| {
             d.map(
@@ -626,26 +647,24 @@ fn endpoint_slice(root: &Node, path: &str, beta: bool, d: &mut Decoder) -> Optio
                 Some(&["ready", "serving", "terminating"]),
             )
         }) {
-            ready = d.bool_(c.get("ready"), &join(&cp, "ready")).map(|b| b.v);
-            serving = d
-                .bool_(c.get("serving"), &join(&cp, "serving"))
-                .map(|b| b.v);
+            ready = d.bool_(c.get("ready"), &cp.key("ready")).map(|b| b.v);
+            serving = d.bool_(c.get("serving"), &cp.key("serving")).map(|b| b.v);
             terminating = d
-                .bool_(c.get("terminating"), &join(&cp, "terminating"))
+                .bool_(c.get("terminating"), &cp.key("terminating"))
                 .map(|b| b.v);
         }
         let (mut hint_zones, mut hint_nodes) = (Vec::new(), Vec::new());
-        let hp = join(&p, "hints");
+        let hp = p.key("hints");
         if let Some(h) = e
             .get("hints")
             .and_then(|n| d.map(n, &hp, "endpoint hints", Some(&["forZones", "forNodes"])))
         {
             for (key, out) in [("forZones", &mut hint_zones), ("forNodes", &mut hint_nodes)] {
-                let kp = join(&hp, key);
+                let kp = hp.key(key);
                 for (j, z) in d.seq(h.get(key), &kp).iter().enumerate() {
-                    let zp = format!("{kp}[{j}]");
+                    let zp = kp.index(j);
                     if let Some(zf) = d.map(z, &zp, "hint", Some(&["name"])) {
-                        if let Some(name) = d.str_(zf.get("name"), &join(&zp, "name")) {
+                        if let Some(name) = d.str_(zf.get("name"), &zp.key("name")) {
                             out.push(name.v);
                         }
                     }
@@ -653,15 +672,15 @@ fn endpoint_slice(root: &Node, path: &str, beta: bool, d: &mut Decoder) -> Optio
                 out.sort();
             }
         }
-        let mut node_name = d.str_(e.get("nodeName"), &join(&p, "nodeName"));
-        let mut zone = d.str_(e.get("zone"), &join(&p, "zone"));
+        let mut node_name = d.str_(e.get("nodeName"), &p.key("nodeName"));
+        let mut zone = d.str_(e.get("zone"), &p.key("zone"));
         // v1beta1 kept node and zone in a topology map.
         let topo_key = if beta {
             "topology"
         } else {
             "deprecatedTopology"
         };
-        let topo = d.str_map(e.get(topo_key), &join(&p, topo_key));
+        let topo = d.str_map(e.get(topo_key), &p.key(topo_key));
         for (k, v) in topo {
             match k.v.as_str() {
                 "kubernetes.io/hostname" if node_name.is_none() => node_name = Some(v),
@@ -671,7 +690,7 @@ fn endpoint_slice(root: &Node, path: &str, beta: bool, d: &mut Decoder) -> Optio
         }
         endpoints.push(SliceEndpoint {
             span: n.span,
-            addresses: d.str_list(e.get("addresses"), &join(&p, "addresses")),
+            addresses: d.str_list(e.get("addresses"), &p.key("addresses")),
             ready,
             serving,
             terminating,
@@ -681,24 +700,24 @@ fn endpoint_slice(root: &Node, path: &str, beta: bool, d: &mut Decoder) -> Optio
             hint_nodes,
         });
     }
-    let pp = join(path, "ports");
+    let pp = path.key("ports");
     let port_nodes = d.seq(f.get("ports"), &pp);
     Some(EndpointSlice {
         span: root.span,
-        address_type: d.str_(f.get("addressType"), &join(path, "addressType")),
+        address_type: d.str_(f.get("addressType"), &path.key("addressType")),
         ports: slice_ports(port_nodes, &pp, d),
         endpoints,
         meta,
     })
 }
 
-fn endpoints(root: &Node, path: &str, d: &mut Decoder) -> Option<Endpoints> {
+fn endpoints(root: &Node, path: &Path, d: &mut Decoder) -> Option<Endpoints> {
     let f = top(root, path, "Endpoints", &["subsets"], d)?;
     let meta = meta(root, path, "Endpoints", d, true)?;
-    let sp = join(path, "subsets");
+    let sp = path.key("subsets");
     let mut subsets = Vec::new();
     for (i, n) in d.seq(f.get("subsets"), &sp).iter().enumerate() {
-        let p = format!("{sp}[{i}]");
+        let p = sp.index(i);
         let Some(s) = d.map(
             n,
             &p,
@@ -708,25 +727,25 @@ fn endpoints(root: &Node, path: &str, d: &mut Decoder) -> Option<Endpoints> {
             continue;
         };
         let addrs = |key: &str, d: &mut Decoder| {
-            let ap = join(&p, key);
+            let ap = p.key(key);
             let mut out = Vec::new();
             for (j, a) in d.seq(s.get(key), &ap).iter().enumerate() {
-                let aap = format!("{ap}[{j}]");
+                let aap = ap.index(j);
                 if let Some(af) = d.map(
                     a,
                     &aap,
                     "endpoint address",
                     Some(&["ip", "hostname", "nodeName", "targetRef"]),
                 ) {
-                    match d.str_(af.get("ip"), &join(&aap, "ip")) {
+                    match d.str_(af.get("ip"), &aap.key("ip")) {
                         Some(ip) => out.push(EpAddress {
                             ip,
-                            node_name: d.str_(af.get("nodeName"), &join(&aap, "nodeName")),
+                            node_name: d.str_(af.get("nodeName"), &aap.key("nodeName")),
                         }),
                         None => d.diags.push(
                             Diagnostic::error("SVC010", "endpoint address without `ip`")
                                 .at(a.span)
-                                .path(aap),
+                                .path(aap.to_string()),
                         ),
                     }
                 }
@@ -735,7 +754,7 @@ fn endpoints(root: &Node, path: &str, d: &mut Decoder) -> Option<Endpoints> {
         };
         let addresses = addrs("addresses", d);
         let not_ready = addrs("notReadyAddresses", d);
-        let pp = join(&p, "ports");
+        let pp = p.key("ports");
         let port_nodes = d.seq(s.get("ports"), &pp);
         subsets.push(Subset {
             addresses,
@@ -750,10 +769,10 @@ fn endpoints(root: &Node, path: &str, d: &mut Decoder) -> Option<Endpoints> {
     })
 }
 
-fn node(root: &Node, path: &str, d: &mut Decoder) -> Option<NodeObj> {
+fn node(root: &Node, path: &Path, d: &mut Decoder) -> Option<NodeObj> {
     let f = top(root, path, "Node", &["spec", "status"], d)?;
     let meta = meta(root, path, "Node", d, false)?;
-    let sp = join(path, "spec");
+    let sp = path.key("spec");
     let mut pod_cidrs = Vec::new();
     if let Some(s) = f.get("spec").and_then(|n| {
         d.map(
@@ -771,24 +790,24 @@ fn node(root: &Node, path: &str, d: &mut Decoder) -> Option<NodeObj> {
             ]),
         )
     }) {
-        pod_cidrs = d.str_list(s.get("podCIDRs"), &join(&sp, "podCIDRs"));
+        pod_cidrs = d.str_list(s.get("podCIDRs"), &sp.key("podCIDRs"));
         if pod_cidrs.is_empty() {
-            pod_cidrs.extend(d.str_(s.get("podCIDR"), &join(&sp, "podCIDR")));
+            pod_cidrs.extend(d.str_(s.get("podCIDR"), &sp.key("podCIDR")));
         }
     }
     let mut addresses = Vec::new();
-    let stp = join(path, "status");
+    let stp = path.key("status");
     if let Some(st) = f
         .get("status")
         .and_then(|n| d.map(n, &stp, "Node status", None))
     {
-        let ap = join(&stp, "addresses");
+        let ap = stp.key("addresses");
         for (i, a) in d.seq(st.get("addresses"), &ap).iter().enumerate() {
-            let p = format!("{ap}[{i}]");
+            let p = ap.index(i);
             if let Some(af) = d.map(a, &p, "node address", Some(&["type", "address"])) {
                 if let (Some(t), Some(addr)) = (
-                    d.str_(af.get("type"), &join(&p, "type")),
-                    d.str_(af.get("address"), &join(&p, "address")),
+                    d.str_(af.get("type"), &p.key("type")),
+                    d.str_(af.get("address"), &p.key("address")),
                 ) {
                     addresses.push((t.v, addr));
                 }
@@ -803,29 +822,29 @@ fn node(root: &Node, path: &str, d: &mut Decoder) -> Option<NodeObj> {
     })
 }
 
-fn pod(root: &Node, path: &str, d: &mut Decoder) -> Option<Pod> {
+fn pod(root: &Node, path: &Path, d: &mut Decoder) -> Option<Pod> {
     // Pod specs are large and owned by other tools; read what we need, warn on nothing
     // below spec/status.
     let f = top(root, path, "Pod", &["spec", "status"], d)?;
     let meta = meta(root, path, "Pod", d, true)?;
-    let sp = join(path, "spec");
+    let sp = path.key("spec");
     let mut node_name = None;
     let mut host_network = false;
     let mut container_ports = Vec::new();
     if let Some(s) = f.get("spec").and_then(|n| d.map(n, &sp, "Pod spec", None)) {
-        node_name = d.str_(s.get("nodeName"), &join(&sp, "nodeName"));
+        node_name = d.str_(s.get("nodeName"), &sp.key("nodeName"));
         host_network = d
-            .bool_(s.get("hostNetwork"), &join(&sp, "hostNetwork"))
+            .bool_(s.get("hostNetwork"), &sp.key("hostNetwork"))
             .is_some_and(|b| b.v);
-        let cp = join(&sp, "containers");
+        let cp = sp.key("containers");
         for (i, c) in d.seq(s.get("containers"), &cp).iter().enumerate() {
-            let p = format!("{cp}[{i}]");
+            let p = cp.index(i);
             let Some(cf) = d.map(c, &p, "container", None) else {
                 continue;
             };
-            let pp = join(&p, "ports");
+            let pp = p.key("ports");
             for (j, port) in d.seq(cf.get("ports"), &pp).iter().enumerate() {
-                let q = format!("{pp}[{j}]");
+                let q = pp.index(j);
                 let Some(pf) = d.map(
                     port,
                     &q,
@@ -834,19 +853,19 @@ fn pod(root: &Node, path: &str, d: &mut Decoder) -> Option<Pod> {
                 ) else {
                     continue;
                 };
-                if let Some(n) = d.int(pf.get("containerPort"), &join(&q, "containerPort")) {
+                if let Some(n) = d.int(pf.get("containerPort"), &q.key("containerPort")) {
                     container_ports.push(ContainerPort {
-                        name: d.str_(pf.get("name"), &join(&q, "name")).map(|s| s.v),
+                        name: d.str_(pf.get("name"), &q.key("name")).map(|s| s.v),
                         port: n.v,
                         protocol: d
-                            .str_(pf.get("protocol"), &join(&q, "protocol"))
+                            .str_(pf.get("protocol"), &q.key("protocol"))
                             .map_or("TCP".into(), |s| s.v),
                     });
                 }
             }
         }
     }
-    let stp = join(path, "status");
+    let stp = path.key("status");
     let mut pod_ips = Vec::new();
     let mut ready = false;
     let mut phase = None;
@@ -854,23 +873,23 @@ fn pod(root: &Node, path: &str, d: &mut Decoder) -> Option<Pod> {
         .get("status")
         .and_then(|n| d.map(n, &stp, "Pod status", None))
     {
-        let ip = join(&stp, "podIPs");
+        let ip = stp.key("podIPs");
         for (i, n) in d.seq(st.get("podIPs"), &ip).iter().enumerate() {
-            let p = format!("{ip}[{i}]");
+            let p = ip.index(i);
             if let Some(x) = d.map(n, &p, "pod IP", Some(&["ip"])) {
-                pod_ips.extend(d.str_(x.get("ip"), &join(&p, "ip")));
+                pod_ips.extend(d.str_(x.get("ip"), &p.key("ip")));
             }
         }
         if pod_ips.is_empty() {
-            pod_ips.extend(d.str_(st.get("podIP"), &join(&stp, "podIP")));
+            pod_ips.extend(d.str_(st.get("podIP"), &stp.key("podIP")));
         }
-        phase = d.str_(st.get("phase"), &join(&stp, "phase")).map(|s| s.v);
-        let cp = join(&stp, "conditions");
+        phase = d.str_(st.get("phase"), &stp.key("phase")).map(|s| s.v);
+        let cp = stp.key("conditions");
         for (i, c) in d.seq(st.get("conditions"), &cp).iter().enumerate() {
-            let p = format!("{cp}[{i}]");
+            let p = cp.index(i);
             if let Some(cf) = d.map(c, &p, "pod condition", None) {
-                let t = d.str_(cf.get("type"), &join(&p, "type"));
-                let s = d.str_(cf.get("status"), &join(&p, "status"));
+                let t = d.str_(cf.get("type"), &p.key("type"));
+                let s = d.str_(cf.get("status"), &p.key("status"));
                 if t.is_some_and(|t| t.v == "Ready") {
                     ready = s.is_some_and(|s| s.v == "True");
                 }
@@ -918,7 +937,7 @@ const PROXY_TOP: &[&str] = &[
     "windowsRunAsService",
 ];
 
-fn proxy_config(root: &Node, path: &str, d: &mut Decoder) -> ProxyConfigDoc {
+fn proxy_config(root: &Node, path: &Path, d: &mut Decoder) -> ProxyConfigDoc {
     let mut known = vec!["apiVersion", "kind"];
     known.extend_from_slice(PROXY_TOP);
     let mut out = ProxyConfigDoc {
@@ -928,7 +947,7 @@ fn proxy_config(root: &Node, path: &str, d: &mut Decoder) -> ProxyConfigDoc {
     let Some(f) = d.map(root, path, "KubeProxyConfiguration", Some(&known)) else {
         return out;
     };
-    let p = |k: &str| join(path, k);
+    let p = |k: &'static str| path.key(k);
     out.mode = d.str_(f.get("mode"), &p("mode"));
     out.cluster_cidr = d.str_(f.get("clusterCIDR"), &p("clusterCIDR"));
     out.detect_local_mode = d.str_(f.get("detectLocalMode"), &p("detectLocalMode"));
@@ -1047,7 +1066,7 @@ fn is_kube_proxy_configmap(root: &Node) -> bool {
 
 /// kubeadm keeps kube-proxy's configuration in ConfigMap kube-system/kube-proxy under
 /// `data["config.conf"]`: parse that embedded YAML, with its lines mapped back to the file.
-fn kube_proxy_configmap(root: &Node, _path: &str, d: &mut Decoder, out: &mut Objects) {
+fn kube_proxy_configmap(root: &Node, _path: &Path, d: &mut Decoder, out: &mut Objects) {
     let Some(conf) = root.get("data").and_then(|n| n.get("config.conf")) else {
         return;
     };
@@ -1067,7 +1086,7 @@ fn kube_proxy_configmap(root: &Node, _path: &str, d: &mut Decoder, out: &mut Obj
         let mut root = doc.root;
         shift_lines(&mut root, lines, cols);
         let mut sub = Objects::default();
-        decode_object(&root, "data[config.conf]", d, &mut sub);
+        decode_object(&root, &Path::Root("data[config.conf]"), d, &mut sub);
         out.proxy_configs.extend(sub.proxy_configs);
     }
 }
@@ -1086,7 +1105,7 @@ fn shift_lines(n: &mut Node, lines: u32, cols: u32) {
     }
 }
 
-fn cluster_config(root: &Node, path: &str, d: &mut Decoder) -> ClusterConfigDoc {
+fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc {
     let known = [
         "apiVersion",
         "kind",
@@ -1102,13 +1121,13 @@ fn cluster_config(root: &Node, path: &str, d: &mut Decoder) -> ClusterConfigDoc 
     if let Some(f) = d.map(root, path, "ClusterConfig", Some(&known)) {
         out.service_cluster_ip_range = d.str_(
             f.get("serviceClusterIPRange"),
-            &join(path, "serviceClusterIPRange"),
+            &path.key("serviceClusterIPRange"),
         );
         out.service_node_port_range = d.str_(
             f.get("serviceNodePortRange"),
-            &join(path, "serviceNodePortRange"),
+            &path.key("serviceNodePortRange"),
         );
-        out.cluster_domain = d.str_(f.get("clusterDomain"), &join(path, "clusterDomain"));
+        out.cluster_domain = d.str_(f.get("clusterDomain"), &path.key("clusterDomain"));
     }
     out
 }

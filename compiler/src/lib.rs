@@ -15,6 +15,7 @@ pub mod k8s;
 pub mod net;
 pub mod passes;
 pub mod source;
+pub mod synth;
 pub mod tree;
 
 use diag::Diagnostics;
@@ -50,24 +51,7 @@ pub struct Compilation {
 /// Compile the manifests in `inputs` (files of `sources`). Never fails: problems are
 /// diagnostics; the module is built from whatever was valid.
 pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compilation {
-    use rayon::prelude::*;
-    let mut diags = Diagnostics::default();
-    let parsed: Vec<(Objects, Diagnostics)> = inputs
-        .par_iter()
-        .map(|&f| {
-            let (docs, mut d) = tree::parse_file(f, &sources.file(f).text);
-            let mut objs = Objects::default();
-            for doc in &docs {
-                k8s::decode_document(doc, &mut objs, &mut d);
-            }
-            (objs, d)
-        })
-        .collect();
-    let mut objects = Objects::default();
-    for (o, d) in parsed {
-        objects.extend(o);
-        diags.extend(d);
-    }
+    let (objects, mut diags) = read(sources, inputs);
     let settings = settings(&objects, opts);
     passes::validate::validate(&objects, &settings, &mut diags);
     let lock = match opts.lock {
@@ -94,9 +78,38 @@ pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compil
     }
 }
 
+/// Parse and decode the manifests in `inputs`: files in parallel, and large files in
+/// parallel pieces. Each piece is decoded right after it is parsed, on the same thread, so
+/// the located tree of a large file never exists whole. Objects come in input order.
+pub fn read(sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
+    use rayon::prelude::*;
+    let parsed: Vec<(Vec<(Objects, Diagnostics)>, Diagnostics)> = inputs
+        .par_iter()
+        .map(|&f| {
+            tree::parse_each(f, &sources.file(f).text, |part| {
+                let mut objs = Objects::default();
+                let mut d = Diagnostics::default();
+                k8s::decode_part(&part, &mut objs, &mut d);
+                (objs, d)
+            })
+        })
+        .collect();
+    let mut objects = Objects::default();
+    let mut diags = Diagnostics::default();
+    for (parts, d) in parsed {
+        diags.extend(d);
+        for (o, d) in parts {
+            objects.extend(o);
+            diags.extend(d);
+        }
+    }
+    (objects, diags)
+}
+
 /// Merge the ClusterConfig document (if any) with the flags; flags win. Invalid values in
 /// the document were reported by validation (SVC316, SVC317); they leave the default.
-fn settings(objects: &Objects, opts: &Options) -> Settings {
+/// Public for the benchmarks, which run the passes one by one.
+pub fn settings(objects: &Objects, opts: &Options) -> Settings {
     let mut s = Settings::default();
     if let Some(doc) = objects.cluster_configs.first() {
         if let Some(c) = doc

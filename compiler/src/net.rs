@@ -160,9 +160,103 @@ pub fn parse_ip(s: &str) -> Option<IpAddr> {
 
 /// `ip:port`, with brackets for IPv6, as Go's `net.JoinHostPort` writes it.
 pub fn join_host_port(ip: &IpAddr, port: u16) -> String {
-    match ip {
-        IpAddr::V4(a) => format!("{a}:{port}"),
-        IpAddr::V6(a) => format!("[{a}]:{port}"),
+    HostPort::new(ip, port).as_str().to_string()
+}
+
+/// [`join_host_port`] on the stack: kube-proxy orders endpoints by this string, so it is
+/// the sort key of every endpoint list.
+#[derive(Clone, Copy)]
+pub struct HostPort {
+    len: u8,
+    /// `[` + the longest IPv6 text (45) + `]:` + 5 digits.
+    buf: [u8; 53],
+}
+
+impl HostPort {
+    pub fn new(ip: &IpAddr, port: u16) -> HostPort {
+        let mut w = HostPort {
+            len: 0,
+            buf: [0; 53],
+        };
+        match ip {
+            IpAddr::V4(a) => {
+                // The common case, without the formatting machinery.
+                for (i, octet) in a.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        w.push(b'.');
+                    }
+                    w.push_decimal(octet.into());
+                }
+            }
+            IpAddr::V6(a) => {
+                use std::fmt::Write;
+                let _ = write!(w, "[{a}]");
+            }
+        }
+        w.push(b':');
+        w.push_decimal(port.into());
+        w
+    }
+    fn push(&mut self, b: u8) {
+        self.buf[self.len as usize] = b;
+        self.len += 1;
+    }
+    fn push_decimal(&mut self, n: u32) {
+        let mut digits = [0u8; 5];
+        let mut k = 0;
+        let mut n = n;
+        loop {
+            digits[k] = b'0' + (n % 10) as u8;
+            k += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for &d in digits[..k].iter().rev() {
+            self.push(d);
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len as usize]).expect("ASCII")
+    }
+}
+
+impl std::fmt::Write for HostPort {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len as usize + s.len();
+        self.buf
+            .get_mut(self.len as usize..end)
+            .ok_or(fmt::Error)?
+            .copy_from_slice(s.as_bytes());
+        self.len = end as u8;
+        Ok(())
+    }
+}
+
+impl PartialEq for HostPort {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for HostPort {}
+
+impl PartialOrd for HostPort {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for HostPort {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -185,5 +279,23 @@ mod tests {
             parse_ip("::ffff:10.244.1.5"),
             Some("10.244.1.5".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn host_port() {
+        for (ip, port) in [
+            ("10.0.0.1", 80),
+            ("255.255.255.255", 65535),
+            ("0.0.0.0", 0),
+            ("fd00::1", 8080),
+            ("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255", 65535),
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let want = match ip {
+                IpAddr::V4(a) => format!("{a}:{port}"),
+                IpAddr::V6(a) => format!("[{a}]:{port}"),
+            };
+            assert_eq!(join_host_port(&ip, port), want);
+        }
     }
 }

@@ -55,6 +55,12 @@ impl Node {
             _ => None,
         }
     }
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut Node> {
+        match &mut self.value {
+            Value::Map(es) => es.iter_mut().find(|e| e.key == key).map(|e| &mut e.value),
+            _ => None,
+        }
+    }
     pub fn as_str(&self) -> Option<&str> {
         match &self.value {
             Value::Scalar { text, .. } => Some(text),
@@ -83,71 +89,395 @@ pub struct Document {
     pub root: Node,
 }
 
-/// Parse one file. YAML unless it looks like JSON (`{` or `[` first); a JSON file that
-/// fails the fast path is retried as YAML, which also accepts JSON, for its diagnostics.
+/// One piece of a parsed file, handed to the callback of [`parse_each`].
+pub enum Part<'a> {
+    /// The root of a whole document.
+    Document(Node),
+    /// Consecutive items of the top-level `items` sequence of a large document (a
+    /// `kind: List` dump): items `first..first + items.len()`. That document itself comes
+    /// as a [`Part::Document`] first, with `items` empty; `list` is it.
+    Items {
+        list: &'a Node,
+        first: usize,
+        items: Vec<Node>,
+    },
+}
+
+/// Parse one file into complete documents. YAML unless it looks like JSON (`{` or `[`
+/// first); a JSON file that fails the fast path is retried as YAML, which also accepts
+/// JSON, for its diagnostics. Large files are parsed in parallel (see [`parse_each`]).
 pub fn parse_file(file: FileId, text: &str) -> (Vec<Document>, Diagnostics) {
-    let first = text.trim_start_matches(['\u{feff}', ' ', '\t', '\r', '\n']);
-    if first.starts_with('{') || first.starts_with('[') {
+    if !looks_like_json(text) && text.len() < SPLIT_ABOVE {
+        // Small streams keep the serial numbering, empty documents included.
+        return parse_yaml_piece(file, text, 0, default_budget(text));
+    }
+    let (parts, diags) = parse_each(file, text, Whole::from);
+    (Whole::assemble(file, parts), diags)
+}
+
+/// [`Part`]s put back together into documents.
+enum Whole {
+    Doc(Node),
+    Items(Vec<Node>),
+}
+
+impl Whole {
+    fn from(part: Part<'_>) -> Whole {
+        match part {
+            Part::Document(root) => Whole::Doc(root),
+            Part::Items { items, .. } => Whole::Items(items),
+        }
+    }
+    fn assemble(file: FileId, parts: Vec<Whole>) -> Vec<Document> {
+        let mut roots: Vec<Node> = Vec::new();
+        for part in parts {
+            match part {
+                Whole::Doc(root) => roots.push(root),
+                Whole::Items(mut items) => {
+                    // Items always follow the document they belong to.
+                    let list = roots.last_mut().expect("items follow their list");
+                    if let Some(Value::Seq(all)) = list.get_mut("items").map(|n| &mut n.value) {
+                        all.append(&mut items);
+                    }
+                }
+            }
+        }
+        roots
+            .into_iter()
+            .enumerate()
+            .map(|(i, root)| Document {
+                file,
+                index: i as u32,
+                root,
+            })
+            .collect()
+    }
+}
+
+/// Parse one file and call `f` on each of its parts, in parallel where the file is large:
+/// a YAML stream is split at top-level `---` lines, and a large document whose top-level
+/// `items:` sequence is written at column 0 (what `kubectl get -o yaml` prints) is split
+/// between items; a JSON file's `items` are handed out in chunks. Each piece keeps its real
+/// line numbers, and the results come back in input order, so the callback sees the same
+/// objects in the same order as a serial parse would give. The callback runs on the thread
+/// that parsed the piece, so each piece's tree can be dropped as soon as it is used.
+pub fn parse_each<T: Send>(
+    file: FileId,
+    text: &str,
+    f: impl Fn(Part<'_>) -> T + Sync,
+) -> (Vec<T>, Diagnostics) {
+    if looks_like_json(text) {
         if let Ok(root) = json::parse(file, text) {
-            return (
-                vec![Document {
-                    file,
-                    index: 0,
-                    root,
-                }],
-                Diagnostics::default(),
-            );
+            return (each_json(root, &f), Diagnostics::default());
         }
     }
-    parse_yaml(file, text)
+    yaml_each(file, text, f)
 }
 
-/// Parse a YAML stream. Large streams are split at top-level `---` lines and the pieces
-/// parsed in parallel; each piece keeps its real line numbers.
-pub fn parse_yaml(file: FileId, text: &str) -> (Vec<Document>, Diagnostics) {
+fn yaml_each<T: Send>(
+    file: FileId,
+    text: &str,
+    f: impl Fn(Part<'_>) -> T + Sync,
+) -> (Vec<T>, Diagnostics) {
     use rayon::prelude::*;
-    const SPLIT_ABOVE: usize = 256 * 1024;
-    if text.len() < SPLIT_ABOVE {
-        return parse_yaml_piece(file, text, 0);
-    }
-    let pieces = split_documents(text);
-    let results: Vec<_> = pieces
+    let results: Vec<(Vec<T>, Diagnostics)> = plan(text)
         .par_iter()
-        .map(|(line0, piece)| parse_yaml_piece(file, piece, *line0))
+        .map(|job| match job {
+            Job::Documents { line0, text } => {
+                let (docs, diags) = parse_yaml_piece(file, text, *line0, default_budget(text));
+                let out = docs
+                    .into_iter()
+                    .map(|d| f(Part::Document(d.root)))
+                    .collect();
+                (out, diags)
+            }
+            Job::List(split) => each_list(file, split, &f),
+        })
         .collect();
-    let mut docs = Vec::new();
+    let mut out = Vec::new();
     let mut diags = Diagnostics::default();
-    for (d, g) in results {
-        docs.extend(d);
-        diags.extend(g);
+    for (r, d) in results {
+        out.extend(r);
+        diags.extend(d);
     }
-    for (i, d) in docs.iter_mut().enumerate() {
-        d.index = i as u32;
-    }
-    (docs, diags)
+    (out, diags)
 }
 
-/// Split at lines that start with `---` (a document marker at column 0), returning each
-/// piece with the 0-based line it starts on. Pieces hold at least ~64 KiB so tiny documents
-/// are not parsed one by one.
-fn split_documents(text: &str) -> Vec<(u32, &str)> {
-    const MIN_PIECE: usize = 64 * 1024;
-    let mut out = Vec::new();
-    let (mut start, mut start_line, mut line, mut pos) = (0usize, 0u32, 0u32, 0usize);
-    for l in text.split_inclusive('\n') {
-        let is_marker =
-            l.starts_with("---") && l[3..].chars().next().is_none_or(|c| c.is_whitespace());
-        if is_marker && pos > start && pos - start >= MIN_PIECE {
-            out.push((start_line, &text[start..pos]));
-            start = pos;
-            start_line = line;
+/// Parse a YAML stream into complete documents, large streams in parallel.
+pub fn parse_yaml(file: FileId, text: &str) -> (Vec<Document>, Diagnostics) {
+    if text.len() < SPLIT_ABOVE {
+        return parse_yaml_piece(file, text, 0, default_budget(text));
+    }
+    let (parts, diags) = yaml_each(file, text, Whole::from);
+    (Whole::assemble(file, parts), diags)
+}
+
+fn looks_like_json(text: &str) -> bool {
+    let first = text.trim_start_matches(['\u{feff}', ' ', '\t', '\r', '\n']);
+    first.starts_with('{') || first.starts_with('[')
+}
+
+/// Streams below this size are parsed in one piece.
+const SPLIT_ABOVE: usize = 256 * 1024;
+/// Pieces hold at least this much, so tiny documents are not parsed one by one.
+const MIN_PIECE: usize = 64 * 1024;
+/// JSON list items are decoded this many at a time.
+const JSON_CHUNK: usize = 256;
+
+/// Alias expansion budget: generous for real manifests, finite for bombs.
+fn default_budget(text: &str) -> usize {
+    100_000 + text.len() * 4
+}
+
+/// A unit of parallel parsing.
+enum Job<'a> {
+    /// Whole documents, the first starting on 0-based line `line0`.
+    Documents { line0: u32, text: &'a str },
+    /// One large document with a column-0 `items:` sequence.
+    List(ListSplit<'a>),
+}
+
+/// A document cut into its shell (the lines before and after the items) and runs of items.
+struct ListSplit<'a> {
+    whole: (u32, &'a str),
+    head: (u32, &'a str),
+    tail: (u32, &'a str),
+    /// (0-based line, index of the first item, text): each starts with a `-` at column 0,
+    /// except the first, which starts with the `items:` line.
+    chunks: Vec<(u32, usize, &'a str)>,
+    items: usize,
+}
+
+/// Lines of `text` with their byte offset and 0-based line number (plus `line0`).
+fn lines(text: &str, line0: u32) -> impl Iterator<Item = (usize, u32, &str)> {
+    text.split_inclusive('\n')
+        .scan((0usize, line0), |(pos, line), l| {
+            let r = (*pos, *line, l);
+            *pos += l.len();
+            *line += 1;
+            Some(r)
+        })
+}
+
+fn is_document_marker(l: &str) -> bool {
+    l.starts_with("---") && l[3..].chars().next().is_none_or(|c| c.is_whitespace())
+}
+
+/// Cut a stream into jobs: runs of whole documents of at least [`MIN_PIECE`], and large
+/// documents with a column-0 `items:` sequence split between items. Small streams are one job.
+fn plan(text: &str) -> Vec<Job<'_>> {
+    if text.len() < SPLIT_ABOVE {
+        return vec![Job::Documents { line0: 0, text }];
+    }
+    // Documents: (start, first line), each starting at a `---` line (or the stream start).
+    let mut docs: Vec<(usize, u32)> = vec![(0, 0)];
+    docs.extend(
+        lines(text, 0)
+            .filter(|&(pos, _, l)| pos > 0 && is_document_marker(l))
+            .map(|(pos, line, _)| (pos, line)),
+    );
+    let mut jobs = Vec::new();
+    let (mut group, mut group_line) = (0usize, 0u32);
+    for (k, &(start, line)) in docs.iter().enumerate() {
+        let end = docs.get(k + 1).map_or(text.len(), |d| d.0);
+        let doc = &text[start..end];
+        if doc.len() >= SPLIT_ABOVE {
+            if let Some(split) = split_list(doc, line) {
+                if group < start {
+                    jobs.push(Job::Documents {
+                        line0: group_line,
+                        text: &text[group..start],
+                    });
+                }
+                jobs.push(Job::List(split));
+                (group, group_line) = (end, docs.get(k + 1).map_or(0, |d| d.1));
+                continue;
+            }
         }
-        pos += l.len();
-        line += 1;
+        if end - group >= MIN_PIECE {
+            jobs.push(Job::Documents {
+                line0: group_line,
+                text: &text[group..end],
+            });
+            (group, group_line) = (end, docs.get(k + 1).map_or(0, |d| d.1));
+        }
     }
-    if start < text.len() {
-        out.push((start_line, &text[start..]));
+    if group < text.len() {
+        jobs.push(Job::Documents {
+            line0: group_line,
+            text: &text[group..],
+        });
     }
+    jobs
+}
+
+/// Find a column-0 `items:` line followed by column-0 `- ` items and cut between items.
+/// Inside such a sequence, every line of an item is indented, blank or a comment, so a line
+/// starting with `-` begins an item. (A multi-line quoted scalar could break that rule; the
+/// piece that cut it then fails to parse, and the document is parsed whole.)
+fn split_list(doc: &str, line0: u32) -> Option<ListSplit<'_>> {
+    let mut it = lines(doc, line0);
+    let (key, key_line, body) = it
+        .by_ref()
+        .find(|(_, _, l)| l.trim_end() == "items:")
+        .map(|(pos, line, l)| (pos, line, pos + l.len()))?;
+    let is_item =
+        |l: &str| l.starts_with('-') && l[1..].chars().next().is_none_or(char::is_whitespace);
+    let mut chunks: Vec<(u32, usize, &str)> = Vec::new();
+    // The first run keeps the `items:` line: a sequence under a key is located differently
+    // from one at the root, and this way it is parsed exactly as in the whole document.
+    let (mut chunk, mut chunk_line, mut chunk_first) = (key, key_line, 0usize);
+    let mut items = 0usize;
+    let (mut end, mut tail_line) = (doc.len(), 0);
+    for (pos, line, l) in it {
+        if is_item(l) {
+            if pos == body {
+                // The sequence starts right here.
+            } else if pos - chunk >= MIN_PIECE {
+                chunks.push((chunk_line, chunk_first, &doc[chunk..pos]));
+                (chunk, chunk_line, chunk_first) = (pos, line, items);
+            }
+            items += 1;
+        } else if pos == body
+            || !(l.starts_with([' ', '#']) || l.trim_start_matches([' ', '\t', '\r']) == "\n")
+        {
+            // Not a sequence of items (the first line must be one), or its end.
+            if pos == body {
+                return None;
+            }
+            (end, tail_line) = (pos, line);
+            break;
+        }
+    }
+    chunks.push((chunk_line, chunk_first, &doc[chunk..end]));
+    (chunks.len() > 1).then_some(ListSplit {
+        whole: (line0, doc),
+        head: (line0, &doc[..body]),
+        tail: (tail_line, &doc[end..]),
+        chunks,
+        items,
+    })
+}
+
+/// Parse a split list: the shell first, then the runs of items in parallel, each handed to
+/// `f` as soon as it is parsed. Anything unexpected (a syntax error, an alias across pieces,
+/// an item count that differs from the lines) parses the document whole instead, so
+/// diagnostics are exactly those of a serial parse.
+fn each_list<T: Send>(
+    file: FileId,
+    split: &ListSplit<'_>,
+    f: &(impl Fn(Part<'_>) -> T + Sync),
+) -> (Vec<T>, Diagnostics) {
+    use rayon::prelude::*;
+    let whole = || {
+        let (line0, text) = split.whole;
+        let (docs, diags) = parse_yaml_piece(file, text, line0, default_budget(text));
+        let out = docs
+            .into_iter()
+            .map(|d| f(Part::Document(d.root)))
+            .collect();
+        (out, diags)
+    };
+    let total = split.whole.1.len().max(1);
+    let budget = default_budget(split.whole.1);
+    let parse_chunk = |k: usize| -> Option<(Span, Vec<Node>)> {
+        let (line0, first, text) = split.chunks[k];
+        let share = budget * text.len() / total + 1;
+        let (docs, diags) = parse_yaml_piece(file, text, line0, share);
+        let [doc] = <[Document; 1]>::try_from(docs).ok()?;
+        let seq = match doc.root.value {
+            Value::Map(entries) if k == 0 => {
+                let [entry] = <[Entry; 1]>::try_from(entries).ok()?;
+                entry.value
+            }
+            _ => doc.root,
+        };
+        let Value::Seq(items) = seq.value else {
+            return None;
+        };
+        let next = split.chunks.get(k + 1).map_or(split.items, |c| c.1);
+        (diags.items.is_empty() && items.len() == next - first).then_some((seq.span, items))
+    };
+    // The first run also tells where the sequence starts, which the shell needs.
+    let Some((items_span, first_items)) = parse_chunk(0) else {
+        return whole();
+    };
+    let Some(shell) = list_shell(file, split, items_span) else {
+        return whole();
+    };
+    let part = |first, items| Part::Items {
+        list: &shell,
+        first,
+        items,
+    };
+    let rest: Vec<Option<T>> = (1..split.chunks.len())
+        .into_par_iter()
+        .map(|k| parse_chunk(k).map(|(_, items)| f(part(split.chunks[k].1, items))))
+        .collect();
+    if rest.iter().any(Option::is_none) {
+        return whole();
+    }
+    let mut out = vec![f(Part::Document(shell.clone())), f(part(0, first_items))];
+    out.extend(rest.into_iter().flatten());
+    (out, Diagnostics::default())
+}
+
+/// The document without its items: the head (up to `items:`) and the tail parsed apart and
+/// joined, `items` an empty sequence at `items_span`.
+fn list_shell(file: FileId, split: &ListSplit<'_>, items_span: Span) -> Option<Node> {
+    let one = |(line0, text): (u32, &str)| -> Option<Option<Node>> {
+        let (mut docs, diags) = parse_yaml_piece(file, text, line0, default_budget(text));
+        if !diags.items.is_empty() || docs.len() > 1 {
+            return None;
+        }
+        Some(docs.pop().map(|d| d.root))
+    };
+    let mut head = one(split.head)??;
+    let tail = one(split.tail)?;
+    let Value::Map(entries) = &mut head.value else {
+        return None;
+    };
+    let items = entries.last_mut().filter(|e| e.key == "items")?;
+    if items.value.value != Value::Null {
+        return None;
+    }
+    items.value = Node {
+        span: items_span,
+        value: Value::Seq(Vec::new()),
+    };
+    match tail.map(|t| t.value) {
+        None => {}
+        Some(Value::Map(more)) => entries.extend(more),
+        Some(_) => return None,
+    }
+    Some(head)
+}
+
+/// A parsed JSON file: a large top-level `items` array is handed out in chunks, in parallel.
+fn each_json<T: Send>(mut root: Node, f: &(impl Fn(Part<'_>) -> T + Sync)) -> Vec<T> {
+    use rayon::prelude::*;
+    let items = match root.get_mut("items").map(|n| &mut n.value) {
+        Some(Value::Seq(items)) if items.len() > JSON_CHUNK => std::mem::take(items),
+        _ => return vec![f(Part::Document(root))],
+    };
+    let mut chunks: Vec<(usize, Vec<Node>)> = Vec::new();
+    let mut rest = items.into_iter();
+    loop {
+        let chunk: Vec<Node> = rest.by_ref().take(JSON_CHUNK).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        chunks.push((chunks.len() * JSON_CHUNK, chunk));
+    }
+    let shell = root;
+    let mut out = vec![f(Part::Document(shell.clone()))];
+    out.par_extend(chunks.into_par_iter().map(|(first, items)| {
+        f(Part::Items {
+            list: &shell,
+            first,
+            items,
+        })
+    }));
     out
 }
 
@@ -165,11 +495,14 @@ enum Frame {
     Map(Span, Vec<Entry>, Option<(String, Span)>, usize),
 }
 
-fn parse_yaml_piece(file: FileId, text: &str, line0: u32) -> (Vec<Document>, Diagnostics) {
+fn parse_yaml_piece(
+    file: FileId,
+    text: &str,
+    line0: u32,
+    budget: usize,
+) -> (Vec<Document>, Diagnostics) {
     let mut diags = Diagnostics::default();
     let mut docs = Vec::new();
-    // Alias expansion budget: generous for real manifests, finite for bombs.
-    let budget: usize = 100_000 + text.len() * 4;
     let mut nodes_made: usize = 0;
     let mut anchors: HashMap<usize, Node> = HashMap::new();
     let mut stack: Vec<Frame> = Vec::new();
@@ -194,8 +527,9 @@ fn parse_yaml_piece(file: FileId, text: &str, line0: u32) -> (Vec<Document>, Dia
             Some(Frame::Seq(_, items, _)) => items.push(node),
             Some(Frame::Map(_, entries, pending, _)) => match pending.take() {
                 None => {
-                    let key = match &node.value {
-                        Value::Scalar { text, .. } => text.clone(),
+                    let span = node.span;
+                    let key = match node.value {
+                        Value::Scalar { text, .. } => text,
                         Value::Null => String::new(),
                         _ => {
                             diags.push(
@@ -203,12 +537,12 @@ fn parse_yaml_piece(file: FileId, text: &str, line0: u32) -> (Vec<Document>, Dia
                                     "SVC001",
                                     "mapping keys must be plain strings, not lists or mappings",
                                 )
-                                .at(node.span),
+                                .at(span),
                             );
                             String::new()
                         }
                     };
-                    *pending = Some((key, node.span));
+                    *pending = Some((key, span));
                 }
                 Some((key, key_span)) => entries.push(Entry {
                     key,
@@ -652,6 +986,110 @@ mod tests {
         }
         let (_, d) = parse_file(FileId(0), &s);
         assert_eq!(d.items[0].code, "SVC002");
+    }
+
+    /// The first difference between two trees, for a readable failure.
+    fn diff(a: &Node, b: &Node, path: &str) -> Option<String> {
+        if a.span != b.span {
+            return Some(format!("{path}: span {:?} vs {:?}", a.span, b.span));
+        }
+        match (&a.value, &b.value) {
+            (Value::Map(x), Value::Map(y)) => {
+                for (e, f) in x.iter().zip(y) {
+                    if e.key != f.key || e.key_span != f.key_span {
+                        return Some(format!(
+                            "{path}: key {} {:?} vs {} {:?}",
+                            e.key, e.key_span, f.key, f.key_span
+                        ));
+                    }
+                    if let Some(d) = diff(&e.value, &f.value, &format!("{path}.{}", e.key)) {
+                        return Some(d);
+                    }
+                }
+                (x.len() != y.len()).then(|| format!("{path}: {} vs {} entries", x.len(), y.len()))
+            }
+            (Value::Seq(x), Value::Seq(y)) => {
+                for (i, (e, f)) in x.iter().zip(y).enumerate() {
+                    if let Some(d) = diff(e, f, &format!("{path}[{i}]")) {
+                        return Some(d);
+                    }
+                }
+                (x.len() != y.len()).then(|| format!("{path}: {} vs {} items", x.len(), y.len()))
+            }
+            (x, y) => (x != y).then(|| format!("{path}: {x:?} vs {y:?}")),
+        }
+    }
+
+    /// The parallel split gives the tree a serial parse gives, spans included.
+    #[test]
+    fn list_split_matches_serial_parse() {
+        use crate::synth::{generate, Format, Shape};
+        let shape = Shape {
+            services: 400,
+            endpoints: 10,
+            nodes: 5,
+            seed: 3,
+        };
+        let text = generate(&shape, Format::YamlList);
+        assert!(matches!(plan(&text)[0], Job::List(_)));
+        let (serial, d) = parse_yaml_piece(FileId(0), &text, 0, usize::MAX);
+        assert!(d.items.is_empty());
+        let (parallel, d) = parse_file(FileId(0), &text);
+        assert!(d.items.is_empty());
+        assert_eq!(serial.len(), 1);
+        assert_eq!(diff(&serial[0].root, &parallel[0].root, ""), None);
+        // A list after other documents, with comments and blank lines between items.
+        let text2 = format!(
+            "kind: A\n---\n{}",
+            text.replace(
+                "\n- apiVersion: v1\n  kind: Node",
+                "\n\n# a node\n- apiVersion: v1\n  kind: Node"
+            )
+        );
+        let (serial, _) = parse_yaml_piece(FileId(0), &text2, 0, usize::MAX);
+        let (parallel, d) = parse_file(FileId(0), &text2);
+        assert!(d.items.is_empty());
+        assert_eq!(parallel.len(), 2);
+        assert_eq!(diff(&serial[1].root, &parallel[1].root, ""), None);
+    }
+
+    /// A split that cuts through something (here a multi-line quoted scalar) falls back to
+    /// the serial parse: same tree, same diagnostics.
+    #[test]
+    fn list_split_falls_back_when_a_piece_fails() {
+        let mut s = String::from("apiVersion: v1\nkind: List\nitems:\n");
+        for i in 0..8000 {
+            s.push_str(&format!("- name: item-{i}\n  note: 'x{i}'\n"));
+            if i == 4000 {
+                s.push_str("- note: \"multi\n- line\"\n");
+            }
+        }
+        s.push_str("metadata: {}\n");
+        let (serial, d0) = parse_yaml_piece(FileId(0), &s, 0, usize::MAX);
+        let (parallel, d1) = parse_file(FileId(0), &s);
+        assert!(!d0.items.is_empty());
+        assert_eq!(d0.items, d1.items);
+        assert_eq!(serial.len(), parallel.len());
+    }
+
+    #[test]
+    fn json_items_come_in_chunks() {
+        use crate::synth::{generate, Format, Shape};
+        let shape = Shape {
+            services: 300,
+            endpoints: 10,
+            nodes: 5,
+            seed: 3,
+        };
+        let text = generate(&shape, Format::Json);
+        let (parts, _) = parse_each(FileId(0), &text, |p| match p {
+            Part::Document(root) => (0, root.get("items").map(|i| i.span)),
+            Part::Items { first, items, .. } => (first + items.len(), None),
+        });
+        assert!(parts.len() > 2);
+        assert_eq!(parts.last().unwrap().0, 300 + 300 + 5 + 2);
+        let (whole, _) = parse_file(FileId(0), &text);
+        assert!(whole[0].root == json::parse(FileId(0), &text).ok().unwrap());
     }
 
     #[test]

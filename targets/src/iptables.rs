@@ -19,8 +19,8 @@
 //! protocol), which is also the order its own tests compare in after sorting. Stale
 //! chains (`-X`) are never written: a compiled ruleset has no previous state.
 
-use crate::common::{endpoint_hash, port_proto_hash, quote};
-use std::fmt::Write as _;
+use crate::common::{chain_hash, quote, ChainHash, Quoted};
+use std::fmt::{Display, Write as _};
 use std::net::IpAddr;
 use svc_compiler::ir::{LocalDetector, NodePortAddresses, NodeView, PortView};
 use svc_compiler::net::IpFamily;
@@ -73,10 +73,11 @@ pub fn write_string(view: &NodeView, opts: &Options) -> String {
         view,
         opts,
         mark,
-        filter_chains: Vec::new(),
-        filter_rules: Vec::new(),
-        nat_chains: Vec::new(),
-        nat_rules: Vec::new(),
+        filter_chains: String::new(),
+        filter_rules: String::new(),
+        nat_chains: String::new(),
+        nat_rules: String::new(),
+        probabilities: Probabilities::default(),
     };
     w.write_restore_data();
 
@@ -84,8 +85,15 @@ pub fn write_string(view: &NodeView, opts: &Options) -> String {
         IpFamily::IPv4 => ("iptables-restore", "IPv4"),
         IpFamily::IPv6 => ("ip6tables-restore", "IPv6"),
     };
-    let mut out = format!(
-        "# svc-compile: kube-proxy (iptables mode) rules for node {}, {v}; load with `{tool} --noflush`\n",
+    let mut out = String::with_capacity(
+        4096 + w.filter_chains.len()
+            + w.filter_rules.len()
+            + w.nat_chains.len()
+            + w.nat_rules.len(),
+    );
+    let _ = writeln!(
+        out,
+        "# svc-compile: kube-proxy (iptables mode) rules for node {}, {v}; load with `{tool} --noflush`",
         view.node_name
     );
     if opts.setup {
@@ -97,10 +105,8 @@ pub fn write_string(view: &NodeView, opts: &Options) -> String {
         ("nat", &w.nat_chains, &w.nat_rules),
     ] {
         let _ = writeln!(out, "*{table}");
-        for line in chains.iter().chain(rules) {
-            out.push_str(line);
-            out.push('\n');
-        }
+        out.push_str(chains);
+        out.push_str(rules);
         out.push_str("COMMIT\n");
     }
     out
@@ -171,18 +177,28 @@ const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
 const NFACCT_INVALID: &str = "ct_state_invalid_dropped_pkts";
 const NFACCT_LOCALHOST_NODEPORT: &str = "localhost_nps_accepted_pkts";
 
+/// Append one line to a section of the document (writing to a String cannot fail).
+macro_rules! line {
+    ($buf:expr, $($arg:tt)*) => {{
+        let _ = writeln!($buf, $($arg)*);
+    }};
+}
+
+/// The document is written section by section, each a growing String: the chain
+/// declarations and the rules of `filter` and `nat`.
 struct Writer<'a> {
     view: &'a NodeView,
     opts: &'a Options,
     mark: String,
-    filter_chains: Vec<String>,
-    filter_rules: Vec<String>,
-    nat_chains: Vec<String>,
-    nat_rules: Vec<String>,
+    filter_chains: String,
+    filter_rules: String,
+    nat_chains: String,
+    nat_rules: String,
+    probabilities: Probabilities,
 }
 
-fn chain_line(name: &str) -> String {
-    format!(":{name} - [0:0]")
+fn chain_line(out: &mut String, name: impl Display) {
+    line!(out, ":{name} - [0:0]");
 }
 
 /// The chain names of one service port; they share one hash.
@@ -191,6 +207,64 @@ struct Chains {
     svl: String,
     ext: String,
     fw: String,
+}
+
+/// `KUBE-SEP-<hash>`.
+struct SepChain(ChainHash);
+
+impl Display for SepChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KUBE-SEP-{}", self.0)
+    }
+}
+
+/// The KUBE-SEP- chain of each endpoint some chain dispatches to, hashed once; indexed
+/// like `PortView::endpoints`.
+struct SepChains(Vec<Option<SepChain>>);
+
+impl SepChains {
+    fn new(p: &PortView, reachable: &[u32]) -> SepChains {
+        let mut seps = Vec::new();
+        if !reachable.is_empty() {
+            seps.resize_with(p.endpoints.len(), || None);
+        }
+        let proto = p.protocol.lower();
+        for &i in reachable {
+            let addr = &p.endpoints[i as usize].addr;
+            seps[i as usize] = Some(SepChain(chain_hash(&[&p.spn, proto, addr])));
+        }
+        SepChains(seps)
+    }
+    fn get(&self, i: u32) -> &SepChain {
+        self.0[i as usize].as_ref().expect("a reachable endpoint")
+    }
+}
+
+/// `-m tcp -p tcp -d 10.0.0.1 --dport 80`-style matches, with the destination in between.
+struct Dest<'a> {
+    proto: &'a str,
+    ip: &'a IpAddr,
+    port: u16,
+}
+
+impl Display for Dest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Dest { proto, ip, port } = self;
+        write!(f, "-m {proto} -p {proto} -d {ip} --dport {port}")
+    }
+}
+
+/// `-m comment --comment X ` for the per-endpoint rules, which large-cluster mode leaves
+/// out to keep the ruleset small.
+struct EndpointComment<T>(Option<T>);
+
+impl<T: Display> Display for EndpointComment<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(c) => write!(f, "-m comment --comment {c} "),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Writer<'_> {
@@ -202,7 +276,7 @@ impl Writer<'_> {
             KUBE_NODEPORTS,
             KUBE_PROXY_FIREWALL,
         ] {
-            self.filter_chains.push(chain_line(chain));
+            chain_line(&mut self.filter_chains, chain);
         }
         for chain in [
             KUBE_SERVICES,
@@ -210,39 +284,48 @@ impl Writer<'_> {
             KUBE_POSTROUTING,
             KUBE_MARK_MASQ,
         ] {
-            self.nat_chains.push(chain_line(chain));
+            chain_line(&mut self.nat_chains, chain);
         }
 
-        let mark = self.mark.clone();
-        self.nat_rules.push(format!(
+        let mark = &self.mark;
+        line!(
+            self.nat_rules,
             "-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN"
-        ));
+        );
         // Clear the mark so a packet that goes through the stack again is not
         // masqueraded twice.
-        self.nat_rules
-            .push(format!("-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}"));
-        self.nat_rules.push(format!(
+        line!(
+            self.nat_rules,
+            "-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}"
+        );
+        line!(
+            self.nat_rules,
             "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{}",
             if self.opts.random_fully { " --random-fully" } else { "" }
-        ));
-        self.nat_rules
-            .push(format!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"));
+        );
+        line!(
+            self.nat_rules,
+            "-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"
+        );
 
         if self.view.martian_rule {
             // route_localnet (needed for localhost node ports) lets remote hosts reach
             // 127.0.0.0/8; this closes that hole (a copy of kubelet's rule).
-            self.filter_chains.push(chain_line(KUBE_FIREWALL));
-            self.filter_rules.push(format!(
+            chain_line(&mut self.filter_chains, KUBE_FIREWALL);
+            line!(
+                self.filter_rules,
                 "-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
-            ));
+            );
         }
 
-        for port in &self.view.ports {
+        let view = self.view;
+        for port in &view.ports {
             self.write_port(port);
         }
 
         self.write_nodeports_tail();
 
+        let mark = &self.mark;
         if self.view.drop_invalid {
             // INVALID packets would otherwise reach the pod un-NATed and reset connections.
             let nfacct = if self.opts.nfacct {
@@ -250,16 +333,19 @@ impl Writer<'_> {
             } else {
                 String::new()
             };
-            self.filter_rules.push(format!(
+            line!(
+                self.filter_rules,
                 "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{nfacct} -j DROP"
-            ));
+            );
         }
-        self.filter_rules.push(format!(
+        line!(
+            self.filter_rules,
             "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
-        ));
-        self.filter_rules.push(format!(
+        );
+        line!(
+            self.filter_rules,
             "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
-        ));
+        );
     }
 
     /// The jump to KUBE-NODEPORTS; it must stay the last rule of nat KUBE-SERVICES.
@@ -275,46 +361,45 @@ impl Writer<'_> {
                     IpFamily::IPv4 if !self.view.localhost_node_ports => " ! -d 127.0.0.0/8",
                     IpFamily::IPv4 => "",
                 };
-                self.nat_rules.push(format!(
+                line!(
+                    self.nat_rules,
                     "-A {KUBE_SERVICES} {comment} -m addrtype --dst-type LOCAL{not_loopback} -j {KUBE_NODEPORTS}"
-                ));
+                );
             }
             NodePortAddresses::Ips(ips) => {
                 for ip in ips {
-                    self.nat_rules.push(format!(
+                    line!(
+                        self.nat_rules,
                         "-A {KUBE_SERVICES} {comment} -d {ip} -j {KUBE_NODEPORTS}"
-                    ));
+                    );
                 }
             }
         }
     }
 
-    /// `-m comment --comment X ` for the per-endpoint rules, which large-cluster mode
-    /// leaves out to keep the ruleset small.
-    fn endpoint_comment(&self, comment: &str) -> String {
-        if self.view.large_cluster {
-            String::new()
-        } else {
-            format!("-m comment --comment {comment} ")
-        }
+    /// The per-endpoint comment, `None` in large-cluster mode.
+    fn endpoint_comment<T>(&self, comment: T) -> EndpointComment<T> {
+        EndpointComment((!self.view.large_cluster).then_some(comment))
     }
 
     fn write_port(&mut self, p: &PortView) {
         let proto = p.protocol.lower();
         let spn = p.spn.as_str();
-        let hash = port_proto_hash(spn, proto);
+        let hash = chain_hash(&[spn, proto]);
         let c = Chains {
             svc: format!("KUBE-SVC-{hash}"),
             svl: format!("KUBE-SVL-{hash}"),
             ext: format!("KUBE-EXT-{hash}"),
             fw: format!("KUBE-FW-{hash}"),
         };
-        let sep = |i: u32| -> String {
-            let ep = &p.endpoints[i as usize];
-            format!("KUBE-SEP-{}", endpoint_hash(spn, proto, &ep.addr))
+        let reachable = p.reachable_endpoints();
+        let seps = SepChains::new(p, &reachable);
+        let sep = |i| seps.get(i);
+        let dest = |ip| Dest {
+            proto,
+            ip,
+            port: p.port,
         };
-        // `-m tcp -p tcp --dport 80`-style matches, with the destination in between.
-        let dest = |ip: &IpAddr, port: u16| format!("-m {proto} -p {proto} -d {ip} --dport {port}");
 
         let has_endpoints = p.has_endpoints;
         let uses_cluster_chain = !p.cluster_endpoints.is_empty();
@@ -337,62 +422,69 @@ impl Writer<'_> {
         } else {
             ("REJECT", quote(&format!("{spn} has no endpoints")))
         };
-        let cluster_ip_comment = quote(&format!("{spn} cluster IP"));
-        let lb_comment = quote(&format!("{spn} loadbalancer IP"));
+        let cluster_ip_comment = Quoted(format_args!("{spn} cluster IP"));
+        let lb_comment = Quoted(format_args!("{spn} loadbalancer IP"));
 
         // Capture the cluster IP.
         if let Some(cip) = &p.cluster_ip {
-            let m = dest(cip, p.port);
+            let m = dest(cip);
             if has_internal {
-                self.nat_rules.push(format!(
+                line!(
+                    self.nat_rules,
                     "-A {KUBE_SERVICES} -m comment --comment {cluster_ip_comment} {m} -j {internal_chain}"
-                ));
+                );
             } else {
-                self.filter_rules.push(format!(
+                line!(
+                    self.filter_rules,
                     "-A {KUBE_SERVICES} -m comment --comment {verdict_comment} {m} -j {verdict}"
-                ));
+                );
             }
         }
 
         // Capture external IPs.
         for ip in &p.external_ips {
-            let m = dest(ip, p.port);
+            let m = dest(ip);
             if has_endpoints {
-                self.nat_rules.push(format!(
+                line!(
+                    self.nat_rules,
                     "-A {KUBE_SERVICES} -m comment --comment {} {m} -j {}",
-                    quote(&format!("{spn} external IP")),
+                    Quoted(format_args!("{spn} external IP")),
                     c.ext
-                ));
+                );
             }
             if !has_external {
-                self.filter_rules.push(format!(
+                line!(
+                    self.filter_rules,
                     "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {verdict_comment} {m} -j {verdict}"
-                ));
+                );
             }
         }
 
         // Capture load-balancer IPs.
         for ip in &p.load_balancer_ips {
-            let m = dest(ip, p.port);
+            let m = dest(ip);
             if has_endpoints {
-                self.nat_rules.push(format!(
+                line!(
+                    self.nat_rules,
                     "-A {KUBE_SERVICES} -m comment --comment {lb_comment} {m} -j {lb_chain}"
-                ));
+                );
             }
             if uses_fw_chain {
                 // Whatever the FW chain did not accept reaches filter unDNATed.
-                self.filter_rules.push(format!(
+                line!(
+                    self.filter_rules,
                     "-A {KUBE_PROXY_FIREWALL} -m comment --comment {} {m} -j DROP",
-                    quote(&format!("{spn} traffic not accepted by {}", c.fw))
-                ));
+                    Quoted(format_args!("{spn} traffic not accepted by {}", c.fw))
+                );
             }
         }
         if !has_external {
             for ip in &p.load_balancer_ips {
-                self.filter_rules.push(format!(
+                line!(
+                    self.filter_rules,
                     "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {verdict_comment} {} -j {verdict}",
-                    dest(ip, p.port)
-                ));
+                    dest(ip)
+                );
             }
         }
 
@@ -404,36 +496,40 @@ impl Writer<'_> {
                     && self.opts.nfacct
                 {
                     // Same jump, only counted: kube-proxy's metric of localhost node-port use.
-                    self.nat_rules.push(format!(
+                    line!(
+                        self.nat_rules,
                         "-A {KUBE_NODEPORTS} -m comment --comment {spn} -m {proto} -p {proto} -d 127.0.0.0/8 --dport {np} -m nfacct --nfacct-name {NFACCT_LOCALHOST_NODEPORT} -j {}",
                         c.ext
-                    ));
+                    );
                 }
-                self.nat_rules.push(format!(
+                line!(
+                    self.nat_rules,
                     "-A {KUBE_NODEPORTS} -m comment --comment {spn} -m {proto} -p {proto} --dport {np} -j {}",
                     c.ext
-                ));
+                );
             }
             if !has_external {
-                self.filter_rules.push(format!(
+                line!(
+                    self.filter_rules,
                     "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {verdict_comment} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {np} -j {verdict}"
-                ));
+                );
             }
         }
 
         // Health checks are answered whether or not this node has local endpoints.
         if let Some(hc) = p.health_check_node_port {
-            self.filter_rules.push(format!(
+            line!(
+                self.filter_rules,
                 "-A {KUBE_NODEPORTS} -m comment --comment {} -m tcp -p tcp --dport {hc} -j ACCEPT",
-                quote(&format!("{spn} health check node port"))
-            ));
+                Quoted(format_args!("{spn} health check node port"))
+            );
         }
 
         // Internal traffic: masquerade what does not come from a local pod, since a
         // route to the service range via this node may bounce off-node.
         if has_internal {
             if let Some(cip) = &p.cluster_ip {
-                let m = dest(cip, p.port);
+                let m = dest(cip);
                 let condition = if self.view.masquerade_all {
                     Some(String::new())
                 } else {
@@ -443,165 +539,187 @@ impl Writer<'_> {
                         .map(|d| format!(" {}", detector_args(d, false)))
                 };
                 if let Some(condition) = condition {
-                    self.nat_rules.push(format!(
+                    line!(
+                        self.nat_rules,
                         "-A {internal_chain} -m comment --comment {cluster_ip_comment} {m}{condition} -j {KUBE_MARK_MASQ}"
-                    ));
+                    );
                 }
             }
         }
 
         // External traffic: every external destination goes through the EXT chain.
         if uses_ext_chain {
-            self.nat_chains.push(chain_line(&c.ext));
+            chain_line(&mut self.nat_chains, &c.ext);
             if !p.external_local {
                 // Cluster policy may send it to another node: masquerade.
-                self.nat_rules.push(format!(
+                line!(
+                    self.nat_rules,
                     "-A {} -m comment --comment {} -j {KUBE_MARK_MASQ}",
                     c.ext,
-                    quote(&format!(
+                    Quoted(format_args!(
                         "masquerade traffic for {spn} external destinations"
                     ))
-                ));
+                );
             } else {
                 // Local policy keeps the client IP, except for traffic from this node:
                 // pods are sent on as if they had gone out to the load balancer and
                 // back, and the host (whose source would be the VIP) is masqueraded.
                 if let Some(d) = &self.view.local_detector {
-                    self.nat_rules.push(format!(
+                    line!(
+                        self.nat_rules,
                         "-A {} -m comment --comment {} {} -j {}",
                         c.ext,
-                        quote(&format!("pod traffic for {spn} external destinations")),
+                        Quoted(format_args!("pod traffic for {spn} external destinations")),
                         detector_args(d, true),
                         c.svc
-                    ));
+                    );
                 }
-                self.nat_rules.push(format!(
+                line!(
+                    self.nat_rules,
                     "-A {} -m comment --comment {} -m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}",
                     c.ext,
-                    quote(&format!(
+                    Quoted(format_args!(
                         "masquerade LOCAL traffic for {spn} external destinations"
                     ))
-                ));
-                self.nat_rules.push(format!(
+                );
+                line!(
+                    self.nat_rules,
                     "-A {} -m comment --comment {} -m addrtype --src-type LOCAL -j {}",
                     c.ext,
-                    quote(&format!(
+                    Quoted(format_args!(
                         "route LOCAL traffic for {spn} external destinations"
                     )),
                     c.svc
-                ));
+                );
             }
             if has_external {
-                self.nat_rules
-                    .push(format!("-A {} -j {external_policy_chain}", c.ext));
+                line!(self.nat_rules, "-A {} -j {external_policy_chain}", c.ext);
             }
         }
 
         // loadBalancerSourceRanges: accept the ranges, fall through to the filter DROP.
         if uses_fw_chain {
-            self.nat_chains.push(chain_line(&c.fw));
+            chain_line(&mut self.nat_chains, &c.fw);
             for cidr in &p.source_ranges {
-                self.nat_rules.push(format!(
+                line!(
+                    self.nat_rules,
                     "-A {} -m comment --comment {lb_comment} -s {cidr} -j {}",
-                    c.fw, c.ext
-                ));
+                    c.fw,
+                    c.ext
+                );
             }
             if p.source_ranges_include_node {
                 // A VIP that is also a local address loops node traffic back with the
                 // VIP as source.
                 for ip in &p.load_balancer_ips {
-                    self.nat_rules.push(format!(
+                    line!(
+                        self.nat_rules,
                         "-A {} -m comment --comment {lb_comment} -s {ip} -j {}",
-                        c.fw, c.ext
-                    ));
+                        c.fw,
+                        c.ext
+                    );
                 }
             }
-            self.nat_rules.push(format!(
+            line!(
+                self.nat_rules,
                 "-A {} -m comment --comment {}",
                 c.fw,
-                quote(&format!(
+                Quoted(format_args!(
                     "other traffic to {spn} will be dropped by {KUBE_PROXY_FIREWALL}"
                 ))
-            ));
+            );
         }
 
         if uses_cluster_chain {
-            self.nat_chains.push(chain_line(&c.svc));
-            self.write_dispatch(p, &c.svc, &p.cluster_endpoints, &sep);
+            chain_line(&mut self.nat_chains, &c.svc);
+            self.write_dispatch(p, &c.svc, &p.cluster_endpoints, &seps);
         }
         if uses_local_chain {
-            self.nat_chains.push(chain_line(&c.svl));
-            self.write_dispatch(p, &c.svl, &p.local_endpoints, &sep);
+            chain_line(&mut self.nat_chains, &c.svl);
+            self.write_dispatch(p, &c.svl, &p.local_endpoints, &seps);
         }
 
         // One chain per endpoint either set can reach: hairpin masquerade, then DNAT.
         let comment = self.endpoint_comment(spn);
-        for i in p.reachable_endpoints() {
+        for &i in &reachable {
             let ep = &p.endpoints[i as usize];
             let chain = sep(i);
-            self.nat_chains.push(chain_line(&chain));
-            self.nat_rules.push(format!(
+            chain_line(&mut self.nat_chains, chain);
+            line!(
+                self.nat_rules,
                 "-A {chain} {comment}-s {} -j {KUBE_MARK_MASQ}",
                 ep.ip
-            ));
-            let affinity = if p.affinity_timeout.is_some() {
-                format!("-m recent --name {chain} --set ")
+            );
+            if p.affinity_timeout.is_some() {
+                line!(
+                    self.nat_rules,
+                    "-A {chain} {comment}-m recent --name {chain} --set -m {proto} -p {proto} -j DNAT --to-destination {}",
+                    ep.addr
+                );
             } else {
-                String::new()
-            };
-            self.nat_rules.push(format!(
-                "-A {chain} {comment}{affinity}-m {proto} -p {proto} -j DNAT --to-destination {}",
-                ep.addr
-            ));
+                line!(
+                    self.nat_rules,
+                    "-A {chain} {comment}-m {proto} -p {proto} -j DNAT --to-destination {}",
+                    ep.addr
+                );
+            }
         }
     }
 
     /// Affinity rules first (a client seen recently goes back to its endpoint), then
     /// the random choice: rule i of n matches with probability 1/(n-i), the last always.
-    fn write_dispatch(
-        &mut self,
-        p: &PortView,
-        chain: &str,
-        set: &[u32],
-        sep: &dyn Fn(u32) -> String,
-    ) {
+    fn write_dispatch(&mut self, p: &PortView, chain: &str, set: &[u32], seps: &SepChains) {
+        let sep = |i| seps.get(i);
         let comment = |w: &Self, i: u32| {
-            w.endpoint_comment(&quote(&format!(
+            w.endpoint_comment(Quoted(format_args!(
                 "{} -> {}",
                 p.spn, p.endpoints[i as usize].addr
             )))
+            .to_string()
         };
         if let Some(timeout) = p.affinity_timeout {
             for &i in set {
                 let target = sep(i);
-                self.nat_rules.push(format!(
+                line!(
+                    self.nat_rules,
                     "-A {chain} {}-m recent --name {target} --rcheck --seconds {timeout} --reap -j {target}",
                     comment(self, i)
-                ));
+                );
             }
         }
         let n = set.len();
+        self.probabilities.prepare(n);
         for (k, &i) in set.iter().enumerate() {
-            let probability = if k + 1 < n {
-                format!(
-                    "-m statistic --mode random --probability {} ",
-                    probability(n - k)
-                )
+            let comment = comment(self, i);
+            if k + 1 < n {
+                let probability = self.probabilities.get(n - k);
+                line!(
+                    self.nat_rules,
+                    "-A {chain} {comment}-m statistic --mode random --probability {probability} -j {}",
+                    sep(i)
+                );
             } else {
-                String::new()
-            };
-            self.nat_rules.push(format!(
-                "-A {chain} {}{probability}-j {}",
-                comment(self, i),
-                sep(i)
-            ));
+                line!(self.nat_rules, "-A {chain} {comment}-j {}", sep(i));
+            }
         }
     }
 }
 
-/// Go's `%0.10f` of 1/n. Both Go and Rust round the exact binary value half to even.
-fn probability(n: usize) -> String {
-    format!("{:.10}", 1.0 / n as f64)
+/// Go's `%0.10f` of 1/n for n = 2, 3, ...: every service's dispatch writes the same few,
+/// so each is formatted once. Both Go and Rust round the exact binary value half to even.
+#[derive(Default)]
+struct Probabilities(Vec<String>);
+
+impl Probabilities {
+    fn prepare(&mut self, upto: usize) {
+        while self.0.len() + 2 <= upto {
+            let n = self.0.len() + 2;
+            self.0.push(format!("{:.10}", 1.0 / n as f64));
+        }
+    }
+    fn get(&self, n: usize) -> &str {
+        &self.0[n - 2]
+    }
 }
 
 /// The local detector's match, or its negation.
@@ -617,6 +735,7 @@ fn detector_args(d: &LocalDetector, local: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::{endpoint_hash, port_proto_hash};
     use std::collections::BTreeMap;
     use svc_compiler::ir::{
         ClusterConfig, DetectLocalMode, Endpoint, LoadBalancerIngress, Module, Node,
@@ -1613,11 +1732,13 @@ mod tests {
 
     #[test]
     fn probability_formatting() {
-        assert_eq!(probability(2), "0.5000000000");
-        assert_eq!(probability(3), "0.3333333333");
-        assert_eq!(probability(7), "0.1428571429");
+        let mut p = Probabilities::default();
+        p.prepare(2048);
+        assert_eq!(p.get(2), "0.5000000000");
+        assert_eq!(p.get(3), "0.3333333333");
+        assert_eq!(p.get(7), "0.1428571429");
         // An exact tie rounds to even, as Go does.
-        assert_eq!(probability(2048), "0.0004882812");
+        assert_eq!(p.get(2048), "0.0004882812");
     }
 
     /// A throwaway network namespace, deleted on drop.

@@ -8,6 +8,7 @@ use crate::net::{parse_ip, Cidr, IpFamily};
 use crate::passes::allocate::{is_headless, target_port, Allocation};
 use crate::passes::resolve::{protocol_of, Resolved};
 use crate::passes::Settings;
+use rayon::prelude::*;
 
 pub fn lower(
     objects: &Objects,
@@ -15,9 +16,10 @@ pub fn lower(
     resolved: Resolved,
     allocs: Vec<Allocation>,
 ) -> ir::Module {
+    // Each service is lowered on its own: in parallel, then sorted.
     let mut services: Vec<ir::Service> = objects
         .services
-        .iter()
+        .par_iter()
         .zip(resolved)
         .zip(allocs)
         .map(|((s, eps), a)| {

@@ -19,6 +19,7 @@ use crate::ir::{
     NodePortAddresses, NodeView, PortView, Service, ServicePort, ServiceType, TrafficPolicy,
 };
 use crate::net::{join_host_port, Cidr, IpFamily};
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -88,17 +89,19 @@ pub fn node_view(
         )),
     };
 
-    let mut ports = Vec::new();
-    for (id, svc) in module.services.iter().enumerate() {
-        let Some(cluster_ip) = proxied_cluster_ip(svc, family) else {
-            continue;
-        };
-        for port in &svc.ports {
-            ports.push(port_view(
-                module, id as u32, svc, port, cluster_ip, family, &this, &node_ips,
-            ));
-        }
-    }
+    // Services in parallel (in module order), then sorted.
+    let (this, ips) = (&this, &node_ips[..]);
+    let mut ports: Vec<PortView> = module
+        .services
+        .par_iter()
+        .enumerate()
+        .filter_map(|(id, svc)| Some((id, svc, proxied_cluster_ip(svc, family)?)))
+        .flat_map_iter(|(id, svc, cluster_ip)| {
+            svc.ports.iter().map(move |port| {
+                port_view(module, id as u32, svc, port, cluster_ip, family, this, ips)
+            })
+        })
+        .collect();
     ports.sort_by(|a, b| {
         (&a.namespace, &a.name, &a.port_name, a.protocol).cmp(&(
             &b.namespace,

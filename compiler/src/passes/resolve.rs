@@ -9,7 +9,8 @@
 use crate::decode::IntOrString;
 use crate::ir::{Endpoint, Protocol};
 use crate::k8s::{Objects, Pod, Service};
-use crate::net::{join_host_port, parse_ip};
+use crate::net::{parse_ip, HostPort};
+use rayon::prelude::*;
 use std::collections::HashMap;
 
 /// Endpoints per service (index into `objects.services`) per port (spec order).
@@ -65,9 +66,10 @@ pub fn resolve(objects: &Objects) -> Resolved {
         })
         .collect();
 
+    // Services are independent of each other: resolved in parallel, kept in input order.
     objects
         .services
-        .iter()
+        .par_iter()
         .map(|svc| {
             let key = (svc.meta.namespace.v.as_str(), svc.meta.name.v.as_str());
             let has_selector = svc.selector.as_ref().is_some_and(|s| !s.is_empty());
@@ -273,9 +275,9 @@ fn from_pods(
 
 /// kube-proxy's order (the string `ip:port`) and merge (non-terminating wins).
 fn sort_dedup(eps: Vec<Endpoint>) -> Vec<Endpoint> {
-    let mut keyed: Vec<(String, Endpoint)> = eps
+    let mut keyed: Vec<(HostPort, Endpoint)> = eps
         .into_iter()
-        .map(|e| (join_host_port(&e.ip, e.port), e))
+        .map(|e| (HostPort::new(&e.ip, e.port), e))
         .collect();
     keyed.sort_by(|a, b| {
         a.0.cmp(&b.0)

@@ -667,9 +667,12 @@ impl Builder<'_> {
         let local_chain = format!("local-{base}");
         let external_chain = format!("external-{base}");
         let firewall_chain = format!("firewall-{base}");
-        let endpoint_base = |i: u32| {
+        let reachable = p.reachable_endpoints();
+        // Each reachable endpoint's name, hashed once: `endpoint-<base>`, `affinity-<base>`.
+        let mut bases: Vec<String> = vec![String::new(); p.endpoints.len()];
+        for &i in &reachable {
             let ep = &p.endpoints[i as usize];
-            hash_and_truncate(&format!(
+            bases[i as usize] = hash_and_truncate(&format!(
                 "{}/{}/{}/{}__{}/{}",
                 p.namespace,
                 p.name,
@@ -677,10 +680,10 @@ impl Builder<'_> {
                 p.port_name,
                 ep.ip.to_string().replace(':', "."),
                 ep.port
-            ))
-        };
-        let endpoint_chain = |i: u32| format!("endpoint-{}", endpoint_base(i));
-        let affinity_set = |i: u32| format!("affinity-{}", endpoint_base(i));
+            ));
+        }
+        let endpoint_chain = |i: u32| format!("endpoint-{}", bases[i as usize]);
+        let affinity_set = |i: u32| format!("affinity-{}", bases[i as usize]);
 
         // Which chains exist. The node pass leaves cluster_endpoints / local_endpoints empty
         // when no traffic uses them, so their emptiness is kube-proxy's
@@ -711,7 +714,6 @@ impl Builder<'_> {
         } else {
             Verdict::Goto(REJECT_CHAIN.to_string())
         };
-        let reachable = p.reachable_endpoints();
         let affinity = p.affinity_timeout;
 
         // --- elements ---

@@ -1,0 +1,697 @@
+//! The performance benchmark: `cargo bench --bench pipeline [-- OPTIONS]`.
+//!
+//! Generates synthetic clusters (`svc_compiler::synth`: N services × 10 endpoints on 100
+//! nodes) and measures, on this machine:
+//! 1. every stage in-process (parse, decode, each pass, the node view, each target, and all
+//!    100 nodes at once), at each size;
+//! 2. the whole CLI run (the built `svc-compile` binary): wall time and peak RSS;
+//! 3. the kernel's own load time of the produced rulesets (`iptables-restore`, `nft -f`)
+//!    in a throwaway network namespace: the floor for `apply`. Needs root; skipped otherwise.
+//!
+//! Times are the minimum over `--runs` runs (the least disturbed by other work on a shared
+//! machine), with the median in brackets. Then every budget of issue 6 is checked.
+//! It prints Markdown: the README's "Performance" table is this output.
+//!
+//! Options: `--sizes 1000,10000,20000,30000` `--runs 5` `--quick` (sizes 1000,2000, one
+//! run, no kernel loads) `--no-kernel` `--no-cli` `--only NAME` (just the stages whose name
+//! contains NAME, for a profiler).
+
+use rayon::prelude::*;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use svc_compiler::diag::Diagnostics;
+use svc_compiler::ir::{Module, NodeView};
+use svc_compiler::k8s::{self, Objects};
+use svc_compiler::net::IpFamily;
+use svc_compiler::passes::{self, node::NodeSelection};
+use svc_compiler::source::FileId;
+use svc_compiler::synth::{self, Format, Shape};
+use svc_compiler::tree;
+
+const ENDPOINTS: usize = 10;
+const NODES: usize = 100;
+/// The size the absolute budgets are stated for.
+const BUDGET_SIZE: usize = 10_000;
+
+struct Args {
+    sizes: Vec<usize>,
+    only: Option<String>,
+    runs: usize,
+    kernel: bool,
+    cli: bool,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        sizes: vec![1_000, 10_000, 20_000, 30_000],
+        only: None,
+        runs: 5,
+        kernel: true,
+        cli: true,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = argv.iter();
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--sizes" => {
+                a.sizes = it
+                    .next()
+                    .expect("--sizes N,N,...")
+                    .split(',')
+                    .map(|n| n.parse().expect("--sizes takes numbers"))
+                    .collect()
+            }
+            "--runs" => a.runs = it.next().and_then(|n| n.parse().ok()).expect("--runs N"),
+            "--quick" => {
+                a.sizes = vec![1_000, 2_000];
+                a.runs = 1;
+                a.kernel = false;
+            }
+            "--only" => {
+                a.only = it.next().cloned();
+                a.cli = false;
+                a.kernel = false;
+            }
+            "--no-kernel" => a.kernel = false,
+            "--no-cli" => a.cli = false,
+            // `cargo bench` passes `--bench`; filters are not supported.
+            _ => {}
+        }
+    }
+    a
+}
+
+/// Minimum and median of a few runs.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stat {
+    min: Duration,
+    median: Duration,
+}
+
+impl Stat {
+    fn of(mut v: Vec<Duration>) -> Stat {
+        v.sort();
+        Stat {
+            min: v[0],
+            median: v[v.len() / 2],
+        }
+    }
+}
+
+/// Times stages, `runs` times each; with `only`, just the stages whose name contains it
+/// (for profiling one stage).
+struct Timer<'a> {
+    runs: usize,
+    only: Option<&'a str>,
+    stats: Vec<(&'static str, Stat)>,
+}
+
+impl Timer<'_> {
+    /// Time `f`; its result is dropped outside the timed region.
+    fn stage<T>(&mut self, name: &'static str, mut f: impl FnMut() -> T) {
+        self.stage_with(name, || (), |()| f());
+    }
+
+    /// Time `f` on what `setup` made, which is not timed.
+    fn stage_with<I, T>(
+        &mut self,
+        name: &'static str,
+        mut setup: impl FnMut() -> I,
+        mut f: impl FnMut(I) -> T,
+    ) {
+        if self.only.is_some_and(|o| !name.contains(o)) {
+            self.stats.push((name, Stat::default()));
+            return;
+        }
+        let times = (0..self.runs)
+            .map(|_| {
+                let input = setup();
+                let t = Instant::now();
+                let r = f(input);
+                let d = t.elapsed();
+                drop(r);
+                d
+            })
+            .collect();
+        self.stats.push((name, Stat::of(times)));
+    }
+}
+
+fn shape(services: usize) -> Shape {
+    Shape {
+        services,
+        endpoints: ENDPOINTS,
+        nodes: NODES,
+        seed: 1,
+    }
+}
+
+/// Every stage of the pipeline at one size.
+fn stages(services: usize, runs: usize, only: Option<&str>) -> Vec<(&'static str, Stat)> {
+    let sh = shape(services);
+    let list = synth::generate(&sh, Format::YamlList);
+    let stream = synth::generate(&sh, Format::YamlStream);
+    let json = synth::generate(&sh, Format::Json);
+    let file = FileId(0);
+    let mut t = Timer {
+        runs,
+        only,
+        stats: Vec::new(),
+    };
+    t.stage("parse YAML (kind: List)", || tree::parse_file(file, &list));
+    t.stage("parse YAML (--- stream)", || {
+        tree::parse_file(file, &stream)
+    });
+    t.stage("parse JSON", || tree::parse_file(file, &json));
+
+    let (docs, _) = tree::parse_file(file, &list);
+    let decode = || {
+        let mut objects = Objects::default();
+        let mut diags = Diagnostics::default();
+        for d in &docs {
+            k8s::decode_document(d, &mut objects, &mut diags);
+        }
+        (objects, diags)
+    };
+    t.stage("decode (one thread)", decode);
+    let mut sources = svc_compiler::source::SourceMap::default();
+    let f = sources.add("cluster.yaml", list.clone());
+    t.stage("parse + decode, in parallel as `compile` runs them", || {
+        svc_compiler::read(&sources, &[f])
+    });
+    let (objects, mut diags) = decode();
+    drop(docs);
+    let opts = svc_compiler::Options {
+        allocate: true,
+        ..Default::default()
+    };
+    let settings = svc_compiler::settings(&objects, &opts);
+    t.stage("validate", || {
+        passes::validate::validate(&objects, &settings, &mut Diagnostics::default())
+    });
+    t.stage("resolve", || passes::resolve::resolve(&objects));
+    let lock = Default::default();
+    t.stage("allocate", || {
+        let mut d = Diagnostics::default();
+        passes::allocate::allocate(&objects, &settings, &lock, true, &mut d)
+    });
+    let resolved = passes::resolve::resolve(&objects);
+    let (allocs, _) = passes::allocate::allocate(&objects, &settings, &lock, true, &mut diags);
+    t.stage_with(
+        "lower",
+        || (resolved.clone(), allocs.clone()),
+        |(r, a)| passes::lower::lower(&objects, &settings, r, a),
+    );
+    let module = passes::lower::lower(&objects, &settings, resolved, allocs);
+    assert!(
+        !diags.has_errors(),
+        "the synthetic cluster compiles cleanly"
+    );
+    drop(objects);
+
+    let view = |name: &str| {
+        let sel = NodeSelection {
+            name: name.into(),
+            ips: vec![],
+        };
+        passes::node::node_view(&module, &sel, IpFamily::IPv4).expect("the node exists")
+    };
+    t.stage("node view, 1 node", || view("node-000"));
+    let v = view("node-000");
+    t.stage("iptables, 1 node", || {
+        svc_targets::iptables::write_string(&v, &Default::default())
+    });
+    t.stage("nftables, 1 node", || {
+        svc_targets::nftables::write_string(&v, &Default::default())
+    });
+    t.stage("node views + iptables, 100 nodes", || {
+        all_nodes(&module, Target::Iptables)
+    });
+    t.stage("node views + nftables, 100 nodes", || {
+        all_nodes(&module, Target::Nftables)
+    });
+    t.stats
+}
+
+#[derive(Clone, Copy)]
+enum Target {
+    Iptables,
+    Nftables,
+}
+
+/// What `--all-nodes` computes (without the file writes): every node's view and ruleset,
+/// nodes in parallel. Returns the bytes produced.
+fn all_nodes(module: &Module, target: Target) -> usize {
+    module
+        .nodes
+        .par_iter()
+        .map(|n| {
+            let sel = NodeSelection {
+                name: n.name.clone(),
+                ips: vec![],
+            };
+            let v: NodeView = passes::node::node_view(module, &sel, IpFamily::IPv4).unwrap();
+            match target {
+                Target::Iptables => svc_targets::iptables::write_string(&v, &Default::default()),
+                Target::Nftables => svc_targets::nftables::write_string(&v, &Default::default()),
+            }
+            .len()
+        })
+        .sum()
+}
+
+// ---------------------------------------------------------------------------------------
+// The CLI, as a user runs it
+// ---------------------------------------------------------------------------------------
+
+/// Wall time and peak resident set size of one child process.
+#[derive(Clone, Copy, Debug)]
+struct Proc {
+    wall: Duration,
+    max_rss_kib: u64,
+}
+
+// The child is reaped by `wait4`, which also returns its resource usage.
+#[allow(clippy::zombie_processes)]
+fn run_measured(cmd: &mut Command) -> Proc {
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let t = Instant::now();
+    let child = cmd.spawn().expect("spawn svc-compile");
+    let mut status = 0;
+    // SAFETY: plain wait4 on our own child, with valid out-pointers.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
+    let wall = t.elapsed();
+    assert!(
+        pid > 0 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{cmd:?} failed (status {status})"
+    );
+    Proc {
+        wall,
+        max_rss_kib: ru.ru_maxrss as u64,
+    }
+}
+
+struct CliCase {
+    input: &'static str,
+    target: &'static str,
+    all_nodes: bool,
+}
+
+const CLI_CASES: &[CliCase] = &[
+    CliCase {
+        input: "yaml",
+        target: "iptables",
+        all_nodes: false,
+    },
+    CliCase {
+        input: "yaml",
+        target: "nftables",
+        all_nodes: false,
+    },
+    CliCase {
+        input: "json",
+        target: "iptables",
+        all_nodes: false,
+    },
+    CliCase {
+        input: "json",
+        target: "nftables",
+        all_nodes: false,
+    },
+    CliCase {
+        input: "yaml",
+        target: "iptables",
+        all_nodes: true,
+    },
+    CliCase {
+        input: "yaml",
+        target: "nftables",
+        all_nodes: true,
+    },
+];
+
+/// Runs of each CLI case: (min wall, median wall, max peak RSS).
+fn cli(dir: &Path, services: usize, runs: usize) -> Vec<(Stat, u64)> {
+    let sh = shape(services);
+    let yaml = dir.join(format!("cluster-{services}.yaml"));
+    let json = dir.join(format!("cluster-{services}.json"));
+    std::fs::write(&yaml, synth::generate(&sh, Format::YamlList)).unwrap();
+    std::fs::write(&json, synth::generate(&sh, Format::Json)).unwrap();
+    let out_dir = dir.join("out");
+    let res = CLI_CASES
+        .iter()
+        .map(|c| {
+            let input = if c.input == "yaml" { &yaml } else { &json };
+            // All nodes write 100 full rulesets (gigabytes at 30k): fewer runs.
+            let n = if c.all_nodes { runs.min(3) } else { runs };
+            let procs: Vec<Proc> = (0..n)
+                .map(|_| {
+                    let mut cmd = Command::new(env!("CARGO_BIN_EXE_svc-compile"));
+                    cmd.arg(input).args(["--target", c.target]);
+                    if c.all_nodes {
+                        cmd.arg("--all-nodes").arg("--out").arg(&out_dir);
+                    } else {
+                        cmd.args(["--node", "node-000", "-o"])
+                            .arg(dir.join("out.rules"));
+                    }
+                    let p = run_measured(&mut cmd);
+                    let _ = std::fs::remove_dir_all(&out_dir);
+                    p
+                })
+                .collect();
+            (
+                Stat::of(procs.iter().map(|p| p.wall).collect()),
+                procs.iter().map(|p| p.max_rss_kib).max().unwrap(),
+            )
+        })
+        .collect();
+    let _ = std::fs::remove_file(&yaml);
+    let _ = std::fs::remove_file(&json);
+    res
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernel's load time
+// ---------------------------------------------------------------------------------------
+
+/// A network namespace of our own, deleted when dropped (also on panic).
+struct Netns(String);
+
+impl Netns {
+    fn new() -> Option<Netns> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!("svcbench-{}-{nanos}", std::process::id());
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Netns(name))
+    }
+    /// Run `argv` inside the namespace; the wall time when it succeeded.
+    fn time(&self, argv: &[&str]) -> Result<Duration, String> {
+        let t = Instant::now();
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0])
+            .args(argv)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        let d = t.elapsed();
+        if out.status.success() {
+            Ok(d)
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .take(3)
+                .collect())
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn kernel_skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    for tool in ["ip", "iptables-restore", "nft"] {
+        let found = Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            return Some(format!("`{tool}` not found"));
+        }
+    }
+    None
+}
+
+/// (ruleset, lines, load time) per kernel case.
+fn kernel(dir: &Path, runs: usize) -> Vec<(String, usize, Result<Duration, String>)> {
+    let mut res = Vec::new();
+    for (services, endpoints, target) in [
+        (BUDGET_SIZE, ENDPOINTS, "iptables"),
+        (BUDGET_SIZE, ENDPOINTS, "nftables"),
+        (5_000, 50, "nftables"),
+    ] {
+        let sh = Shape {
+            services,
+            endpoints,
+            nodes: NODES,
+            seed: 1,
+        };
+        let input = dir.join("kernel.yaml");
+        std::fs::write(&input, synth::generate(&sh, Format::YamlList)).unwrap();
+        let rules = dir.join(format!("kernel.{target}"));
+        run_measured(
+            Command::new(env!("CARGO_BIN_EXE_svc-compile"))
+                .arg(&input)
+                .args(["--target", target, "--node", "node-000", "-o"])
+                .arg(&rules),
+        );
+        let lines = std::fs::read_to_string(&rules).unwrap().lines().count();
+        let rules_s = rules.to_str().unwrap();
+        let argv: Vec<&str> = match target {
+            "iptables" => vec!["iptables-restore", "--noflush", rules_s],
+            _ => vec!["nft", "-f", rules_s],
+        };
+        let mut times = Vec::new();
+        let mut err = None;
+        for _ in 0..runs.min(3) {
+            // A fresh namespace per run: the load starts from an empty ruleset.
+            let Some(ns) = Netns::new() else {
+                err = Some("cannot create a network namespace".to_string());
+                break;
+            };
+            match ns.time(&argv) {
+                Ok(d) => times.push(d),
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        let what = format!(
+            "`{}` of {target} output, {services} services × {endpoints} endpoints",
+            argv[0]
+        );
+        let r = match err {
+            Some(e) => Err(e),
+            None => Ok(Stat::of(times).min),
+        };
+        res.push((what, lines, r));
+        let _ = std::fs::remove_file(&input);
+        let _ = std::fs::remove_file(&rules);
+    }
+    res
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------------------
+
+fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1e3;
+    if ms >= 100.0 {
+        format!("{ms:.0}")
+    } else if ms >= 10.0 {
+        format!("{ms:.1}")
+    } else {
+        format!("{ms:.2}")
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+fn label(n: usize) -> String {
+    if n.is_multiple_of(1000) {
+        format!("{}k", n / 1000)
+    } else {
+        n.to_string()
+    }
+}
+
+fn main() {
+    let a = args();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("svc-compile-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut report = String::new();
+    let mut budgets: Vec<(String, bool)> = Vec::new();
+    let _ = writeln!(
+        report,
+        "Machine: {cores} cores. Input: `svc-compile gen --services N --endpoints {ENDPOINTS} --nodes {NODES}`. \
+         Times: minimum of {} runs [median].\n",
+        a.runs
+    );
+
+    // 1. Stages.
+    let mut by_size: Vec<Vec<(&str, Stat)>> = Vec::new();
+    for &n in &a.sizes {
+        eprintln!("stages: {n} services ...");
+        by_size.push(stages(n, a.runs, a.only.as_deref()));
+    }
+    let _ = write!(report, "| stage (ms) |");
+    for &n in &a.sizes {
+        let _ = write!(report, " {} |", label(n));
+    }
+    let doubling = a
+        .sizes
+        .iter()
+        .position(|&n| a.sizes.contains(&(n * 2)) && n >= 1000)
+        .map(|i| {
+            (
+                i,
+                a.sizes.iter().position(|&m| m == a.sizes[i] * 2).unwrap(),
+            )
+        });
+    if let Some((i, j)) = doubling {
+        let _ = write!(report, " {}→{} |", label(a.sizes[i]), label(a.sizes[j]));
+    }
+    let _ = writeln!(report);
+    let _ = writeln!(
+        report,
+        "|---|{}{}",
+        "---:|".repeat(a.sizes.len()),
+        if doubling.is_some() { "---:|" } else { "" }
+    );
+    for s in 0..by_size[0].len() {
+        let name = by_size[0][s].0;
+        let _ = write!(report, "| {name} |");
+        for st in &by_size {
+            let _ = write!(report, " {} [{}] |", ms(st[s].1.min), ms(st[s].1.median));
+        }
+        if let Some((i, j)) = doubling {
+            let (a, b) = (by_size[i][s].1.min, by_size[j][s].1.min);
+            let r = b.as_secs_f64() / a.as_secs_f64().max(1e-9);
+            // Stages under a millisecond are timer noise, not growth.
+            let ok = r <= 2.2 || b < Duration::from_millis(1);
+            let _ = write!(report, " {r:.2}× |");
+            budgets.push((format!("linear: {name} ×{r:.2} when the input doubles"), ok));
+        }
+        let _ = writeln!(report);
+    }
+
+    // 2. The CLI.
+    if a.cli {
+        let mut rows: Vec<Vec<(Stat, u64)>> = Vec::new();
+        for &n in &a.sizes {
+            eprintln!("cli: {n} services ...");
+            rows.push(cli(&dir, n, a.runs));
+        }
+        let _ = write!(
+            report,
+            "\n| `svc-compile` end to end: wall [median], peak RSS |"
+        );
+        for &n in &a.sizes {
+            let _ = write!(report, " {} |", label(n));
+        }
+        let _ = writeln!(report, "\n|---|{}", "---:|".repeat(a.sizes.len()));
+        for (c, case) in CLI_CASES.iter().enumerate() {
+            let nodes = if case.all_nodes {
+                "all 100 nodes"
+            } else {
+                "1 node"
+            };
+            let _ = write!(
+                report,
+                "| {} → {}, {nodes} |",
+                case.input.to_uppercase(),
+                case.target
+            );
+            for r in &rows {
+                let (st, rss) = r[c];
+                let _ = write!(
+                    report,
+                    " {} [{}], {} MB |",
+                    secs(st.min),
+                    secs(st.median),
+                    rss / 1024
+                );
+            }
+            let _ = writeln!(report);
+        }
+        if let Some(i) = a.sizes.iter().position(|&n| n == BUDGET_SIZE) {
+            let r = &rows[i];
+            for (c, case) in CLI_CASES.iter().enumerate() {
+                let (st, rss) = r[c];
+                if case.all_nodes {
+                    let one = r[c - 4].0.min.as_secs_f64();
+                    let ratio = st.min.as_secs_f64() / one;
+                    budgets.push((
+                        format!(
+                            "10k, all 100 nodes, {}: {ratio:.1}× one node (≤ 10×)",
+                            case.target
+                        ),
+                        ratio <= 10.0,
+                    ));
+                } else {
+                    let limit = if case.input == "json" { 0.5 } else { 1.5 };
+                    budgets.push((
+                        format!(
+                            "10k {} → {}, 1 node: {} (≤ {limit} s), {} MB (≤ 300 MB)",
+                            case.input.to_uppercase(),
+                            case.target,
+                            secs(st.min),
+                            rss / 1024
+                        ),
+                        st.min.as_secs_f64() <= limit && rss <= 300 * 1024,
+                    ));
+                }
+            }
+        }
+    }
+
+    // 3. The kernel.
+    if a.kernel {
+        match kernel_skip_reason() {
+            Some(why) => {
+                let _ = writeln!(report, "\nKernel load times: skipped ({why}).");
+            }
+            None => {
+                eprintln!("kernel loads ...");
+                let _ = writeln!(
+                    report,
+                    "\n| kernel load (fresh network namespace) | lines | time |"
+                );
+                let _ = writeln!(report, "|---|---:|---:|");
+                for (what, lines, r) in kernel(&dir, a.runs) {
+                    let t = match &r {
+                        Ok(d) => secs(*d),
+                        Err(e) => format!("failed: {e}"),
+                    };
+                    let _ = writeln!(report, "| {what} | {lines} | {t} |");
+                    if what.contains("5000 services") {
+                        budgets.push((
+                            format!("nft -f of 5k × 50 endpoints: {t} (< 30 s)"),
+                            r.is_ok_and(|d| d.as_secs_f64() < 30.0),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    let _ = writeln!(report, "\nBudgets:\n");
+    for (what, ok) in &budgets {
+        let _ = writeln!(report, "- {} {what}", if *ok { "✅" } else { "❌" });
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    print!("{report}");
+}
