@@ -133,19 +133,20 @@ impl Decoder<'_> {
                 }
             }
         }
-        let mut seen: Vec<&str> = Vec::new();
+        // Linear in the keys (a Node may carry thousands of labels).
+        let mut seen: std::collections::HashMap<&str, Span> =
+            std::collections::HashMap::with_capacity(entries.len());
         for e in entries {
-            if seen.contains(&e.key.as_str()) {
-                let first = entries.iter().find(|x| x.key == e.key).unwrap();
+            if let Some(&first) = seen.get(e.key.as_str()) {
                 self.diags.push(
                     Diagnostic::error("SVC005", format!("duplicate key `{}`", e.key))
                         .at(e.key_span)
                         .path(path.key(&e.key).to_string())
-                        .related(first.key_span, "first written here")
+                        .related(first, "first written here")
                         .hint("a mapping may hold each key once; the API server would reject it"),
                 );
             } else {
-                seen.push(&e.key);
+                seen.insert(&e.key, e.key_span);
             }
         }
         Some(Fields {

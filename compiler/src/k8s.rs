@@ -56,6 +56,8 @@ pub struct Service {
     pub affinity_timeout: Option<Sp<i64>>,
     pub health_check_node_port: Option<Sp<i64>>,
     pub publish_not_ready_addresses: bool,
+    /// `allocateLoadBalancerNodePorts` (a LoadBalancer gets node ports unless false).
+    pub allocate_lb_node_ports: bool,
     pub topology_keys: Vec<Sp<String>>,
     pub topology_keys_span: Option<Span>,
     pub traffic_distribution: Option<Sp<String>>,
@@ -585,6 +587,12 @@ fn service(root: &Node, path: &Path, d: &mut Decoder) -> Option<Service> {
                 &p("publishNotReadyAddresses"),
             )
             .is_some_and(|b| b.v),
+        allocate_lb_node_ports: d
+            .bool_(
+                s.get("allocateLoadBalancerNodePorts"),
+                &p("allocateLoadBalancerNodePorts"),
+            )
+            .is_none_or(|b| b.v),
         topology_keys_span: s.get("topologyKeys").map(|n| n.span),
         topology_keys: d.str_list(s.get("topologyKeys"), &p("topologyKeys")),
         traffic_distribution: d.str_(s.get("trafficDistribution"), &p("trafficDistribution")),
@@ -836,31 +844,40 @@ fn pod(root: &Node, path: &Path, d: &mut Decoder) -> Option<Pod> {
         host_network = d
             .bool_(s.get("hostNetwork"), &sp.key("hostNetwork"))
             .is_some_and(|b| b.v);
-        let cp = sp.key("containers");
-        for (i, c) in d.seq(s.get("containers"), &cp).iter().enumerate() {
-            let p = cp.index(i);
-            let Some(cf) = d.map(c, &p, "container", None) else {
-                continue;
-            };
-            let pp = p.key("ports");
-            for (j, port) in d.seq(cf.get("ports"), &pp).iter().enumerate() {
-                let q = pp.index(j);
-                let Some(pf) = d.map(
-                    port,
-                    &q,
-                    "container port",
-                    Some(&["name", "containerPort", "protocol", "hostPort", "hostIP"]),
-                ) else {
+        // Named ports are looked up in the containers and in the sidecars
+        // (initContainers with `restartPolicy: Always`), as the controller's findPort does.
+        for list in ["containers", "initContainers"] {
+            let cp = sp.key(list);
+            for (i, c) in d.seq(s.get(list), &cp).iter().enumerate() {
+                let p = cp.index(i);
+                let Some(cf) = d.map(c, &p, "container", None) else {
                     continue;
                 };
-                if let Some(n) = d.int(pf.get("containerPort"), &q.key("containerPort")) {
-                    container_ports.push(ContainerPort {
-                        name: d.str_(pf.get("name"), &q.key("name")).map(|s| s.v),
-                        port: n.v,
-                        protocol: d
-                            .str_(pf.get("protocol"), &q.key("protocol"))
-                            .map_or("TCP".into(), |s| s.v),
-                    });
+                if list == "initContainers"
+                    && cf.get("restartPolicy").and_then(Node::as_str) != Some("Always")
+                {
+                    continue;
+                }
+                let pp = p.key("ports");
+                for (j, port) in d.seq(cf.get("ports"), &pp).iter().enumerate() {
+                    let q = pp.index(j);
+                    let Some(pf) = d.map(
+                        port,
+                        &q,
+                        "container port",
+                        Some(&["name", "containerPort", "protocol", "hostPort", "hostIP"]),
+                    ) else {
+                        continue;
+                    };
+                    if let Some(n) = d.int(pf.get("containerPort"), &q.key("containerPort")) {
+                        container_ports.push(ContainerPort {
+                            name: d.str_(pf.get("name"), &q.key("name")).map(|s| s.v),
+                            port: n.v,
+                            protocol: d
+                                .str_(pf.get("protocol"), &q.key("protocol"))
+                                .map_or("TCP".into(), |s| s.v),
+                        });
+                    }
                 }
             }
         }

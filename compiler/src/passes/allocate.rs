@@ -193,7 +193,11 @@ fn sibling_node_port(s: &Service, node_ports: &[Option<u16>], pi: usize) -> Opti
 }
 
 fn needs_node_ports(s: &Service) -> bool {
-    matches!(svc_type(s), "NodePort" | "LoadBalancer") && !is_headless(s)
+    match svc_type(s) {
+        "NodePort" => !is_headless(s),
+        "LoadBalancer" => !is_headless(s) && s.allocate_lb_node_ports,
+        _ => false,
+    }
 }
 
 fn needs_hcnp(s: &Service) -> bool {
@@ -615,5 +619,16 @@ mod tests {
             c.module.services[0].cluster_ips,
             free.services[0].cluster_ips
         );
+    }
+
+    #[test]
+    fn load_balancers_may_go_without_node_ports() {
+        let y = "apiVersion: v1\nkind: Service\nmetadata: {name: lb}\nspec:\n  type: LoadBalancer\n  allocateLoadBalancerNodePorts: false\n  externalTrafficPolicy: Local\n  ports: [{port: 80}]\n";
+        let m = module(y);
+        assert_eq!(m.services[0].ports[0].node_port, None);
+        // The health-check port is allocated all the same.
+        assert!(m.services[0].health_check_node_port.is_some());
+        let default = module(&y.replace("  allocateLoadBalancerNodePorts: false\n", ""));
+        assert!(default.services[0].ports[0].node_port.is_some());
     }
 }

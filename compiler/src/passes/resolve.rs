@@ -441,4 +441,19 @@ mod tests {
         assert_eq!(e.len(), 1);
         assert!(!e[0].terminating && e[0].ready);
     }
+
+    #[test]
+    fn named_ports_of_sidecars_count_but_not_of_plain_init_containers() {
+        let pod = |policy: &str| {
+            format!("---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p, labels: {{app: web}}}}\nspec:\n  nodeName: n1\n  initContainers:\n  - name: proxy\n    {policy}\n    ports: [{{name: http, containerPort: 15001}}]\n  containers:\n  - name: app\nstatus:\n  podIPs: [{{ip: 10.0.0.1}}]\n  conditions: [{{type: Ready, status: \"True\"}}]\n")
+        };
+        let svc = format!("{SVC}  ports: [{{port: 80, targetPort: http}}]\n");
+        let m = module(&format!("{svc}{}", pod("restartPolicy: Always")));
+        assert_eq!(
+            eps(&m, 0).iter().map(|e| e.port).collect::<Vec<_>>(),
+            [15001]
+        );
+        let m = module(&format!("{svc}{}", pod("image: x")));
+        assert!(eps(&m, 0).is_empty());
+    }
 }
