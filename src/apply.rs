@@ -26,7 +26,7 @@
 //! two writes) counts as no record, so the next apply loads everything.
 
 use crate::cli::{ApplyArgs, Command, Target};
-use crate::run::{print_diagnostics, read_file, read_inputs, Fail};
+use crate::run::{compile_inputs, print_diagnostics, read_file, Fail};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::{node_view, NodeSelection};
-use svc_compiler::source::SourceMap;
 use svc_targets::plan::{self, Commands, Family, Mode, Plan, Prepared, Previous};
 
 const DEFAULT_STATE_ROOT: &str = "/var/lib/svc-compile";
@@ -247,20 +246,7 @@ fn family_of_ip(f: IpFamily) -> Family {
 /// Compiles the manifests for the node: one document per family (the `--family`, or every
 /// family of the service CIDRs). `Err(code)` when the input has errors (printed).
 fn compile(cmd: &Command, backend: Backend) -> Result<Result<Vec<Document>, u8>, Fail> {
-    let mut sources = SourceMap::default();
-    let inputs = read_inputs(&cmd.paths, &mut sources)?;
-    let lock = match &cmd.lock {
-        Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
-        _ => None,
-    };
-    let opts = svc_compiler::Options {
-        service_cidrs: cmd.service_cidrs.clone(),
-        node_port_range: cmd.node_port_range,
-        cluster_domain: cmd.cluster_domain.clone(),
-        allocate: cmd.allocate,
-        lock,
-    };
-    let comp = svc_compiler::compile(&sources, &inputs, &opts);
+    let (sources, comp) = compile_inputs(cmd)?;
     let mut diags = comp.diags;
     let families: Vec<IpFamily> = match cmd.family {
         Some(f) => vec![f],

@@ -38,7 +38,10 @@ pub fn gen(cmd: GenCommand) -> u8 {
     }
 }
 
-fn run_inner(cmd: &Command) -> Result<u8, Fail> {
+/// Read the inputs (and the lock file, if it exists) and compile them.
+pub(crate) fn compile_inputs(
+    cmd: &Command,
+) -> Result<(SourceMap, svc_compiler::Compilation), Fail> {
     let mut sources = SourceMap::default();
     let inputs = read_inputs(&cmd.paths, &mut sources)?;
     let lock = match &cmd.lock {
@@ -53,6 +56,11 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
         lock,
     };
     let comp = svc_compiler::compile(&sources, &inputs, &opts);
+    Ok((sources, comp))
+}
+
+fn run_inner(cmd: &Command) -> Result<u8, Fail> {
+    let (sources, comp) = compile_inputs(cmd)?;
     let mut diags = comp.diags;
 
     // Node views (per node and family), when the command asks for them.
@@ -285,7 +293,7 @@ pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {
 /// Files, directories (recursive, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
 /// Files are added in name order, whatever the order of the arguments, so that even
 /// "first defined here" in a diagnostic does not depend on how the command was typed.
-pub(crate) fn read_inputs(paths: &[String], sources: &mut SourceMap) -> Result<Vec<FileId>, Fail> {
+fn read_inputs(paths: &[String], sources: &mut SourceMap) -> Result<Vec<FileId>, Fail> {
     let mut files: Vec<(String, String)> = Vec::new();
     for p in paths {
         if p == "-" {
