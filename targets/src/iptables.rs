@@ -796,14 +796,14 @@ mod tests {
                 Endpoint {
                     ip: ip(addr),
                     port: 80,
-                    node_name: (!node.is_empty()).then(|| node.to_string()),
+                    node_name: (!node.is_empty()).then(|| node.into()),
                     zone: None,
                     ready: state.is_empty(),
                     serving: state.is_empty() || state == "serving-terminating",
                     terminating: state.contains("terminating"),
                     hint_zones: vec![],
                     hint_nodes: vec![],
-                    source: format!("EndpointSlice {ns}/{name}"),
+                    source: format!("EndpointSlice {ns}/{name}").into(),
                 }
             })
             .collect();

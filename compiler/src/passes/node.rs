@@ -693,7 +693,7 @@ mod tests {
         Endpoint {
             ip: ip(addr),
             port: 8080,
-            node_name: (!node.is_empty()).then(|| node.to_string()),
+            node_name: (!node.is_empty()).then(|| node.into()),
             zone: None,
             ready: true,
             serving: true,
