@@ -62,7 +62,12 @@ mod text;
 #[cfg(test)]
 mod tests;
 
+use crate::common::{Cached, PortCache};
+use model::{Item, PortSettings, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use svc_compiler::ir::NodeView;
+use text::Layout;
 
 /// How the ruleset is written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,4 +93,97 @@ pub fn write_string(view: &NodeView, opts: &Options) -> String {
 /// The ruleset as `nft -j -f` JSON (`{"nftables": [...]}`), one command per line.
 pub fn write_json(view: &NodeView, opts: &Options) -> String {
     json::write(&model::build(view), opts)
+}
+
+/// Writes the `nft -f` text of many nodes of one module (`--all-nodes`), each distinct
+/// service port rendered once: on most nodes most ports render the same. Nodes may be
+/// written in parallel. The output is [`write_string`]'s.
+#[derive(Default)]
+pub struct Renderer {
+    opts: Options,
+    cache: PortCache<PortSettings, PortText>,
+}
+
+/// A service port's section as text, and its elements, each as its line.
+struct PortText {
+    text: String,
+    /// After the section; `None` when the port has no objects of its own.
+    layout: Option<Layout>,
+    /// (index in `ELEMENT_SETS`, key, line).
+    elements: Vec<(usize, Vec<Value>, String)>,
+}
+
+impl Renderer {
+    pub fn new(opts: Options) -> Renderer {
+        Renderer {
+            opts,
+            cache: PortCache::default(),
+        }
+    }
+
+    pub fn write_string(&self, view: &NodeView) -> String {
+        let mut text = String::new();
+        self.write_into(view, &mut text);
+        text
+    }
+
+    /// [`Renderer::write_string`] into `out` (cleared first), reusing its memory. The same
+    /// layout as `text::write` of `model::build`: fixed part, port sections, elements.
+    pub fn write_into(&self, view: &NodeView, out: &mut String) {
+        let family = view.family;
+        let element_line = |e: model::Element| {
+            let set = model::ELEMENT_SETS
+                .iter()
+                .position(|s| *s == e.set)
+                .expect("a known set");
+            let key = e.key.clone();
+            let mut line = String::new();
+            text::write_item(&mut line, family, &Item::Element(e));
+            (set, key, line)
+        };
+        out.clear();
+        text::header(out, &view.node_name, family, &self.opts);
+        let fixed = model::fixed_part(view);
+        let mut layout = Layout::default();
+        text::write_items(out, family, &fixed.items, &mut layout);
+        let fixed_elements: Vec<_> = fixed.elements.into_iter().map(element_line).collect();
+
+        let settings = PortSettings::of(view);
+        let ports: Vec<Arc<Cached<PortSettings, PortText>>> = view
+            .ports
+            .iter()
+            .map(|p| {
+                self.cache.get_or_render(&settings, p, || {
+                    let part = model::port_part(&settings, p);
+                    let mut port_layout = Layout::default();
+                    let mut text = String::new();
+                    text::write_items(&mut text, family, &part.items, &mut port_layout);
+                    PortText {
+                        text,
+                        layout: (!part.items.is_empty()).then_some(port_layout),
+                        elements: part.elements.into_iter().map(element_line).collect(),
+                    }
+                })
+            })
+            .collect();
+        out.reserve(ports.iter().map(|c| c.rendered.text.len()).sum::<usize>());
+        for c in &ports {
+            out.push_str(&c.rendered.text);
+            layout = c.rendered.layout.unwrap_or(layout);
+        }
+
+        // Every map's elements, the first claim of a key winning.
+        let mut elements: BTreeMap<(usize, &[Value]), &str> = BTreeMap::new();
+        let all = fixed_elements
+            .iter()
+            .chain(ports.iter().flat_map(|c| &c.rendered.elements));
+        for (set, key, line) in all {
+            elements.entry((*set, key)).or_insert(line);
+        }
+        for line in elements.into_values() {
+            layout.before(out, text::Kind::Element);
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
 }
