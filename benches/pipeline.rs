@@ -242,22 +242,24 @@ enum Target {
 }
 
 /// What `--all-nodes` computes (without the file writes): every node's view and ruleset,
-/// nodes in parallel. Returns the bytes produced.
+/// nodes in parallel, one renderer sharing ports between nodes. Returns the bytes produced.
 fn all_nodes(module: &Module, target: Target) -> usize {
+    let ipt = svc_targets::iptables::Renderer::default();
+    let nft = svc_targets::nftables::Renderer::default();
     module
         .nodes
         .par_iter()
-        .map(|n| {
+        .map_init(String::new, |text, n| {
             let sel = NodeSelection {
                 name: n.name.clone(),
                 ips: vec![],
             };
             let v: NodeView = passes::node::node_view(module, &sel, IpFamily::IPv4).unwrap();
             match target {
-                Target::Iptables => svc_targets::iptables::write_string(&v, &Default::default()),
-                Target::Nftables => svc_targets::nftables::write_string(&v, &Default::default()),
+                Target::Iptables => ipt.write_into(&v, text),
+                Target::Nftables => nft.write_into(&v, text),
             }
-            .len()
+            text.len()
         })
         .sum()
 }
