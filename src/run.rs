@@ -115,8 +115,7 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
                 let text = if cmd.target == Target::Ir {
                     svc_targets::ir::write_string(&comp.module, &views)
                 } else {
-                    let r = Renderer::new(cmd.target);
-                    views.iter().map(|v| r.render(v)).collect()
+                    views.iter().map(|v| render(cmd.target, v)).collect()
                 };
                 output = Some(text);
             }
@@ -186,6 +185,16 @@ fn write_per_node(
         })
 }
 
+/// One node's view, rendered on its own.
+fn render(target: Target, v: &NodeView) -> String {
+    match target {
+        Target::Ir => unreachable!("the ir target renders the module"),
+        Target::Iptables => svc_targets::iptables::write_string(v, &Default::default()),
+        Target::Nftables => svc_targets::nftables::write_string(v, &Default::default()),
+        Target::NftablesJson => svc_targets::nftables::write_json(v, &Default::default()),
+    }
+}
+
 /// A target's writer, shared by every node of a run.
 enum Renderer {
     Iptables(svc_targets::iptables::Renderer),
@@ -201,11 +210,6 @@ impl Renderer {
             Target::Nftables => Renderer::Nftables(Default::default()),
             Target::NftablesJson => Renderer::NftablesJson,
         }
-    }
-    fn render(&self, v: &NodeView) -> String {
-        let mut text = String::new();
-        self.render_into(v, &mut text);
-        text
     }
     fn render_into(&self, v: &NodeView, text: &mut String) {
         match self {

@@ -24,6 +24,7 @@ use std::fmt::{Display, Write as _};
 use std::net::IpAddr;
 use std::sync::Arc;
 use svc_compiler::ir::{LocalDetector, NodePortAddresses, NodeView, PortView};
+use svc_compiler::net::FastIp;
 use svc_compiler::net::IpFamily;
 
 /// How the output should match a particular kube-proxy environment. The defaults are what a
@@ -118,19 +119,27 @@ fn render(
         opts,
         probabilities: Probabilities::default(),
     };
-    let mut render_port = |p: &PortView| {
-        let mut s = Sections::default();
-        ports.write(&mut s, p);
-        s
+    // The ports' rules: written one after the other, or each looked up in the cache.
+    let pieces: Vec<Piece> = match cache {
+        None => {
+            let mut s = Sections::default();
+            for p in &view.ports {
+                ports.write(&mut s, p);
+            }
+            vec![Piece::Own(s)]
+        }
+        Some(cache) => view
+            .ports
+            .iter()
+            .map(|p| {
+                Piece::Shared(cache.get_or_render(&settings, p, || {
+                    let mut s = Sections::default();
+                    ports.write(&mut s, p);
+                    s
+                }))
+            })
+            .collect(),
     };
-    let pieces: Vec<Piece> = view
-        .ports
-        .iter()
-        .map(|p| match cache {
-            None => Piece::Own(render_port(p)),
-            Some(cache) => Piece::Shared(cache.get_or_render(&settings, p, || render_port(p))),
-        })
-        .collect();
 
     let (tool, v) = match view.family {
         IpFamily::IPv4 => ("iptables-restore", "IPv4"),
@@ -169,7 +178,7 @@ fn render(
     }
 }
 
-/// One port's rules: rendered for this node, or shared with other nodes.
+/// Ports' rules: rendered for this node, or one port's shared with other nodes.
 enum Piece {
     Own(Sections),
     Shared(Arc<Cached<PortSettings, Sections>>),
@@ -380,7 +389,7 @@ struct Dest<'a> {
 impl Display for Dest<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let Dest { proto, ip, port } = self;
-        write!(f, "-m {proto} -p {proto} -d {ip} --dport {port}")
+        write!(f, "-m {proto} -p {proto} -d {} --dport {port}", FastIp(ip))
     }
 }
 
@@ -779,7 +788,7 @@ impl PortWriter<'_> {
             line!(
                 out.nat_rules,
                 "-A {chain} {comment}-s {} -j {KUBE_MARK_MASQ}",
-                ep.ip
+                FastIp(&ep.ip)
             );
             if p.affinity_timeout.is_some() {
                 line!(
