@@ -87,6 +87,14 @@ impl Default for Options {
 
 /// The ruleset as `nft -f` text.
 pub fn write_string(view: &NodeView, opts: &Options) -> String {
+    let mut out = String::new();
+    render(view, opts, None, &mut out);
+    out
+}
+
+/// The model built whole, then written: what [`write_string`] writes port by port.
+#[cfg(test)]
+pub(crate) fn write_whole(view: &NodeView, opts: &Options) -> String {
     text::write(&model::build(view), opts)
 }
 
@@ -127,63 +135,89 @@ impl Renderer {
         text
     }
 
-    /// [`Renderer::write_string`] into `out` (cleared first), reusing its memory. The same
-    /// layout as `text::write` of `model::build`: fixed part, port sections, elements.
+    /// [`Renderer::write_string`] into `out` (cleared first), reusing its memory.
     pub fn write_into(&self, view: &NodeView, out: &mut String) {
-        let family = view.family;
-        let element_line = |e: model::Element| {
-            let set = model::ELEMENT_SETS
+        render(view, &self.opts, Some(&self.cache), out)
+    }
+}
+
+/// The text of `model::build(view)` as `text::write` spells it, built port by port (and
+/// with a cache, each port looked up first): the fixed part, the port sections, then the
+/// elements of every map.
+fn render(
+    view: &NodeView,
+    opts: &Options,
+    cache: Option<&PortCache<PortSettings, PortText>>,
+    out: &mut String,
+) {
+    let family = view.family;
+    let element_line = |e: model::Element| {
+        let set = model::ELEMENT_SETS
+            .iter()
+            .position(|s| *s == e.set)
+            .expect("a known set");
+        let key = e.key.clone();
+        let mut line = String::new();
+        text::write_item(&mut line, family, &Item::Element(e));
+        (set, key, line)
+    };
+    out.clear();
+    text::header(out, &view.node_name, family, opts);
+    let fixed = model::fixed_part(view);
+    let mut layout = Layout::default();
+    text::write_items(out, family, &fixed.items, &mut layout);
+    let mut own_elements: Vec<_> = fixed.elements.into_iter().map(element_line).collect();
+
+    let settings = PortSettings::of(view);
+    let mut shared: Vec<Arc<Cached<PortSettings, PortText>>> = Vec::new();
+    match cache {
+        None => {
+            // About what a port and an endpoint take, to grow the text rarely.
+            let endpoints: usize = view.ports.iter().map(|p| p.endpoints.len()).sum();
+            out.reserve(view.ports.len() * 1500 + endpoints * 400);
+            for p in &view.ports {
+                let part = model::port_part(&settings, p);
+                text::write_items(out, family, &part.items, &mut layout);
+                own_elements.extend(part.elements.into_iter().map(element_line));
+            }
+        }
+        Some(cache) => {
+            shared = view
+                .ports
                 .iter()
-                .position(|s| *s == e.set)
-                .expect("a known set");
-            let key = e.key.clone();
-            let mut line = String::new();
-            text::write_item(&mut line, family, &Item::Element(e));
-            (set, key, line)
-        };
-        out.clear();
-        text::header(out, &view.node_name, family, &self.opts);
-        let fixed = model::fixed_part(view);
-        let mut layout = Layout::default();
-        text::write_items(out, family, &fixed.items, &mut layout);
-        let fixed_elements: Vec<_> = fixed.elements.into_iter().map(element_line).collect();
-
-        let settings = PortSettings::of(view);
-        let ports: Vec<Arc<Cached<PortSettings, PortText>>> = view
-            .ports
-            .iter()
-            .map(|p| {
-                self.cache.get_or_render(&settings, p, || {
-                    let part = model::port_part(&settings, p);
-                    let mut port_layout = Layout::default();
-                    let mut text = String::new();
-                    text::write_items(&mut text, family, &part.items, &mut port_layout);
-                    PortText {
-                        text,
-                        layout: (!part.items.is_empty()).then_some(port_layout),
-                        elements: part.elements.into_iter().map(element_line).collect(),
-                    }
+                .map(|p| {
+                    cache.get_or_render(&settings, p, || {
+                        let part = model::port_part(&settings, p);
+                        let mut port_layout = Layout::default();
+                        let mut text = String::new();
+                        text::write_items(&mut text, family, &part.items, &mut port_layout);
+                        PortText {
+                            text,
+                            layout: (!part.items.is_empty()).then_some(port_layout),
+                            elements: part.elements.into_iter().map(element_line).collect(),
+                        }
+                    })
                 })
-            })
-            .collect();
-        out.reserve(ports.iter().map(|c| c.rendered.text.len()).sum::<usize>());
-        for c in &ports {
-            out.push_str(&c.rendered.text);
-            layout = c.rendered.layout.unwrap_or(layout);
+                .collect();
+            out.reserve(shared.iter().map(|c| c.rendered.text.len()).sum::<usize>());
+            for c in &shared {
+                out.push_str(&c.rendered.text);
+                layout = c.rendered.layout.unwrap_or(layout);
+            }
         }
+    }
 
-        // Every map's elements, the first claim of a key winning.
-        let mut elements: BTreeMap<(usize, &[Value]), &str> = BTreeMap::new();
-        let all = fixed_elements
-            .iter()
-            .chain(ports.iter().flat_map(|c| &c.rendered.elements));
-        for (set, key, line) in all {
-            elements.entry((*set, key)).or_insert(line);
-        }
-        for line in elements.into_values() {
-            layout.before(out, text::Kind::Element);
-            out.push_str(line);
-            out.push('\n');
-        }
+    // Every map's elements, the first claim of a key winning (fixed ones first).
+    let mut elements: BTreeMap<(usize, &[Value]), &str> = BTreeMap::new();
+    let all = own_elements
+        .iter()
+        .chain(shared.iter().flat_map(|c| &c.rendered.elements));
+    for (set, key, line) in all {
+        elements.entry((*set, key)).or_insert(line);
+    }
+    for line in elements.into_values() {
+        layout.before(out, text::Kind::Element);
+        out.push_str(line);
+        out.push('\n');
     }
 }

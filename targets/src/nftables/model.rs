@@ -276,6 +276,7 @@ pub(super) enum Item {
 #[derive(Clone, Debug)]
 pub(super) struct Ruleset {
     pub family: IpFamily,
+    #[cfg_attr(not(test), allow(dead_code))]
     pub node: String,
     pub items: Vec<Item>,
 }

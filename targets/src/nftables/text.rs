@@ -7,6 +7,9 @@ use std::fmt::Write;
 use std::net::IpAddr;
 use svc_compiler::net::IpFamily;
 
+/// The whole ruleset at once: the reference that `super::write_string`, which writes port
+/// by port, is tested against.
+#[cfg(test)]
 pub(super) fn write(rs: &Ruleset, opts: &Options) -> String {
     let mut out = String::new();
     header(&mut out, &rs.node, rs.family, opts);
