@@ -108,8 +108,11 @@ impl<T: fmt::Display> fmt::Display for Quoted<T> {
 /// which is most ports on most nodes, so each distinct port is rendered once and copied
 /// after that. Nodes may render in parallel.
 pub struct PortCache<S, R> {
-    buckets: Mutex<Buckets<S, R>>,
+    /// Sharded by service, so that threads rendering different nodes rarely wait.
+    shards: Vec<Mutex<Buckets<S, R>>>,
 }
+
+const SHARDS: usize = 64;
 
 /// (service, [`bucket`]) → the renderings made so far.
 type Buckets<S, R> = HashMap<(ServiceId, u64), Vec<Arc<Cached<S, R>>>>;
@@ -124,7 +127,7 @@ pub struct Cached<S, R> {
 impl<S, R> Default for PortCache<S, R> {
     fn default() -> Self {
         PortCache {
-            buckets: Mutex::new(HashMap::new()),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
         }
     }
 }
@@ -144,7 +147,7 @@ impl<S: PartialEq + Clone, R> PortCache<S, R> {
                 .cloned()
         };
         let bucket = (p.service, bucket(p));
-        if let Some(e) = self.lock().get(&bucket).and_then(hit) {
+        if let Some(e) = self.lock(p.service).get(&bucket).and_then(hit) {
             return e;
         }
         // Rendered outside the lock; if another node got there first, both are the same.
@@ -153,12 +156,17 @@ impl<S: PartialEq + Clone, R> PortCache<S, R> {
             view: p.clone(),
             rendered: render(),
         });
-        self.lock().entry(bucket).or_default().push(e.clone());
+        self.lock(p.service)
+            .entry(bucket)
+            .or_default()
+            .push(e.clone());
         e
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Buckets<S, R>> {
-        self.buckets.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self, service: ServiceId) -> std::sync::MutexGuard<'_, Buckets<S, R>> {
+        self.shards[service as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -63,8 +63,7 @@ mod text;
 mod tests;
 
 use crate::common::{Cached, PortCache};
-use model::{Item, PortSettings, Value};
-use std::collections::BTreeMap;
+use model::{Item, Place, PortSettings};
 use std::sync::Arc;
 use svc_compiler::ir::NodeView;
 use text::Layout;
@@ -117,8 +116,8 @@ struct PortText {
     text: String,
     /// After the section; `None` when the port has no objects of its own.
     layout: Option<Layout>,
-    /// (index in `ELEMENT_SETS`, key, line).
-    elements: Vec<(usize, Vec<Value>, String)>,
+    /// (place in the output, line).
+    elements: Vec<(Place, String)>,
 }
 
 impl Renderer {
@@ -152,14 +151,10 @@ fn render(
 ) {
     let family = view.family;
     let element_line = |e: model::Element| {
-        let set = model::ELEMENT_SETS
-            .iter()
-            .position(|s| *s == e.set)
-            .expect("a known set");
-        let key = e.key.clone();
+        let place = e.place();
         let mut line = String::new();
         text::write_item(&mut line, family, &Item::Element(e));
-        (set, key, line)
+        (place, line)
     };
     out.clear();
     text::header(out, &view.node_name, family, opts);
@@ -199,7 +194,12 @@ fn render(
                     })
                 })
                 .collect();
-            out.reserve(shared.iter().map(|c| c.rendered.text.len()).sum::<usize>());
+            let elements: usize = shared
+                .iter()
+                .flat_map(|c| &c.rendered.elements)
+                .map(|e| e.1.len() + 1)
+                .sum();
+            out.reserve(shared.iter().map(|c| c.rendered.text.len()).sum::<usize>() + elements + 1);
             for c in &shared {
                 out.push_str(&c.rendered.text);
                 layout = c.rendered.layout.unwrap_or(layout);
@@ -207,15 +207,15 @@ fn render(
         }
     }
 
-    // Every map's elements, the first claim of a key winning (fixed ones first).
-    let mut elements: BTreeMap<(usize, &[Value]), &str> = BTreeMap::new();
-    let all = own_elements
+    // Every map's elements in place order, the first claim of a place winning (the fixed
+    // ones first, then the ports in order): a stable sort, then the first of each run.
+    let mut elements: Vec<&(Place, String)> = own_elements
         .iter()
-        .chain(shared.iter().flat_map(|c| &c.rendered.elements));
-    for (set, key, line) in all {
-        elements.entry((*set, key)).or_insert(line);
-    }
-    for line in elements.into_values() {
+        .chain(shared.iter().flat_map(|c| &c.rendered.elements))
+        .collect();
+    elements.sort_by_key(|e| e.0);
+    elements.dedup_by(|later, first| later.0 == first.0);
+    for (_, line) in elements {
         layout.before(out, text::Kind::Element);
         out.push_str(line);
         out.push('\n');

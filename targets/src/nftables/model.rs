@@ -254,6 +254,51 @@ pub(super) enum Value {
     Port(u16),
 }
 
+/// An element's place in the output as bytes: its set's position in [`ELEMENT_SETS`],
+/// then its key, ordered as `Vec<Value>` orders (a tag per value, then the value, zero
+/// padding after the last). Sorting these is a memcmp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Place([u8; 56]);
+
+impl Element {
+    pub(super) fn place(&self) -> Place {
+        let mut b = [0u8; 56];
+        b[0] = ELEMENT_SETS
+            .iter()
+            .position(|s| *s == self.set)
+            .expect("a known set") as u8;
+        let mut at = 1;
+        for v in self.key.iter().take(3) {
+            match v {
+                Value::Ip(ip) => {
+                    b[at] = 1;
+                    let (family, bytes): (u8, [u8; 16]) = match ip {
+                        IpAddr::V4(a) => {
+                            let mut x = [0; 16];
+                            x[..4].copy_from_slice(&a.octets());
+                            (0, x)
+                        }
+                        IpAddr::V6(a) => (1, a.octets()),
+                    };
+                    b[at + 1] = family;
+                    b[at + 2..at + 18].copy_from_slice(&bytes);
+                }
+                Value::Proto(p) => {
+                    b[at] = 2;
+                    b[at + 1] = *p as u8;
+                }
+                Value::Port(p) => {
+                    b[at] = 3;
+                    b[at + 1..at + 3].copy_from_slice(&p.to_be_bytes());
+                }
+            }
+            at += 18;
+        }
+        assert!(self.key.len() <= 3, "element keys have at most three parts");
+        Place(b)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Element {
     pub set: &'static str,
