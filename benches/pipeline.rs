@@ -242,22 +242,24 @@ enum Target {
 }
 
 /// What `--all-nodes` computes (without the file writes): every node's view and ruleset,
-/// nodes in parallel. Returns the bytes produced.
+/// nodes in parallel, one renderer sharing ports between nodes. Returns the bytes produced.
 fn all_nodes(module: &Module, target: Target) -> usize {
+    let ipt = svc_targets::iptables::Renderer::default();
+    let nft = svc_targets::nftables::Renderer::default();
     module
         .nodes
         .par_iter()
-        .map(|n| {
+        .map_init(String::new, |text, n| {
             let sel = NodeSelection {
                 name: n.name.clone(),
                 ips: vec![],
             };
             let v: NodeView = passes::node::node_view(module, &sel, IpFamily::IPv4).unwrap();
             match target {
-                Target::Iptables => svc_targets::iptables::write_string(&v, &Default::default()),
-                Target::Nftables => svc_targets::nftables::write_string(&v, &Default::default()),
+                Target::Iptables => ipt.write_into(&v, text),
+                Target::Nftables => nft.write_into(&v, text),
             }
-            .len()
+            text.len()
         })
         .sum()
 }
@@ -273,25 +275,56 @@ struct Proc {
     max_rss_kib: u64,
 }
 
+/// Run `cmd` and measure it. The peak RSS the kernel reports for a child includes the
+/// memory of the process it was forked from (kept across fork and exec), and this process
+/// holds whole clusters: so a fresh, small copy of this binary (`--measure-child`) starts
+/// the command and reports.
+fn run_measured(cmd: &Command) -> Proc {
+    let out = Command::new(std::env::current_exe().expect("the bench binary"))
+        .arg("--measure-child")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run the measuring helper");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut it = text.split_whitespace().map(|n| n.parse::<u64>().ok());
+    match (
+        out.status.success(),
+        it.next().flatten(),
+        it.next().flatten(),
+    ) {
+        (true, Some(nanos), Some(kib)) => Proc {
+            wall: Duration::from_nanos(nanos),
+            max_rss_kib: kib,
+        },
+        _ => panic!("{cmd:?} failed: {text}"),
+    }
+}
+
+/// `--measure-child PROGRAM ARGS...`: run it, print its wall time (ns) and peak RSS (KiB).
 // The child is reaped by `wait4`, which also returns its resource usage.
 #[allow(clippy::zombie_processes)]
-fn run_measured(cmd: &mut Command) -> Proc {
-    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+fn measure_child(argv: &[String]) -> ! {
     let t = Instant::now();
-    let child = cmd.spawn().expect("spawn svc-compile");
+    let child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn the measured command");
     let mut status = 0;
     // SAFETY: plain wait4 on our own child, with valid out-pointers.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
     let wall = t.elapsed();
-    assert!(
-        pid > 0 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "{cmd:?} failed (status {status})"
-    );
-    Proc {
-        wall,
-        max_rss_kib: ru.ru_maxrss as u64,
+    if pid <= 0 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        eprintln!("{argv:?} failed (status {status})");
+        std::process::exit(1);
     }
+    println!("{} {}", wall.as_nanos(), ru.ru_maxrss);
+    std::process::exit(0);
 }
 
 struct CliCase {
@@ -357,7 +390,7 @@ fn cli(dir: &Path, services: usize, runs: usize) -> Vec<(Stat, u64)> {
                         cmd.args(["--node", "node-000", "-o"])
                             .arg(dir.join("out.rules"));
                     }
-                    let p = run_measured(&mut cmd);
+                    let p = run_measured(&cmd);
                     let _ = std::fs::remove_dir_all(&out_dir);
                     p
                 })
@@ -456,12 +489,12 @@ fn kernel(dir: &Path, runs: usize) -> Vec<(String, usize, Result<Duration, Strin
         let input = dir.join("kernel.yaml");
         std::fs::write(&input, synth::generate(&sh, Format::YamlList)).unwrap();
         let rules = dir.join(format!("kernel.{target}"));
-        run_measured(
-            Command::new(env!("CARGO_BIN_EXE_svc-compile"))
-                .arg(&input)
-                .args(["--target", target, "--node", "node-000", "-o"])
-                .arg(&rules),
-        );
+        let mut compile = Command::new(env!("CARGO_BIN_EXE_svc-compile"));
+        compile
+            .arg(&input)
+            .args(["--target", target, "--node", "node-000", "-o"])
+            .arg(&rules);
+        run_measured(&compile);
         let lines = std::fs::read_to_string(&rules).unwrap().lines().count();
         let rules_s = rules.to_str().unwrap();
         let argv: Vec<&str> = match target {
@@ -527,6 +560,10 @@ fn label(n: usize) -> String {
 }
 
 fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().is_some_and(|a| a == "--measure-child") {
+        measure_child(&argv[1..]);
+    }
     let a = args();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let dir: PathBuf =

@@ -7,7 +7,7 @@ use svc_compiler::diag::{self, Severity};
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::allocate::write_lock;
-use svc_compiler::passes::node::{node_view, NodeSelection};
+use svc_compiler::passes::node::{check_selection, node_view, NodeSelection};
 use svc_compiler::source::{FileId, SourceMap};
 
 /// A tool failure (exit 2): one line that says what to do.
@@ -60,11 +60,13 @@ pub(crate) fn compile_inputs(
 }
 
 fn run_inner(cmd: &Command) -> Result<u8, Fail> {
-    let (sources, comp) = compile_inputs(cmd)?;
-    let mut diags = comp.diags;
+    let (sources, mut comp) = compile_inputs(cmd)?;
+    let mut diags = std::mem::take(&mut comp.diags);
 
-    // Node views (per node and family), when the command asks for them.
-    let mut outputs: Vec<(String, String)> = Vec::new(); // (file name, text)
+    // Node views (per node and family), when the command asks for them: rendered into
+    // `output`, or (with --out) listed in `per_node` to be rendered file by file.
+    let mut output: Option<String> = None;
+    let mut per_node: Vec<(NodeSelection, IpFamily)> = Vec::new();
     if !cmd.check && !diags.has_errors() {
         let nodes: Vec<NodeSelection> = if cmd.all_nodes {
             comp.module
@@ -100,42 +102,33 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
                 .take(1)
                 .collect(),
         };
-        let mut views: Vec<NodeView> = Vec::new();
-        for sel in &nodes {
-            for fam in &families {
+        let jobs: Vec<(NodeSelection, IpFamily)> = nodes
+            .into_iter()
+            .flat_map(|sel| families.iter().map(move |f| (sel.clone(), *f)))
+            .collect();
+        if cmd.out_dir.is_some() && cmd.target != Target::Ir {
+            // One file per job, made and written in parallel after the checks below.
+            for (sel, fam) in &jobs {
+                if let Err(d) = check_selection(&comp.module, sel, *fam) {
+                    diags.push(d);
+                }
+            }
+            per_node = jobs;
+        } else {
+            let mut views: Vec<NodeView> = Vec::new();
+            for (sel, fam) in &jobs {
                 match node_view(&comp.module, sel, *fam) {
                     Ok(v) => views.push(v),
                     Err(d) => diags.push(d),
                 }
             }
-        }
-        if !diags.has_errors() {
-            if cmd.target == Target::Ir || cmd.out_dir.is_none() {
-                if cmd.target == Target::Ir {
-                    outputs.push((
-                        String::new(),
-                        svc_targets::ir::write_string(&comp.module, &views),
-                    ));
+            if !diags.has_errors() {
+                let text = if cmd.target == Target::Ir {
+                    svc_targets::ir::write_string(&comp.module, &views)
                 } else {
-                    let text: String = views.iter().map(|v| render(cmd.target, v)).collect();
-                    outputs.push((String::new(), text));
-                }
-            } else {
-                for v in &views {
-                    let fam = match v.family {
-                        IpFamily::IPv4 => "ipv4",
-                        IpFamily::IPv6 => "ipv6",
-                    };
-                    let ext = match cmd.target {
-                        Target::Iptables => "rules",
-                        Target::Nftables => "nft",
-                        Target::NftablesJson | Target::Ir => "json",
-                    };
-                    outputs.push((
-                        format!("{}.{fam}.{ext}", v.node_name),
-                        render(cmd.target, v),
-                    ));
-                }
+                    views.iter().map(|v| render(cmd.target, v)).collect()
+                };
+                output = Some(text);
             }
         }
     }
@@ -155,32 +148,88 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
     match &cmd.out_dir {
         Some(dir) if cmd.target != Target::Ir => {
             std::fs::create_dir_all(dir).map_err(|e| Fail(format!("cannot create {dir}: {e}")))?;
-            for (name, text) in &outputs {
-                let p = Path::new(dir).join(name);
-                std::fs::write(&p, text)
-                    .map_err(|e| Fail(format!("cannot write {}: {e}", p.display())))?;
-            }
+            write_per_node(cmd.target, &comp.module, &per_node, Path::new(dir))?;
         }
-        _ => {
-            let text: String = outputs.into_iter().map(|(_, t)| t).collect();
-            write_output(
-                cmd.output
-                    .as_deref()
-                    .or(cmd.out_dir.as_deref().map(|_| ""))
-                    .filter(|s| !s.is_empty()),
-                &text,
-            )?;
-        }
+        _ => write_output(
+            cmd.output
+                .as_deref()
+                .or(cmd.out_dir.as_deref().map(|_| ""))
+                .filter(|s| !s.is_empty()),
+            output.as_deref().unwrap_or_default(),
+        )?,
     }
+    // The process ends here: freeing the IR piece by piece would only cost time.
+    std::mem::forget(comp);
+    std::mem::forget(sources);
     Ok(0)
 }
 
+/// `--out DIR`: every node's view made, rendered and written in parallel, one node at a
+/// time per thread, so only a few rulesets are in memory at once. One renderer serves all
+/// nodes, so each service port that renders the same on many nodes is rendered once.
+fn write_per_node(
+    target: Target,
+    module: &svc_compiler::ir::Module,
+    jobs: &[(NodeSelection, IpFamily)],
+    dir: &Path,
+) -> Result<(), Fail> {
+    use rayon::prelude::*;
+    let renderer = Renderer::new(target);
+    // Each thread reuses one text buffer: a fresh one per node would be paged in each time.
+    jobs.par_iter()
+        .try_for_each_init(String::new, |text, (sel, fam)| {
+            let view = node_view(module, sel, *fam).expect("checked before anything was written");
+            renderer.render_into(&view, text);
+            drop(view);
+            let fam = match fam {
+                IpFamily::IPv4 => "ipv4",
+                IpFamily::IPv6 => "ipv6",
+            };
+            let ext = match target {
+                Target::Iptables => "rules",
+                Target::Nftables => "nft",
+                Target::NftablesJson | Target::Ir => "json",
+            };
+            let p = dir.join(format!("{}.{fam}.{ext}", sel.name));
+            std::fs::write(&p, text.as_bytes())
+                .map_err(|e| Fail(format!("cannot write {}: {e}", p.display())))
+        })
+}
+
+/// One node's view, rendered on its own.
 fn render(target: Target, v: &NodeView) -> String {
     match target {
         Target::Ir => unreachable!("the ir target renders the module"),
         Target::Iptables => svc_targets::iptables::write_string(v, &Default::default()),
         Target::Nftables => svc_targets::nftables::write_string(v, &Default::default()),
         Target::NftablesJson => svc_targets::nftables::write_json(v, &Default::default()),
+    }
+}
+
+/// A target's writer, shared by every node of a run.
+enum Renderer {
+    Iptables(svc_targets::iptables::Renderer),
+    Nftables(svc_targets::nftables::Renderer),
+    NftablesJson,
+}
+
+impl Renderer {
+    fn new(target: Target) -> Renderer {
+        match target {
+            Target::Ir => unreachable!("the ir target renders the module"),
+            Target::Iptables => Renderer::Iptables(Default::default()),
+            Target::Nftables => Renderer::Nftables(Default::default()),
+            Target::NftablesJson => Renderer::NftablesJson,
+        }
+    }
+    fn render_into(&self, v: &NodeView, text: &mut String) {
+        match self {
+            Renderer::Iptables(r) => r.write_into(v, text),
+            Renderer::Nftables(r) => r.write_into(v, text),
+            Renderer::NftablesJson => {
+                *text = svc_targets::nftables::write_json(v, &Default::default())
+            }
+        }
     }
 }
 

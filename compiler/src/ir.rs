@@ -20,6 +20,7 @@ use crate::net::{Cidr, IpFamily};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Index into [`Module::services`].
 pub type ServiceId = u32;
@@ -229,10 +230,11 @@ pub enum TargetPort {
 pub struct Endpoint {
     pub ip: IpAddr,
     pub port: u16,
+    /// Shared by every endpoint on the node (a few nodes, many endpoints).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub node_name: Option<String>,
+    pub node_name: Option<Arc<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
+    pub zone: Option<Arc<str>>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
@@ -243,7 +245,7 @@ pub struct Endpoint {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hint_nodes: Vec<String>,
     /// Where it came from: `EndpointSlice ns/name`, `Endpoints ns/name` (mirrored) or `Pod ns/name`.
-    pub source: String,
+    pub source: Arc<str>,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -167,11 +167,45 @@ pub fn parse_each<T: Send>(
     f: impl Fn(Part<'_>) -> T + Sync,
 ) -> (Vec<T>, Diagnostics) {
     if looks_like_json(text) {
+        if text.len() >= SPLIT_ABOVE {
+            if let Some(out) = json_each_split(file, text, &f) {
+                return (out, Diagnostics::default());
+            }
+        }
         if let Ok(root) = json::parse(file, text) {
             return (each_json(root, &f), Diagnostics::default());
         }
     }
     yaml_each(file, text, f)
+}
+
+/// A large JSON document's `items` parsed in parallel runs, each handed to `f` as soon as
+/// it is parsed; `None` (parse it whole) when the split or any run fails.
+fn json_each_split<T: Send>(
+    file: FileId,
+    text: &str,
+    f: &(impl Fn(Part<'_>) -> T + Sync),
+) -> Option<Vec<T>> {
+    use rayon::prelude::*;
+    let split = json::split_items(text, MIN_PIECE).filter(|s| s.runs.len() > 1)?;
+    let shell = json::parse_shell(file, text, &split).ok()?;
+    let runs: Vec<Option<T>> = (0..split.runs.len())
+        .into_par_iter()
+        .map(|k| {
+            let items = json::parse_run(file, text, &split, k).ok()?;
+            Some(f(Part::Items {
+                list: &shell,
+                first: split.runs[k].1,
+                items,
+            }))
+        })
+        .collect();
+    if runs.iter().any(Option::is_none) {
+        return None;
+    }
+    let mut out = vec![f(Part::Document(shell.clone()))];
+    out.extend(runs.into_iter().flatten());
+    Some(out)
 }
 
 fn yaml_each<T: Send>(
@@ -686,6 +720,7 @@ fn count_nodes(n: &Node) -> usize {
 pub mod json {
     use super::{Entry, Node, Value};
     use crate::source::{FileId, Span};
+    use std::cell::Cell;
 
     pub struct Error;
 
@@ -696,21 +731,48 @@ pub mod json {
         line_start: usize,
         file: FileId,
         depth: u32,
+        /// The column (in characters) at byte `.0` of the current line, so that spans on a
+        /// long line are not counted from its start each time.
+        col: Cell<(usize, u32)>,
+        /// The `items` array that [`parse_shell`] leaves out: its `[` and `]`.
+        skip: Option<(Pos, Pos)>,
+    }
+
+    /// A byte position with its line, to start a parser there.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Pos {
+        i: usize,
+        line: u32,
+        line_start: usize,
+    }
+
+    impl<'a> P<'a> {
+        fn at(file: FileId, b: &'a [u8], pos: Pos) -> P<'a> {
+            P {
+                b,
+                i: pos.i,
+                line: pos.line,
+                line_start: pos.line_start,
+                file,
+                depth: 0,
+                col: Cell::new((pos.line_start, 0)),
+                skip: None,
+            }
+        }
+    }
+
+    fn start(text: &str) -> Pos {
+        // Columns count from after a byte-order mark.
+        let bom = if text.starts_with('\u{feff}') { 3 } else { 0 };
+        Pos {
+            i: bom,
+            line: 1,
+            line_start: bom,
+        }
     }
 
     pub fn parse(file: FileId, text: &str) -> Result<Node, Error> {
-        let mut p = P {
-            b: text.as_bytes(),
-            i: 0,
-            line: 1,
-            line_start: 0,
-            file,
-            depth: 0,
-        };
-        if p.b.starts_with("\u{feff}".as_bytes()) {
-            p.i = 3;
-            p.line_start = 3;
-        }
+        let mut p = P::at(file, text.as_bytes(), start(text));
         p.ws();
         let v = p.value()?;
         p.ws();
@@ -718,6 +780,160 @@ pub mod json {
             return Err(Error);
         }
         Ok(v)
+    }
+
+    /// Where the elements of a large document's top-level `items` array are: found by a
+    /// quick scan (strings skipped, brackets counted), so that runs of items can be parsed
+    /// in parallel.
+    pub struct ItemsSplit {
+        /// The array's `[` and `]`.
+        open: Pos,
+        close: Pos,
+        /// Where each run of items starts, and the index of its first item.
+        pub runs: Vec<(Pos, usize)>,
+        pub items: usize,
+    }
+
+    /// Find the top-level `items` array and cut it into runs of about `run` bytes. `None`
+    /// when there is no such array or the text is not well-formed enough to tell.
+    pub fn split_items(text: &str, run: usize) -> Option<ItemsSplit> {
+        let b = text.as_bytes();
+        let s = start(text);
+        let (mut i, mut line, mut line_start) = (s.i, s.line, s.line_start);
+        let mut depth = 0u32;
+        // Inside the items array: its `[`, and whether the next value starts an item.
+        let mut open: Option<Pos> = None;
+        let mut expect_item = false;
+        let mut runs: Vec<(Pos, usize)> = Vec::new();
+        let mut items = 0usize;
+        // At depth 1, the key just read (to spot `"items"`).
+        let mut key_items = false;
+        while i < b.len() {
+            let c = b[i];
+            match c {
+                b' ' | b'\t' | b'\r' => {}
+                b'\n' => {
+                    line += 1;
+                    line_start = i + 1;
+                }
+                _ if expect_item && c != b']' => {
+                    expect_item = false;
+                    let here = Pos {
+                        i,
+                        line,
+                        line_start,
+                    };
+                    if runs.last().is_none_or(|r| i - r.0.i >= run) {
+                        runs.push((here, items));
+                    }
+                    items += 1;
+                    continue;
+                }
+                b'"' => {
+                    let from = i + 1;
+                    i = from;
+                    loop {
+                        i += memchr::memchr2(b'"', b'\\', b.get(i..)?)?;
+                        if b[i] == b'\\' {
+                            i += 2;
+                        } else {
+                            break;
+                        }
+                    }
+                    if depth == 1 && open.is_none() {
+                        key_items = &b[from..i] == b"items";
+                    }
+                }
+                b':' if depth == 1 && key_items && open.is_none() => {
+                    // `"items": [` opens the array.
+                    let mut j = i + 1;
+                    while matches!(b.get(j), Some(b' ' | b'\t' | b'\r' | b'\n')) {
+                        j += 1;
+                    }
+                    if b.get(j) == Some(&b'[') {
+                        let nl = b[i..j].iter().filter(|&&c| c == b'\n').count() as u32;
+                        if nl > 0 {
+                            line += nl;
+                            line_start = i + b[i..j].iter().rposition(|&c| c == b'\n')? + 1;
+                        }
+                        open = Some(Pos {
+                            i: j,
+                            line,
+                            line_start,
+                        });
+                        depth = 2;
+                        expect_item = true;
+                        i = j;
+                    }
+                }
+                b',' if depth == 2 && open.is_some() => expect_item = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    depth = depth.checked_sub(1)?;
+                    if depth == 1 {
+                        if let Some(open) = open {
+                            let close = Pos {
+                                i,
+                                line,
+                                line_start,
+                            };
+                            return Some(ItemsSplit {
+                                open,
+                                close,
+                                runs,
+                                items,
+                            });
+                        }
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// The document with its `items` array empty (located at its `[`).
+    pub fn parse_shell(file: FileId, text: &str, split: &ItemsSplit) -> Result<Node, Error> {
+        let mut p = P::at(file, text.as_bytes(), start(text));
+        p.skip = Some((split.open, split.close));
+        p.ws();
+        let v = p.value()?;
+        p.ws();
+        if p.i != p.b.len() {
+            return Err(Error);
+        }
+        Ok(v)
+    }
+
+    /// The items of run `k`: values separated by commas, up to the next run or the `]`.
+    pub fn parse_run(
+        file: FileId,
+        text: &str,
+        split: &ItemsSplit,
+        k: usize,
+    ) -> Result<Vec<Node>, Error> {
+        let (from, first) = split.runs[k];
+        let end = split.runs.get(k + 1).map_or(split.items, |r| r.1);
+        let mut p = P::at(file, text.as_bytes(), from);
+        // As deep as in the whole document: inside the root and the array.
+        p.depth = 2;
+        let mut items = Vec::with_capacity(end - first);
+        loop {
+            items.push(p.value()?);
+            p.ws();
+            match p.b.get(p.i) {
+                Some(b',') if items.len() < end - first => {
+                    p.i += 1;
+                    p.ws();
+                }
+                Some(b',') if split.runs.get(k + 1).is_some() => return Ok(items),
+                Some(b']') if p.i == split.close.i && items.len() == end - first => {
+                    return Ok(items)
+                }
+                _ => return Err(Error),
+            }
+        }
     }
 
     impl P<'_> {
@@ -735,17 +951,18 @@ pub mod json {
             }
         }
         fn span(&self, start: usize, end: usize) -> Span {
-            // Columns count characters: count UTF-8 lead bytes since the line start.
-            let col = self.b[self.line_start..start]
-                .iter()
-                .filter(|&&c| (c & 0xC0) != 0x80)
-                .count() as u32
-                + 1;
-            let len = self.b[start..end]
-                .iter()
-                .filter(|&&c| (c & 0xC0) != 0x80)
-                .count() as u32;
-            Span::new(self.file, self.line, col, len.max(1))
+            // Columns count characters: UTF-8 lead bytes since the line start, counted on
+            // from the last span on this line.
+            let chars = |b: &[u8]| b.iter().filter(|&&c| (c & 0xC0) != 0x80).count() as u32;
+            let (at, col) = self.col.get();
+            let col = if at >= self.line_start && at <= start {
+                col + chars(&self.b[at..start])
+            } else {
+                chars(&self.b[self.line_start..start])
+            };
+            self.col.set((start, col));
+            let len = chars(&self.b[start..end]);
+            Span::new(self.file, self.line, col + 1, len.max(1))
         }
         fn value(&mut self) -> Result<Node, Error> {
             self.depth += 1;
@@ -754,6 +971,16 @@ pub mod json {
             }
             let start = self.i;
             let r = match self.b.get(self.i).ok_or(Error)? {
+                b'[' if self.skip.is_some_and(|(open, _)| open.i == start) => {
+                    let (_, close) = self.skip.expect("checked");
+                    let span = self.span(start, start + 1);
+                    (self.i, self.line, self.line_start) =
+                        (close.i + 1, close.line, close.line_start);
+                    Node {
+                        span,
+                        value: Value::Seq(Vec::new()),
+                    }
+                }
                 b'{' => {
                     let span = self.span(start, start + 1);
                     self.i += 1;
@@ -1090,6 +1317,38 @@ mod tests {
         assert_eq!(parts.last().unwrap().0, 300 + 300 + 5 + 2);
         let (whole, _) = parse_file(FileId(0), &text);
         assert!(whole[0].root == json::parse(FileId(0), &text).ok().unwrap());
+    }
+
+    /// The parallel JSON split gives the tree the whole parse gives, spans included; with
+    /// pretty-printed and minified input.
+    #[test]
+    fn json_split_matches_whole_parse() {
+        use crate::synth::{generate, Format, Shape};
+        let shape = Shape {
+            services: 600,
+            endpoints: 10,
+            nodes: 5,
+            seed: 3,
+        };
+        let pretty = generate(&shape, Format::Json);
+        let minified: String = pretty
+            .lines()
+            .map(|l| l.trim_start().replace("\": ", "\":"))
+            .collect();
+        for text in [pretty, minified] {
+            let split = json::split_items(&text, MIN_PIECE).unwrap();
+            assert!(split.runs.len() > 2);
+            let whole = json::parse(FileId(0), &text).ok().unwrap();
+            let (parsed, d) = parse_file(FileId(0), &text);
+            assert!(d.items.is_empty());
+            assert_eq!(diff(&whole, &parsed[0].root, ""), None);
+        }
+        // A broken run falls back to the whole parse (and its YAML diagnostics).
+        let mut text = generate(&shape, Format::Json);
+        let at = text.len() / 2;
+        text.insert_str(at, "}");
+        let (_, d) = parse_file(FileId(0), &text);
+        assert!(!d.items.is_empty());
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Helpers shared by several back ends. Never copy these into a target module.
 
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, Mutex};
+use svc_compiler::ir::{EndpointView, PortView, ServiceId};
 
 /// base32(sha256(s)) without padding, upper case (Go's `base32.StdEncoding`).
 pub fn sha256_base32(s: &str) -> String {
@@ -98,6 +101,161 @@ impl<T: fmt::Display> fmt::Display for Quoted<T> {
         fmt::write(&mut Escape(f), format_args!("{}", self.0))?;
         f.write_str("\"")
     }
+}
+
+/// Renderings of service ports shared between the nodes of one module. A port renders the
+/// same on every node whose view of it is the same (with the same node-level `settings`),
+/// which is most ports on most nodes, so each distinct port is rendered once and copied
+/// after that. Nodes may render in parallel.
+pub struct PortCache<S, R> {
+    /// Sharded by service, so that threads rendering different nodes rarely wait.
+    shards: Vec<Mutex<Buckets<S, R>>>,
+}
+
+const SHARDS: usize = 64;
+
+/// (service, [`bucket`]) → the renderings made so far.
+type Buckets<S, R> = HashMap<(ServiceId, u64), Vec<Arc<Cached<S, R>>>>;
+
+/// One rendering and what it was rendered from.
+pub struct Cached<S, R> {
+    settings: S,
+    view: PortView,
+    pub rendered: R,
+}
+
+impl<S, R> Default for PortCache<S, R> {
+    fn default() -> Self {
+        PortCache {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+impl<S: PartialEq + Clone, R> PortCache<S, R> {
+    /// The rendering of `p` under `settings`: a cached one, or `render()`'s.
+    pub fn get_or_render(
+        &self,
+        settings: &S,
+        p: &PortView,
+        render: impl FnOnce() -> R,
+    ) -> Arc<Cached<S, R>> {
+        let hit = |entries: &Vec<Arc<Cached<S, R>>>| {
+            entries
+                .iter()
+                .find(|e| e.settings == *settings && renders_same(&e.view, p))
+                .cloned()
+        };
+        let bucket = (p.service, bucket(p));
+        if let Some(e) = self.lock(p.service).get(&bucket).and_then(hit) {
+            return e;
+        }
+        // Rendered outside the lock; if another node got there first, both are the same.
+        let e = Arc::new(Cached {
+            settings: settings.clone(),
+            view: p.clone(),
+            rendered: render(),
+        });
+        self.lock(p.service)
+            .entry(bucket)
+            .or_default()
+            .push(e.clone());
+        e
+    }
+
+    fn lock(&self, service: ServiceId) -> std::sync::MutexGuard<'_, Buckets<S, R>> {
+        self.shards[service as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A hash of what most often differs between two nodes' views of a port (which endpoints
+/// they use), so that a lookup compares few candidates. Equality is still checked in full.
+fn bucket(p: &PortView) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        p.port,
+        p.protocol,
+        p.has_endpoints,
+        p.source_ranges_include_node,
+    )
+        .hash(&mut h);
+    p.cluster_endpoints.hash(&mut h);
+    p.local_endpoints.hash(&mut h);
+    h.finish()
+}
+
+/// Whether two port views render the same in every back end: equal in everything except
+/// what back ends never read (the per-node endpoint flags, the topology note) and what the
+/// IR derives from other fields. Written out field by field, so that a new field has to be
+/// placed on one side or the other.
+pub fn renders_same(a: &PortView, b: &PortView) -> bool {
+    let PortView {
+        service,
+        namespace,
+        name,
+        port_name,
+        protocol,
+        spn,
+        cluster_ip,
+        port,
+        node_port,
+        external_ips,
+        load_balancer_ips,
+        source_ranges,
+        source_ranges_include_node,
+        health_check_node_port,
+        affinity_timeout,
+        externally_accessible,
+        internal_local,
+        external_local,
+        has_endpoints,
+        endpoints,
+        cluster_endpoints,
+        local_endpoints,
+        topology: _,
+    } = a;
+    let same_endpoint = |x: &EndpointView, y: &EndpointView| {
+        let EndpointView {
+            ip,
+            port,
+            // The IR defines it as `ip:port`.
+            addr: _,
+            is_local: _,
+            ready: _,
+            serving: _,
+            terminating: _,
+        } = x;
+        *ip == y.ip && *port == y.port
+    };
+    *service == b.service
+        && *port == b.port
+        && *protocol == b.protocol
+        && *has_endpoints == b.has_endpoints
+        && *cluster_endpoints == b.cluster_endpoints
+        && *local_endpoints == b.local_endpoints
+        && *externally_accessible == b.externally_accessible
+        && *internal_local == b.internal_local
+        && *external_local == b.external_local
+        && *source_ranges_include_node == b.source_ranges_include_node
+        && *cluster_ip == b.cluster_ip
+        && *node_port == b.node_port
+        && *health_check_node_port == b.health_check_node_port
+        && *affinity_timeout == b.affinity_timeout
+        && *external_ips == b.external_ips
+        && *load_balancer_ips == b.load_balancer_ips
+        && *source_ranges == b.source_ranges
+        && *namespace == b.namespace
+        && *name == b.name
+        && *port_name == b.port_name
+        && *spn == b.spn
+        && endpoints.len() == b.endpoints.len()
+        && endpoints
+            .iter()
+            .zip(&b.endpoints)
+            .all(|(x, y)| same_endpoint(x, y))
 }
 
 #[cfg(test)]

@@ -19,10 +19,12 @@
 //! protocol), which is also the order its own tests compare in after sorting. Stale
 //! chains (`-X`) are never written: a compiled ruleset has no previous state.
 
-use crate::common::{chain_hash, quote, ChainHash, Quoted};
+use crate::common::{chain_hash, quote, Cached, ChainHash, PortCache, Quoted};
 use std::fmt::{Display, Write as _};
 use std::net::IpAddr;
+use std::sync::Arc;
 use svc_compiler::ir::{LocalDetector, NodePortAddresses, NodeView, PortView};
+use svc_compiler::net::FastIp;
 use svc_compiler::net::IpFamily;
 
 /// How the output should match a particular kube-proxy environment. The defaults are what a
@@ -65,52 +67,134 @@ impl Default for Options {
 
 /// The iptables-restore document for `view` (see the module docs).
 pub fn write_string(view: &NodeView, opts: &Options) -> String {
+    let mut text = String::new();
+    render(view, opts, None, &mut text);
+    text
+}
+
+/// Writes the documents of many nodes of one module (`--all-nodes`), each distinct service
+/// port rendered once: on most nodes most ports render the same. Nodes may be written in
+/// parallel. The output is [`write_string`]'s.
+#[derive(Default)]
+pub struct Renderer {
+    opts: Options,
+    cache: PortCache<PortSettings, Sections>,
+}
+
+impl Renderer {
+    pub fn new(opts: Options) -> Renderer {
+        Renderer {
+            opts,
+            cache: PortCache::default(),
+        }
+    }
+    pub fn write_string(&self, view: &NodeView) -> String {
+        let mut text = String::new();
+        self.write_into(view, &mut text);
+        text
+    }
+    /// [`Renderer::write_string`] into `text` (cleared first), reusing its memory.
+    pub fn write_into(&self, view: &NodeView, text: &mut String) {
+        render(view, &self.opts, Some(&self.cache), text)
+    }
+}
+
+fn render(
+    view: &NodeView,
+    opts: &Options,
+    cache: Option<&PortCache<PortSettings, Sections>>,
+    text: &mut String,
+) {
     let mark = match opts.mark {
         MarkFormat::Padded => format!("{:#010x}", view.masquerade_mark),
         MarkFormat::Short => format!("{:#x}", view.masquerade_mark),
     };
-    let mut w = Writer {
-        view,
+    let w = Writer { view, opts, mark };
+    let (mut head, mut tail) = (Sections::default(), Sections::default());
+    w.head(&mut head);
+    w.tail(&mut tail);
+    let settings = PortSettings::of(view);
+    let mut ports = PortWriter {
+        s: &settings,
         opts,
-        mark,
-        filter_chains: String::new(),
-        filter_rules: String::new(),
-        nat_chains: String::new(),
-        nat_rules: String::new(),
         probabilities: Probabilities::default(),
     };
-    w.write_restore_data();
+    // The ports' rules: written one after the other, or each looked up in the cache.
+    let pieces: Vec<Piece> = match cache {
+        None => {
+            let mut s = Sections::default();
+            for p in &view.ports {
+                ports.write(&mut s, p);
+            }
+            vec![Piece::Own(s)]
+        }
+        Some(cache) => view
+            .ports
+            .iter()
+            .map(|p| {
+                Piece::Shared(cache.get_or_render(&settings, p, || {
+                    let mut s = Sections::default();
+                    ports.write(&mut s, p);
+                    s
+                }))
+            })
+            .collect(),
+    };
 
     let (tool, v) = match view.family {
         IpFamily::IPv4 => ("iptables-restore", "IPv4"),
         IpFamily::IPv6 => ("ip6tables-restore", "IPv6"),
     };
-    let mut out = String::with_capacity(
-        4096 + w.filter_chains.len()
-            + w.filter_rules.len()
-            + w.nat_chains.len()
-            + w.nat_rules.len(),
-    );
+    text.clear();
     let _ = writeln!(
-        out,
+        text,
         "# svc-compile: kube-proxy (iptables mode) rules for node {}, {v}; load with `{tool} --noflush`",
         view.node_name
     );
     if opts.setup {
-        write_setup(&mut out);
-        out.push_str("# The restore data of a full sync.\n");
+        write_setup(text);
+        text.push_str("# The restore data of a full sync.\n");
     }
+    // Each section: the fixed head, every port's part, the fixed tail. Sized first, so the
+    // document is copied together once.
+    let all = || {
+        std::iter::once(&head)
+            .chain(pieces.iter().map(Piece::sections))
+            .chain([&tail])
+    };
+    text.reserve(all().map(Sections::len).sum::<usize>() + 64);
     for (table, chains, rules) in [
-        ("filter", &w.filter_chains, &w.filter_rules),
-        ("nat", &w.nat_chains, &w.nat_rules),
+        (
+            "filter",
+            Sections::filter_chains as Part,
+            Sections::filter_rules as Part,
+        ),
+        ("nat", Sections::nat_chains, Sections::nat_rules),
     ] {
-        let _ = writeln!(out, "*{table}");
-        out.push_str(chains);
-        out.push_str(rules);
-        out.push_str("COMMIT\n");
+        let _ = writeln!(text, "*{table}");
+        all().for_each(|s| text.push_str(chains(s)));
+        all().for_each(|s| text.push_str(rules(s)));
+        text.push_str("COMMIT\n");
     }
-    out
 }
+
+/// Ports' rules: rendered for this node, or one port's shared with other nodes.
+enum Piece {
+    Own(Sections),
+    Shared(Arc<Cached<PortSettings, Sections>>),
+}
+
+impl Piece {
+    fn sections(&self) -> &Sections {
+        match self {
+            Piece::Own(s) => s,
+            Piece::Shared(c) => &c.rendered,
+        }
+    }
+}
+
+/// A section of [`Sections`].
+type Part = fn(&Sections) -> &str;
 
 /// kube-proxy's jump rules, in the order it ensures them (its own list, then the copy of
 /// kubelet's KUBE-FIREWALL jumps): (table, from, to, extra match, comment).
@@ -184,16 +268,71 @@ macro_rules! line {
     }};
 }
 
-/// The document is written section by section, each a growing String: the chain
-/// declarations and the rules of `filter` and `nat`.
-struct Writer<'a> {
-    view: &'a NodeView,
-    opts: &'a Options,
-    mark: String,
+/// The restore data, section by section, each a growing String: the chain declarations
+/// and the rules of `filter` and `nat`.
+#[derive(Default)]
+struct Sections {
     filter_chains: String,
     filter_rules: String,
     nat_chains: String,
     nat_rules: String,
+}
+
+impl Sections {
+    fn filter_chains(&self) -> &str {
+        &self.filter_chains
+    }
+    fn filter_rules(&self) -> &str {
+        &self.filter_rules
+    }
+    fn nat_chains(&self) -> &str {
+        &self.nat_chains
+    }
+    fn nat_rules(&self) -> &str {
+        &self.nat_rules
+    }
+    fn len(&self) -> usize {
+        self.filter_chains.len()
+            + self.filter_rules.len()
+            + self.nat_chains.len()
+            + self.nat_rules.len()
+    }
+}
+
+/// The rules that do not belong to a service port.
+struct Writer<'a> {
+    view: &'a NodeView,
+    opts: &'a Options,
+    mark: String,
+}
+
+/// What a service port's rules read of the node's view, beside the port itself: nodes
+/// that agree on these and on the port share its rendering.
+#[derive(Clone, PartialEq)]
+struct PortSettings {
+    family: IpFamily,
+    large_cluster: bool,
+    masquerade_all: bool,
+    local_detector: Option<LocalDetector>,
+    localhost_node_ports: bool,
+}
+
+impl PortSettings {
+    fn of(view: &NodeView) -> PortSettings {
+        PortSettings {
+            family: view.family,
+            large_cluster: view.large_cluster,
+            masquerade_all: view.masquerade_all,
+            local_detector: view.local_detector.clone(),
+            localhost_node_ports: view.localhost_node_ports,
+        }
+    }
+}
+
+/// Writes one service port's rules; sees only the port and [`PortSettings`].
+struct PortWriter<'a> {
+    s: &'a PortSettings,
+    opts: &'a Options,
     probabilities: Probabilities,
 }
 
@@ -250,7 +389,7 @@ struct Dest<'a> {
 impl Display for Dest<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let Dest { proto, ip, port } = self;
-        write!(f, "-m {proto} -p {proto} -d {ip} --dport {port}")
+        write!(f, "-m {proto} -p {proto} -d {} --dport {port}", FastIp(ip))
     }
 }
 
@@ -268,7 +407,8 @@ impl<T: Display> Display for EndpointComment<T> {
 }
 
 impl Writer<'_> {
-    fn write_restore_data(&mut self) {
+    /// Chains and rules before the service ports.
+    fn head(&self, out: &mut Sections) {
         for chain in [
             KUBE_SERVICES,
             KUBE_EXTERNAL_SERVICES,
@@ -276,7 +416,7 @@ impl Writer<'_> {
             KUBE_NODEPORTS,
             KUBE_PROXY_FIREWALL,
         ] {
-            chain_line(&mut self.filter_chains, chain);
+            chain_line(&mut out.filter_chains, chain);
         }
         for chain in [
             KUBE_SERVICES,
@@ -284,46 +424,44 @@ impl Writer<'_> {
             KUBE_POSTROUTING,
             KUBE_MARK_MASQ,
         ] {
-            chain_line(&mut self.nat_chains, chain);
+            chain_line(&mut out.nat_chains, chain);
         }
 
         let mark = &self.mark;
         line!(
-            self.nat_rules,
+            out.nat_rules,
             "-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN"
         );
         // Clear the mark so a packet that goes through the stack again is not
         // masqueraded twice.
         line!(
-            self.nat_rules,
+            out.nat_rules,
             "-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}"
         );
         line!(
-            self.nat_rules,
+            out.nat_rules,
             "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{}",
             if self.opts.random_fully { " --random-fully" } else { "" }
         );
         line!(
-            self.nat_rules,
+            out.nat_rules,
             "-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"
         );
 
         if self.view.martian_rule {
             // route_localnet (needed for localhost node ports) lets remote hosts reach
             // 127.0.0.0/8; this closes that hole (a copy of kubelet's rule).
-            chain_line(&mut self.filter_chains, KUBE_FIREWALL);
+            chain_line(&mut out.filter_chains, KUBE_FIREWALL);
             line!(
-                self.filter_rules,
+                out.filter_rules,
                 "-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
             );
         }
+    }
 
-        let view = self.view;
-        for port in &view.ports {
-            self.write_port(port);
-        }
-
-        self.write_nodeports_tail();
+    /// Rules after the service ports.
+    fn tail(&self, out: &mut Sections) {
+        self.write_nodeports_tail(out);
 
         let mark = &self.mark;
         if self.view.drop_invalid {
@@ -334,22 +472,22 @@ impl Writer<'_> {
                 String::new()
             };
             line!(
-                self.filter_rules,
+                out.filter_rules,
                 "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{nfacct} -j DROP"
             );
         }
         line!(
-            self.filter_rules,
+            out.filter_rules,
             "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
         );
         line!(
-            self.filter_rules,
+            out.filter_rules,
             "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
         );
     }
 
     /// The jump to KUBE-NODEPORTS; it must stay the last rule of nat KUBE-SERVICES.
-    fn write_nodeports_tail(&mut self) {
+    fn write_nodeports_tail(&self, out: &mut Sections) {
         let comment =
             "-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
         match &self.view.node_port_addresses {
@@ -362,27 +500,29 @@ impl Writer<'_> {
                     IpFamily::IPv4 => "",
                 };
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {KUBE_SERVICES} {comment} -m addrtype --dst-type LOCAL{not_loopback} -j {KUBE_NODEPORTS}"
                 );
             }
             NodePortAddresses::Ips(ips) => {
                 for ip in ips {
                     line!(
-                        self.nat_rules,
+                        out.nat_rules,
                         "-A {KUBE_SERVICES} {comment} -d {ip} -j {KUBE_NODEPORTS}"
                     );
                 }
             }
         }
     }
+}
 
+impl PortWriter<'_> {
     /// The per-endpoint comment, `None` in large-cluster mode.
     fn endpoint_comment<T>(&self, comment: T) -> EndpointComment<T> {
-        EndpointComment((!self.view.large_cluster).then_some(comment))
+        EndpointComment((!self.s.large_cluster).then_some(comment))
     }
 
-    fn write_port(&mut self, p: &PortView) {
+    fn write(&mut self, out: &mut Sections, p: &PortView) {
         let proto = p.protocol.lower();
         let spn = p.spn.as_str();
         let hash = chain_hash(&[spn, proto]);
@@ -430,12 +570,12 @@ impl Writer<'_> {
             let m = dest(cip);
             if has_internal {
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {KUBE_SERVICES} -m comment --comment {cluster_ip_comment} {m} -j {internal_chain}"
                 );
             } else {
                 line!(
-                    self.filter_rules,
+                    out.filter_rules,
                     "-A {KUBE_SERVICES} -m comment --comment {verdict_comment} {m} -j {verdict}"
                 );
             }
@@ -446,7 +586,7 @@ impl Writer<'_> {
             let m = dest(ip);
             if has_endpoints {
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {KUBE_SERVICES} -m comment --comment {} {m} -j {}",
                     Quoted(format_args!("{spn} external IP")),
                     c.ext
@@ -454,7 +594,7 @@ impl Writer<'_> {
             }
             if !has_external {
                 line!(
-                    self.filter_rules,
+                    out.filter_rules,
                     "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {verdict_comment} {m} -j {verdict}"
                 );
             }
@@ -465,14 +605,14 @@ impl Writer<'_> {
             let m = dest(ip);
             if has_endpoints {
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {KUBE_SERVICES} -m comment --comment {lb_comment} {m} -j {lb_chain}"
                 );
             }
             if uses_fw_chain {
                 // Whatever the FW chain did not accept reaches filter unDNATed.
                 line!(
-                    self.filter_rules,
+                    out.filter_rules,
                     "-A {KUBE_PROXY_FIREWALL} -m comment --comment {} {m} -j DROP",
                     Quoted(format_args!("{spn} traffic not accepted by {}", c.fw))
                 );
@@ -481,7 +621,7 @@ impl Writer<'_> {
         if !has_external {
             for ip in &p.load_balancer_ips {
                 line!(
-                    self.filter_rules,
+                    out.filter_rules,
                     "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {verdict_comment} {} -j {verdict}",
                     dest(ip)
                 );
@@ -491,26 +631,26 @@ impl Writer<'_> {
         // Capture the node port. Source ranges never apply to it.
         if let Some(np) = p.node_port {
             if has_endpoints {
-                if self.view.localhost_node_ports
-                    && self.view.family == IpFamily::IPv4
+                if self.s.localhost_node_ports
+                    && self.s.family == IpFamily::IPv4
                     && self.opts.nfacct
                 {
                     // Same jump, only counted: kube-proxy's metric of localhost node-port use.
                     line!(
-                        self.nat_rules,
+                        out.nat_rules,
                         "-A {KUBE_NODEPORTS} -m comment --comment {spn} -m {proto} -p {proto} -d 127.0.0.0/8 --dport {np} -m nfacct --nfacct-name {NFACCT_LOCALHOST_NODEPORT} -j {}",
                         c.ext
                     );
                 }
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {KUBE_NODEPORTS} -m comment --comment {spn} -m {proto} -p {proto} --dport {np} -j {}",
                     c.ext
                 );
             }
             if !has_external {
                 line!(
-                    self.filter_rules,
+                    out.filter_rules,
                     "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {verdict_comment} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {np} -j {verdict}"
                 );
             }
@@ -519,7 +659,7 @@ impl Writer<'_> {
         // Health checks are answered whether or not this node has local endpoints.
         if let Some(hc) = p.health_check_node_port {
             line!(
-                self.filter_rules,
+                out.filter_rules,
                 "-A {KUBE_NODEPORTS} -m comment --comment {} -m tcp -p tcp --dport {hc} -j ACCEPT",
                 Quoted(format_args!("{spn} health check node port"))
             );
@@ -530,17 +670,17 @@ impl Writer<'_> {
         if has_internal {
             if let Some(cip) = &p.cluster_ip {
                 let m = dest(cip);
-                let condition = if self.view.masquerade_all {
+                let condition = if self.s.masquerade_all {
                     Some(String::new())
                 } else {
-                    self.view
+                    self.s
                         .local_detector
                         .as_ref()
                         .map(|d| format!(" {}", detector_args(d, false)))
                 };
                 if let Some(condition) = condition {
                     line!(
-                        self.nat_rules,
+                        out.nat_rules,
                         "-A {internal_chain} -m comment --comment {cluster_ip_comment} {m}{condition} -j {KUBE_MARK_MASQ}"
                     );
                 }
@@ -549,11 +689,11 @@ impl Writer<'_> {
 
         // External traffic: every external destination goes through the EXT chain.
         if uses_ext_chain {
-            chain_line(&mut self.nat_chains, &c.ext);
+            chain_line(&mut out.nat_chains, &c.ext);
             if !p.external_local {
                 // Cluster policy may send it to another node: masquerade.
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {} -m comment --comment {} -j {KUBE_MARK_MASQ}",
                     c.ext,
                     Quoted(format_args!(
@@ -564,9 +704,9 @@ impl Writer<'_> {
                 // Local policy keeps the client IP, except for traffic from this node:
                 // pods are sent on as if they had gone out to the load balancer and
                 // back, and the host (whose source would be the VIP) is masqueraded.
-                if let Some(d) = &self.view.local_detector {
+                if let Some(d) = &self.s.local_detector {
                     line!(
-                        self.nat_rules,
+                        out.nat_rules,
                         "-A {} -m comment --comment {} {} -j {}",
                         c.ext,
                         Quoted(format_args!("pod traffic for {spn} external destinations")),
@@ -575,7 +715,7 @@ impl Writer<'_> {
                     );
                 }
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {} -m comment --comment {} -m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}",
                     c.ext,
                     Quoted(format_args!(
@@ -583,7 +723,7 @@ impl Writer<'_> {
                     ))
                 );
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {} -m comment --comment {} -m addrtype --src-type LOCAL -j {}",
                     c.ext,
                     Quoted(format_args!(
@@ -593,16 +733,16 @@ impl Writer<'_> {
                 );
             }
             if has_external {
-                line!(self.nat_rules, "-A {} -j {external_policy_chain}", c.ext);
+                line!(out.nat_rules, "-A {} -j {external_policy_chain}", c.ext);
             }
         }
 
         // loadBalancerSourceRanges: accept the ranges, fall through to the filter DROP.
         if uses_fw_chain {
-            chain_line(&mut self.nat_chains, &c.fw);
+            chain_line(&mut out.nat_chains, &c.fw);
             for cidr in &p.source_ranges {
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {} -m comment --comment {lb_comment} -s {cidr} -j {}",
                     c.fw,
                     c.ext
@@ -613,7 +753,7 @@ impl Writer<'_> {
                 // VIP as source.
                 for ip in &p.load_balancer_ips {
                     line!(
-                        self.nat_rules,
+                        out.nat_rules,
                         "-A {} -m comment --comment {lb_comment} -s {ip} -j {}",
                         c.fw,
                         c.ext
@@ -621,7 +761,7 @@ impl Writer<'_> {
                 }
             }
             line!(
-                self.nat_rules,
+                out.nat_rules,
                 "-A {} -m comment --comment {}",
                 c.fw,
                 Quoted(format_args!(
@@ -631,12 +771,12 @@ impl Writer<'_> {
         }
 
         if uses_cluster_chain {
-            chain_line(&mut self.nat_chains, &c.svc);
-            self.write_dispatch(p, &c.svc, &p.cluster_endpoints, &seps);
+            chain_line(&mut out.nat_chains, &c.svc);
+            self.write_dispatch(out, p, &c.svc, &p.cluster_endpoints, &seps);
         }
         if uses_local_chain {
-            chain_line(&mut self.nat_chains, &c.svl);
-            self.write_dispatch(p, &c.svl, &p.local_endpoints, &seps);
+            chain_line(&mut out.nat_chains, &c.svl);
+            self.write_dispatch(out, p, &c.svl, &p.local_endpoints, &seps);
         }
 
         // One chain per endpoint either set can reach: hairpin masquerade, then DNAT.
@@ -644,21 +784,21 @@ impl Writer<'_> {
         for &i in &reachable {
             let ep = &p.endpoints[i as usize];
             let chain = sep(i);
-            chain_line(&mut self.nat_chains, chain);
+            chain_line(&mut out.nat_chains, chain);
             line!(
-                self.nat_rules,
+                out.nat_rules,
                 "-A {chain} {comment}-s {} -j {KUBE_MARK_MASQ}",
-                ep.ip
+                FastIp(&ep.ip)
             );
             if p.affinity_timeout.is_some() {
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {chain} {comment}-m recent --name {chain} --set -m {proto} -p {proto} -j DNAT --to-destination {}",
                     ep.addr
                 );
             } else {
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {chain} {comment}-m {proto} -p {proto} -j DNAT --to-destination {}",
                     ep.addr
                 );
@@ -668,7 +808,14 @@ impl Writer<'_> {
 
     /// Affinity rules first (a client seen recently goes back to its endpoint), then
     /// the random choice: rule i of n matches with probability 1/(n-i), the last always.
-    fn write_dispatch(&mut self, p: &PortView, chain: &str, set: &[u32], seps: &SepChains) {
+    fn write_dispatch(
+        &mut self,
+        out: &mut Sections,
+        p: &PortView,
+        chain: &str,
+        set: &[u32],
+        seps: &SepChains,
+    ) {
         let sep = |i| seps.get(i);
         let comment = |w: &Self, i: u32| {
             w.endpoint_comment(Quoted(format_args!(
@@ -681,7 +828,7 @@ impl Writer<'_> {
             for &i in set {
                 let target = sep(i);
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {chain} {}-m recent --name {target} --rcheck --seconds {timeout} --reap -j {target}",
                     comment(self, i)
                 );
@@ -694,12 +841,12 @@ impl Writer<'_> {
             if k + 1 < n {
                 let probability = self.probabilities.get(n - k);
                 line!(
-                    self.nat_rules,
+                    out.nat_rules,
                     "-A {chain} {comment}-m statistic --mode random --probability {probability} -j {}",
                     sep(i)
                 );
             } else {
-                line!(self.nat_rules, "-A {chain} {comment}-j {}", sep(i));
+                line!(out.nat_rules, "-A {chain} {comment}-j {}", sep(i));
             }
         }
     }
@@ -796,14 +943,14 @@ mod tests {
                 Endpoint {
                     ip: ip(addr),
                     port: 80,
-                    node_name: (!node.is_empty()).then(|| node.to_string()),
+                    node_name: (!node.is_empty()).then(|| node.into()),
                     zone: None,
                     ready: state.is_empty(),
                     serving: state.is_empty() || state == "serving-terminating",
                     terminating: state.contains("terminating"),
                     hint_zones: vec![],
                     hint_nodes: vec![],
-                    source: format!("EndpointSlice {ns}/{name}"),
+                    source: format!("EndpointSlice {ns}/{name}").into(),
                 }
             })
             .collect();

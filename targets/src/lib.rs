@@ -10,3 +10,61 @@ pub mod iptables;
 pub mod ir;
 pub mod nftables;
 pub mod plan;
+
+#[cfg(test)]
+mod tests {
+    use svc_compiler::net::IpFamily;
+    use svc_compiler::passes::node::{node_view, NodeSelection};
+    use svc_compiler::source::SourceMap;
+    use svc_compiler::synth::{generate, Format, Shape};
+
+    /// The renderers that share ports between nodes write what `write_string` writes, for
+    /// every node of a cluster with every kind of service (Local policies make ports differ
+    /// between nodes), whichever node comes first; with endpoint comments and without
+    /// (large-cluster mode).
+    #[test]
+    fn shared_renderers_match_write_string() {
+        for services in [200, 400] {
+            check_renderers(Shape {
+                services,
+                endpoints: 4,
+                nodes: 6,
+                seed: 11,
+            });
+        }
+    }
+
+    fn check_renderers(shape: Shape) {
+        let mut sources = SourceMap::default();
+        let f = sources.add("cluster.yaml", generate(&shape, Format::YamlStream));
+        let opts = svc_compiler::Options {
+            allocate: true,
+            ..Default::default()
+        };
+        let comp = svc_compiler::compile(&sources, &[f], &opts);
+        assert!(!comp.diags.has_errors());
+        let ipt = crate::iptables::Renderer::default();
+        let nft = crate::nftables::Renderer::default();
+        for round in 0..2 {
+            for n in comp.module.nodes.iter().rev() {
+                let sel = NodeSelection {
+                    name: n.name.clone(),
+                    ips: vec![],
+                };
+                let v = node_view(&comp.module, &sel, IpFamily::IPv4).unwrap();
+                let want = crate::iptables::write_string(&v, &Default::default());
+                assert!(
+                    ipt.write_string(&v) == want,
+                    "iptables, {}, round {round}",
+                    n.name
+                );
+                let want = crate::nftables::write_string(&v, &Default::default());
+                assert!(
+                    nft.write_string(&v) == want,
+                    "nftables, {}, round {round}",
+                    n.name
+                );
+            }
+        }
+    }
+}

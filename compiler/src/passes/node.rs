@@ -49,23 +49,9 @@ pub fn node_view(
     sel: &NodeSelection,
     family: IpFamily,
 ) -> Result<NodeView, Diagnostic> {
+    check_selection(module, sel, family)?;
     let node = module.nodes.iter().find(|n| n.name == sel.name);
     let node_ips = node_ips(node, sel, family);
-    if node.is_none() && node_ips.is_empty() {
-        return Err(Diagnostic::error(
-            "SVC401",
-            format!(
-                "no Node named `{}` and no {} node address: add the Node manifest or pass `--node-ip`",
-                sel.name,
-                family.as_str()
-            ),
-        )
-        .hint(format!(
-            "add a Node manifest named `{}` with an {} address in status.addresses, or pass `--node-ip`",
-            sel.name,
-            family.as_str()
-        )));
-    }
 
     let proxy = &module.proxy;
     let this = ThisNode {
@@ -138,6 +124,34 @@ pub fn node_view(
         node_ips,
         ports,
     })
+}
+
+/// The error [`node_view`] would return for `sel` and `family`, without computing the view:
+/// a node the module does not know, without an address of the family.
+#[allow(clippy::result_large_err)]
+pub fn check_selection(
+    module: &Module,
+    sel: &NodeSelection,
+    family: IpFamily,
+) -> Result<(), Diagnostic> {
+    let node = module.nodes.iter().find(|n| n.name == sel.name);
+    if node.is_none() && node_ips(node, sel, family).is_empty() {
+        return Err(Diagnostic::error(
+
+            "SVC401",
+            format!(
+                "no Node named `{}` and no {} node address: add the Node manifest or pass `--node-ip`",
+                sel.name,
+                family.as_str()
+            ),
+        )
+        .hint(format!(
+            "add a Node manifest named `{}` with an {} address in status.addresses, or pass `--node-ip`",
+            sel.name,
+            family.as_str()
+        )));
+    }
+    Ok(())
 }
 
 /// The client side of topology decisions.
@@ -697,7 +711,7 @@ mod tests {
         Endpoint {
             ip: ip(addr),
             port: 8080,
-            node_name: (!node.is_empty()).then(|| node.to_string()),
+            node_name: (!node.is_empty()).then(|| node.into()),
             zone: None,
             ready: true,
             serving: true,

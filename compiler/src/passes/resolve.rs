@@ -12,6 +12,7 @@ use crate::k8s::{Objects, Pod, Service};
 use crate::net::{parse_ip, HostPort};
 use rayon::prelude::*;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Endpoints per service (index into `objects.services`) per port (spec order).
 pub type Resolved = Vec<Vec<Vec<Endpoint>>>;
@@ -65,6 +66,12 @@ pub fn resolve(objects: &Objects) -> Resolved {
             ))
         })
         .collect();
+    let names = Names::new(objects);
+    let ctx = Ctx {
+        objects,
+        names: &names,
+        node_zone: &node_zone,
+    };
 
     // Services are independent of each other: resolved in parallel, kept in input order.
     objects
@@ -101,14 +108,14 @@ pub fn resolve(objects: &Objects) -> Resolved {
                     let proto = protocol_of(port.protocol.as_ref().map(|p| p.v.as_str()));
                     let mut out = Vec::new();
                     for &i in slices.into_iter().flatten() {
-                        from_slice(objects, i, pname, proto, &mut out);
+                        from_slice(&ctx, i, pname, proto, &mut out);
                     }
                     if !has_selector {
                         if let Some(&i) = eps_by_name.get(&key) {
-                            from_endpoints(objects, i, pname, proto, &mut out);
+                            from_endpoints(&ctx, i, pname, proto, &mut out);
                         }
                     } else {
-                        from_pods(svc, port, proto, &selected, &node_zone, &mut out);
+                        from_pods(&ctx, svc, port, proto, &selected, &mut out);
                     }
                     sort_dedup(out)
                 })
@@ -117,8 +124,52 @@ pub fn resolve(objects: &Objects) -> Resolved {
         .collect()
 }
 
-fn from_slice(objects: &Objects, i: usize, pname: &str, proto: Protocol, out: &mut Vec<Endpoint>) {
-    let s = &objects.slices[i];
+/// What the per-service work reads.
+struct Ctx<'a> {
+    objects: &'a Objects,
+    names: &'a Names,
+    node_zone: &'a HashMap<&'a str, &'a str>,
+}
+
+/// Node and zone names, shared by every endpoint that names them (a cluster has few nodes
+/// and many endpoints).
+struct Names(HashMap<String, Arc<str>>);
+
+impl Names {
+    fn new(objects: &Objects) -> Names {
+        let mut names = HashMap::new();
+        let mut add = |n: &str| {
+            if !names.contains_key(n) {
+                names.insert(n.to_string(), Arc::from(n));
+            }
+        };
+        for s in &objects.slices {
+            for e in &s.endpoints {
+                e.node_name.iter().chain(&e.zone).for_each(|n| add(&n.v));
+            }
+        }
+        for e in &objects.endpoints {
+            for ss in &e.subsets {
+                for a in ss.addresses.iter().chain(&ss.not_ready) {
+                    a.node_name.iter().for_each(|n| add(&n.v));
+                }
+            }
+        }
+        for p in &objects.pods {
+            p.node_name.iter().for_each(|n| add(&n.v));
+        }
+        for n in &objects.nodes {
+            n.meta.label("topology.kubernetes.io/zone").map(&mut add);
+        }
+        Names(names)
+    }
+    fn get(&self, name: &str) -> Arc<str> {
+        self.0.get(name).cloned().unwrap_or_else(|| Arc::from(name))
+    }
+}
+
+fn from_slice(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut Vec<Endpoint>) {
+    let s = &ctx.objects.slices[i];
     if s.address_type.as_ref().is_some_and(|t| t.v == "FQDN") {
         return;
     }
@@ -137,7 +188,7 @@ fn from_slice(objects: &Objects, i: usize, pname: &str, proto: Protocol, out: &m
     else {
         return;
     };
-    let source = format!("EndpointSlice {}/{}", s.meta.namespace.v, s.meta.name.v);
+    let source: Arc<str> = format!("EndpointSlice {}/{}", s.meta.namespace.v, s.meta.name.v).into();
     for e in &s.endpoints {
         // Only addresses[0] is used.
         let Some(ip) = e.addresses.first().and_then(|a| parse_ip(&a.v)) else {
@@ -146,8 +197,8 @@ fn from_slice(objects: &Objects, i: usize, pname: &str, proto: Protocol, out: &m
         out.push(Endpoint {
             ip,
             port,
-            node_name: e.node_name.as_ref().map(|n| n.v.clone()),
-            zone: e.zone.as_ref().map(|z| z.v.clone()),
+            node_name: e.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
+            zone: e.zone.as_ref().map(|z| ctx.names.get(&z.v)),
             ready: e.ready.unwrap_or(true),
             serving: e.serving.unwrap_or(true),
             terminating: e.terminating.unwrap_or(false),
@@ -158,18 +209,12 @@ fn from_slice(objects: &Objects, i: usize, pname: &str, proto: Protocol, out: &m
     }
 }
 
-fn from_endpoints(
-    objects: &Objects,
-    i: usize,
-    pname: &str,
-    proto: Protocol,
-    out: &mut Vec<Endpoint>,
-) {
-    let e = &objects.endpoints[i];
+fn from_endpoints(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut Vec<Endpoint>) {
+    let e = &ctx.objects.endpoints[i];
     if e.meta.label(SKIP_MIRROR_LABEL) == Some("true") {
         return;
     }
-    let source = format!("Endpoints {}/{}", e.meta.namespace.v, e.meta.name.v);
+    let source: Arc<str> = format!("Endpoints {}/{}", e.meta.namespace.v, e.meta.name.v).into();
     for ss in &e.subsets {
         let Some(port) = ss
             .ports
@@ -192,7 +237,7 @@ fn from_endpoints(
                 out.push(Endpoint {
                     ip,
                     port,
-                    node_name: a.node_name.as_ref().map(|n| n.v.clone()),
+                    node_name: a.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
                     zone: None,
                     ready,
                     serving: ready,
@@ -207,11 +252,11 @@ fn from_endpoints(
 }
 
 fn from_pods(
+    ctx: &Ctx,
     svc: &Service,
     port: &crate::k8s::Port,
     proto: Protocol,
     pods: &[&Pod],
-    node_zone: &HashMap<&str, &str>,
     out: &mut Vec<Endpoint>,
 ) {
     // trafficDistribution: the controller hints each endpoint for its own zone (and,
@@ -250,24 +295,32 @@ fn from_pods(
         let terminating = pod.meta.deletion_timestamp;
         let serving = pod.ready;
         let ready = svc.publish_not_ready_addresses || (serving && !terminating);
-        let node_name = pod.node_name.as_ref().map(|n| n.v.clone());
+        let node_name = pod.node_name.as_ref().map(|n| ctx.names.get(&n.v));
         let zone = node_name
             .as_deref()
-            .and_then(|n| node_zone.get(n))
-            .map(|z| z.to_string());
+            .and_then(|n| ctx.node_zone.get(n))
+            .map(|z| ctx.names.get(z));
         for ip in &pod.pod_ips {
             let Some(ip) = parse_ip(&ip.v) else { continue };
             out.push(Endpoint {
                 ip,
                 port: tp,
-                hint_zones: zone.iter().filter(|_| zone_hints).cloned().collect(),
-                hint_nodes: node_name.iter().filter(|_| node_hints).cloned().collect(),
+                hint_zones: zone
+                    .iter()
+                    .filter(|_| zone_hints)
+                    .map(|z| z.to_string())
+                    .collect(),
+                hint_nodes: node_name
+                    .iter()
+                    .filter(|_| node_hints)
+                    .map(|n| n.to_string())
+                    .collect(),
                 zone: zone.clone(),
                 node_name: node_name.clone(),
                 ready,
                 serving,
                 terminating,
-                source: format!("Pod {}/{}", pod.meta.namespace.v, pod.meta.name.v),
+                source: format!("Pod {}/{}", pod.meta.namespace.v, pod.meta.name.v).into(),
             });
         }
     }

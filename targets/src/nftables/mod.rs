@@ -62,7 +62,11 @@ mod text;
 #[cfg(test)]
 mod tests;
 
+use crate::common::{Cached, PortCache};
+use model::{Item, Place, PortSettings};
+use std::sync::Arc;
 use svc_compiler::ir::NodeView;
+use text::Layout;
 
 /// How the ruleset is written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,10 +86,138 @@ impl Default for Options {
 
 /// The ruleset as `nft -f` text.
 pub fn write_string(view: &NodeView, opts: &Options) -> String {
+    let mut out = String::new();
+    render(view, opts, None, &mut out);
+    out
+}
+
+/// The model built whole, then written: what [`write_string`] writes port by port.
+#[cfg(test)]
+pub(crate) fn write_whole(view: &NodeView, opts: &Options) -> String {
     text::write(&model::build(view), opts)
 }
 
 /// The ruleset as `nft -j -f` JSON (`{"nftables": [...]}`), one command per line.
 pub fn write_json(view: &NodeView, opts: &Options) -> String {
     json::write(&model::build(view), opts)
+}
+
+/// Writes the `nft -f` text of many nodes of one module (`--all-nodes`), each distinct
+/// service port rendered once: on most nodes most ports render the same. Nodes may be
+/// written in parallel. The output is [`write_string`]'s.
+#[derive(Default)]
+pub struct Renderer {
+    opts: Options,
+    cache: PortCache<PortSettings, PortText>,
+}
+
+/// A service port's section as text, and its elements, each as its line.
+struct PortText {
+    text: String,
+    /// After the section; `None` when the port has no objects of its own.
+    layout: Option<Layout>,
+    /// (place in the output, line).
+    elements: Vec<(Place, String)>,
+}
+
+impl Renderer {
+    pub fn new(opts: Options) -> Renderer {
+        Renderer {
+            opts,
+            cache: PortCache::default(),
+        }
+    }
+
+    pub fn write_string(&self, view: &NodeView) -> String {
+        let mut text = String::new();
+        self.write_into(view, &mut text);
+        text
+    }
+
+    /// [`Renderer::write_string`] into `out` (cleared first), reusing its memory.
+    pub fn write_into(&self, view: &NodeView, out: &mut String) {
+        render(view, &self.opts, Some(&self.cache), out)
+    }
+}
+
+/// The text of `model::build(view)` as `text::write` spells it, built port by port (and
+/// with a cache, each port looked up first): the fixed part, the port sections, then the
+/// elements of every map.
+fn render(
+    view: &NodeView,
+    opts: &Options,
+    cache: Option<&PortCache<PortSettings, PortText>>,
+    out: &mut String,
+) {
+    let family = view.family;
+    let element_line = |e: model::Element| {
+        let place = e.place();
+        let mut line = String::new();
+        text::write_item(&mut line, family, &Item::Element(e));
+        (place, line)
+    };
+    out.clear();
+    text::header(out, &view.node_name, family, opts);
+    let fixed = model::fixed_part(view);
+    let mut layout = Layout::default();
+    text::write_items(out, family, &fixed.items, &mut layout);
+    let mut own_elements: Vec<_> = fixed.elements.into_iter().map(element_line).collect();
+
+    let settings = PortSettings::of(view);
+    let mut shared: Vec<Arc<Cached<PortSettings, PortText>>> = Vec::new();
+    match cache {
+        None => {
+            // About what a port and an endpoint take, to grow the text rarely.
+            let endpoints: usize = view.ports.iter().map(|p| p.endpoints.len()).sum();
+            out.reserve(view.ports.len() * 1500 + endpoints * 400);
+            for p in &view.ports {
+                let part = model::port_part(&settings, p);
+                text::write_items(out, family, &part.items, &mut layout);
+                own_elements.extend(part.elements.into_iter().map(element_line));
+            }
+        }
+        Some(cache) => {
+            shared = view
+                .ports
+                .iter()
+                .map(|p| {
+                    cache.get_or_render(&settings, p, || {
+                        let part = model::port_part(&settings, p);
+                        let mut port_layout = Layout::default();
+                        let mut text = String::new();
+                        text::write_items(&mut text, family, &part.items, &mut port_layout);
+                        PortText {
+                            text,
+                            layout: (!part.items.is_empty()).then_some(port_layout),
+                            elements: part.elements.into_iter().map(element_line).collect(),
+                        }
+                    })
+                })
+                .collect();
+            let elements: usize = shared
+                .iter()
+                .flat_map(|c| &c.rendered.elements)
+                .map(|e| e.1.len() + 1)
+                .sum();
+            out.reserve(shared.iter().map(|c| c.rendered.text.len()).sum::<usize>() + elements + 1);
+            for c in &shared {
+                out.push_str(&c.rendered.text);
+                layout = c.rendered.layout.unwrap_or(layout);
+            }
+        }
+    }
+
+    // Every map's elements in place order, the first claim of a place winning (the fixed
+    // ones first, then the ports in order): a stable sort, then the first of each run.
+    let mut elements: Vec<&(Place, String)> = own_elements
+        .iter()
+        .chain(shared.iter().flat_map(|c| &c.rendered.elements))
+        .collect();
+    elements.sort_by_key(|e| e.0);
+    elements.dedup_by(|later, first| later.0 == first.0);
+    for (_, line) in elements {
+        layout.before(out, text::Kind::Element);
+        out.push_str(line);
+        out.push('\n');
+    }
 }

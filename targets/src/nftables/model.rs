@@ -254,6 +254,51 @@ pub(super) enum Value {
     Port(u16),
 }
 
+/// An element's place in the output as bytes: its set's position in [`ELEMENT_SETS`],
+/// then its key, ordered as `Vec<Value>` orders (a tag per value, then the value, zero
+/// padding after the last). Sorting these is a memcmp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Place([u8; 56]);
+
+impl Element {
+    pub(super) fn place(&self) -> Place {
+        let mut b = [0u8; 56];
+        b[0] = ELEMENT_SETS
+            .iter()
+            .position(|s| *s == self.set)
+            .expect("a known set") as u8;
+        let mut at = 1;
+        for v in self.key.iter().take(3) {
+            match v {
+                Value::Ip(ip) => {
+                    b[at] = 1;
+                    let (family, bytes): (u8, [u8; 16]) = match ip {
+                        IpAddr::V4(a) => {
+                            let mut x = [0; 16];
+                            x[..4].copy_from_slice(&a.octets());
+                            (0, x)
+                        }
+                        IpAddr::V6(a) => (1, a.octets()),
+                    };
+                    b[at + 1] = family;
+                    b[at + 2..at + 18].copy_from_slice(&bytes);
+                }
+                Value::Proto(p) => {
+                    b[at] = 2;
+                    b[at + 1] = *p as u8;
+                }
+                Value::Port(p) => {
+                    b[at] = 3;
+                    b[at + 1..at + 3].copy_from_slice(&p.to_be_bytes());
+                }
+            }
+            at += 18;
+        }
+        assert!(self.key.len() <= 3, "element keys have at most three parts");
+        Place(b)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Element {
     pub set: &'static str,
@@ -276,15 +321,9 @@ pub(super) enum Item {
 #[derive(Clone, Debug)]
 pub(super) struct Ruleset {
     pub family: IpFamily,
+    #[cfg_attr(not(test), allow(dead_code))]
     pub node: String,
     pub items: Vec<Item>,
-}
-
-impl Ruleset {
-    /// `ip` or `ip6`: the table family and the address-match keyword.
-    pub(super) fn ip_kw(&self) -> &'static str {
-        ip_kw(self.family)
-    }
 }
 
 pub(super) fn ip_kw(f: IpFamily) -> &'static str {
@@ -300,7 +339,7 @@ pub(super) fn ip_kw(f: IpFamily) -> &'static str {
 
 /// The maps and sets whose elements are collected while services are walked and written
 /// last, each sorted by key, in this order.
-const ELEMENT_SETS: [&str; 7] = [
+pub(super) const ELEMENT_SETS: [&str; 7] = [
     NODEPORT_IPS,
     CLUSTER_IPS,
     SERVICE_IPS,
@@ -313,113 +352,53 @@ const ELEMENT_SETS: [&str; 7] = [
 /// Element key → (element comment, verdict).
 type Elements = BTreeMap<Vec<Value>, (Option<String>, Option<Verdict>)>;
 
-struct Builder<'a> {
-    view: &'a NodeView,
-    items: Vec<Item>,
-    /// Per element set: key → (comment, verdict). A BTreeMap both sorts and deduplicates;
-    /// the first service (in NodeView order) to claim a key keeps it.
-    elements: BTreeMap<&'static str, Elements>,
+/// What a service port's objects read of the node's view, beside the port itself: nodes
+/// that agree on these and on the port get the same objects for it.
+#[derive(Clone, PartialEq)]
+pub(super) struct PortSettings {
+    pub family: IpFamily,
+    masquerade_all: bool,
+    local_detector: Option<LocalDetector>,
 }
 
-pub(super) fn build(view: &NodeView) -> Ruleset {
-    let mut b = Builder {
-        view,
+impl PortSettings {
+    pub(super) fn of(view: &NodeView) -> PortSettings {
+        PortSettings {
+            family: view.family,
+            masquerade_all: view.masquerade_all,
+            local_detector: view.local_detector.clone(),
+        }
+    }
+}
+
+/// A share of the ruleset: items in output order (for a service port, a section: sets,
+/// chains, rules) and the elements added to the maps, in the order they are added.
+pub(super) struct Part {
+    pub items: Vec<Item>,
+    pub elements: Vec<Element>,
+}
+
+pub(super) fn port_part(s: &PortSettings, p: &PortView) -> Part {
+    let mut b = PortBuilder {
+        s,
         items: Vec::new(),
-        elements: BTreeMap::new(),
+        elements: Vec::new(),
     };
-    b.fixed();
-    for p in &view.ports {
-        b.service_port(p);
-    }
-    b.flush_elements();
-    Ruleset {
-        family: view.family,
-        node: view.node_name.clone(),
+    b.service_port(p);
+    Part {
         items: b.items,
+        elements: b.elements,
     }
 }
 
-fn chain(name: &str) -> Item {
-    Item::Chain(Chain {
-        name: name.to_string(),
-        base: None,
-        comment: None,
-    })
+/// Builds one port's [`Part`]; sees only the port and [`PortSettings`].
+struct PortBuilder<'a> {
+    s: &'a PortSettings,
+    items: Vec<Item>,
+    elements: Vec<Element>,
 }
 
-fn rule(chain: &str, stmts: Vec<Stmt>) -> Item {
-    Item::Rule(Rule {
-        chain: chain.to_string(),
-        stmts,
-        comment: None,
-    })
-}
-
-fn rule_c(chain: &str, stmts: Vec<Stmt>, comment: &'static str) -> Item {
-    Item::Rule(Rule {
-        chain: chain.to_string(),
-        stmts,
-        comment: Some(comment),
-    })
-}
-
-fn m(left: Expr, right: Expr) -> Stmt {
-    Stmt::Match {
-        left,
-        op: Op::Implicit,
-        right,
-    }
-}
-
-fn m_neq(left: Expr, right: Expr) -> Stmt {
-    Stmt::Match {
-        left,
-        op: Op::Neq,
-        right,
-    }
-}
-
-fn jump(target: &str) -> Stmt {
-    Stmt::Verdict(Verdict::Jump(target.to_string()))
-}
-
-fn goto(target: &str) -> Stmt {
-    Stmt::Verdict(Verdict::Goto(target.to_string()))
-}
-
-fn ip_proto_port() -> Expr {
-    Expr::Concat(vec![Expr::Addr(Side::Daddr), Expr::L4proto, Expr::ThDport])
-}
-
-fn proto_port() -> Expr {
-    Expr::Concat(vec![Expr::L4proto, Expr::ThDport])
-}
-
-fn verdict_map(name: &str, key: Vec<KeyType>, comment: &'static str) -> Item {
-    Item::Set(Set {
-        name: name.to_string(),
-        key,
-        verdict_map: true,
-        timeout: None,
-        comment: Some(comment),
-    })
-}
-
-/// Match for "traffic from a local pod" (`local`) or its negation.
-fn detector(d: &LocalDetector, local: bool) -> Stmt {
-    let (left, right) = match d {
-        LocalDetector::Cidr(c) => (Expr::Addr(Side::Saddr), Expr::Prefix(c.network())),
-        LocalDetector::BridgeInterface(i) => (Expr::Iifname, Expr::Ifname(i.clone())),
-        LocalDetector::InterfaceNamePrefix(p) => (Expr::Iifname, Expr::Ifname(format!("{p}*"))),
-    };
-    Stmt::Match {
-        left,
-        op: if local { Op::Implicit } else { Op::Neq },
-        right,
-    }
-}
-
-impl Builder<'_> {
+impl PortBuilder<'_> {
     fn element(
         &mut self,
         set: &'static str,
@@ -427,234 +406,16 @@ impl Builder<'_> {
         comment: Option<&str>,
         verdict: Option<Verdict>,
     ) {
-        self.elements
-            .entry(set)
-            .or_default()
-            .entry(key)
-            .or_insert_with(|| (comment.map(str::to_string), verdict));
-    }
-
-    /// "Not to a localhost address", the guard on NodePort matching with match-all
-    /// nodeport-addresses (kube-proxy's nftables mode never serves NodePorts on localhost).
-    fn no_localhost(&self) -> Stmt {
-        let right = match self.view.family {
-            IpFamily::IPv4 => Expr::Prefix(Cidr {
-                addr: IpAddr::V4([127, 0, 0, 0].into()),
-                prefix: 8,
-            }),
-            IpFamily::IPv6 => Expr::Ip(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)),
-        };
-        m_neq(Expr::Addr(Side::Daddr), right)
-    }
-
-    /// Table-level objects and rules that do not depend on services.
-    fn fixed(&mut self) {
-        let view = self.view;
-        let mark = view.masquerade_mark;
-        let match_all = matches!(view.node_port_addresses, NodePortAddresses::All);
-
-        for (name, kind, hook, priority) in BASE_CHAINS {
-            self.items.push(Item::Chain(Chain {
-                name: name.to_string(),
-                base: Some(BaseHook {
-                    kind,
-                    hook,
-                    priority,
-                }),
-                comment: None,
-            }));
-        }
-        let mut regular: Vec<&str> = Vec::new();
-        for name in JUMPS.iter().map(|j| j.0).chain([
-            SERVICES,
-            CLUSTER_IPS_CHECK,
-            MASQUERADING,
-            MARK_MASQ,
-            FIREWALL_CHECK,
-        ]) {
-            if !regular.contains(&name) {
-                regular.push(name);
-            }
-        }
-        for name in regular {
-            self.items.push(chain(name));
-        }
-        self.items.push(Item::Chain(Chain {
-            name: REJECT_CHAIN.to_string(),
-            base: None,
-            comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports"),
-        }));
-
-        use KeyType::*;
-        self.items.push(Item::Set(Set {
-            name: CLUSTER_IPS.to_string(),
-            key: vec![Addr],
-            verdict_map: false,
-            timeout: None,
-            comment: Some("Active ClusterIPs"),
-        }));
-        // With match-all nodeport-addresses kube-proxy deletes this set; as the whole table
-        // is replaced here, leaving it out is the same.
-        if !match_all {
-            self.items.push(Item::Set(Set {
-                name: NODEPORT_IPS.to_string(),
-                key: vec![Addr],
-                verdict_map: false,
-                timeout: None,
-                comment: Some("IPs that accept NodePort traffic"),
-            }));
-        }
-        self.items.push(verdict_map(
-            NO_ENDPOINT_SERVICES,
-            vec![Addr, InetProto, InetService],
-            "vmap to drop or reject packets to services with no endpoints",
-        ));
-        self.items.push(verdict_map(
-            NO_ENDPOINT_NODEPORTS,
-            vec![InetProto, InetService],
-            "vmap to drop or reject packets to service nodeports with no endpoints",
-        ));
-        self.items.push(verdict_map(
-            FIREWALL_IPS,
-            vec![Addr, InetProto, InetService],
-            "destinations that are subject to LoadBalancerSourceRanges",
-        ));
-        self.items.push(verdict_map(
-            SERVICE_IPS,
-            vec![Addr, InetProto, InetService],
-            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
-        ));
-        self.items.push(verdict_map(
-            SERVICE_NODEPORTS,
-            vec![InetProto, InetService],
-            "NodePort traffic",
-        ));
-
-        for (target, source, ct_new) in JUMPS {
-            let mut stmts = Vec::new();
-            if ct_new {
-                stmts.push(m(Expr::CtState, Expr::Sym("new")));
-            }
-            stmts.push(jump(target));
-            self.items.push(rule(source, stmts));
-        }
-
-        self.items.push(rule(
-            MARK_MASQ,
-            vec![Stmt::MarkSet(Expr::Or(
-                Box::new(Expr::Mark),
-                Box::new(Expr::Hex(mark)),
-            ))],
-        ));
-        self.items.push(rule(
-            MASQUERADING,
-            vec![
-                Stmt::Match {
-                    left: Expr::And(Box::new(Expr::Mark), Box::new(Expr::Hex(mark))),
-                    op: Op::Eq,
-                    right: Expr::Num(0),
-                },
-                Stmt::Verdict(Verdict::Return),
-            ],
-        ));
-        self.items.push(rule(
-            MASQUERADING,
-            vec![Stmt::MarkSet(Expr::Xor(
-                Box::new(Expr::Mark),
-                Box::new(Expr::Hex(mark)),
-            ))],
-        ));
-        self.items
-            .push(rule(MASQUERADING, vec![Stmt::MasqueradeFullyRandom]));
-
-        self.items.push(rule_c(
-            CLUSTER_IPS_CHECK,
-            vec![
-                m(Expr::Addr(Side::Daddr), Expr::SetRef(CLUSTER_IPS.into())),
-                Stmt::Reject,
-            ],
-            "Reject traffic to invalid ports of ClusterIPs",
-        ));
-        if !view.service_cidrs.is_empty() {
-            let items = view
-                .service_cidrs
-                .iter()
-                .map(|c| Expr::Prefix(c.network()))
-                .collect();
-            self.items.push(rule_c(
-                CLUSTER_IPS_CHECK,
-                vec![
-                    m(
-                        Expr::Addr(Side::Daddr),
-                        Expr::AnonSet {
-                            items,
-                            comma_only: true,
-                        },
-                    ),
-                    Stmt::Verdict(Verdict::Drop),
-                ],
-                "Drop traffic to unallocated ClusterIPs",
-            ));
-        }
-
-        self.items.push(rule(REJECT_CHAIN, vec![Stmt::Reject]));
-        self.items.push(rule(
-            SERVICE_ENDPOINTS_CHECK,
-            vec![Stmt::VmapRef {
-                key: ip_proto_port(),
-                map: NO_ENDPOINT_SERVICES,
-            }],
-        ));
-        let nodeport_dst = if match_all {
-            self.no_localhost()
-        } else {
-            m(Expr::Addr(Side::Daddr), Expr::SetRef(NODEPORT_IPS.into()))
-        };
-        self.items.push(rule(
-            NODEPORT_ENDPOINTS_CHECK,
-            vec![
-                nodeport_dst.clone(),
-                Stmt::VmapRef {
-                    key: proto_port(),
-                    map: NO_ENDPOINT_NODEPORTS,
-                },
-            ],
-        ));
-        self.items.push(rule(
-            FIREWALL_CHECK,
-            vec![Stmt::VmapRef {
-                key: ip_proto_port(),
-                map: FIREWALL_IPS,
-            }],
-        ));
-        self.items.push(rule(
-            SERVICES,
-            vec![Stmt::VmapRef {
-                key: ip_proto_port(),
-                map: SERVICE_IPS,
-            }],
-        ));
-        let mut nodeports = Vec::new();
-        if match_all {
-            nodeports.push(m(Expr::FibType(Side::Daddr), Expr::Sym("local")));
-        }
-        nodeports.push(nodeport_dst);
-        nodeports.push(Stmt::VmapRef {
-            key: proto_port(),
-            map: SERVICE_NODEPORTS,
+        self.elements.push(Element {
+            set,
+            key,
+            comment: comment.map(str::to_string),
+            verdict,
         });
-        self.items.push(rule(SERVICES, nodeports));
-
-        if let NodePortAddresses::Ips(ips) = &view.node_port_addresses {
-            // kube-proxy's nftables mode does not support localhost NodePorts.
-            for ip in ips.iter().filter(|ip| !ip.is_loopback()) {
-                self.element(NODEPORT_IPS, vec![Value::Ip(*ip)], None, None);
-            }
-        }
     }
 
     fn service_port(&mut self, p: &PortView) {
-        let view = self.view;
+        let view = self.s;
         let proto = p.protocol;
         let base = hash_and_truncate(&format!(
             "{}/{}/{}/{}",
@@ -960,19 +721,387 @@ impl Builder<'_> {
             self.items.insert(start, Item::Section(p.spn.clone()));
         }
     }
+}
 
-    fn flush_elements(&mut self) {
+/// Builds the table-level [`Part`].
+struct Builder<'a> {
+    view: &'a NodeView,
+    items: Vec<Item>,
+    elements: Vec<Element>,
+}
+
+/// The table-level objects and rules, which do not depend on services.
+pub(super) fn fixed_part(view: &NodeView) -> Part {
+    let mut b = Builder {
+        view,
+        items: Vec::new(),
+        elements: Vec::new(),
+    };
+    b.fixed();
+    Part {
+        items: b.items,
+        elements: b.elements,
+    }
+}
+
+pub(super) fn build(view: &NodeView) -> Ruleset {
+    let fixed = fixed_part(view);
+    let mut items = fixed.items;
+    let mut elements = ElementMaps::default();
+    elements.add(fixed.elements);
+    let settings = PortSettings::of(view);
+    for p in &view.ports {
+        let part = port_part(&settings, p);
+        items.extend(part.items);
+        elements.add(part.elements);
+    }
+    elements.flush(&mut items);
+    Ruleset {
+        family: view.family,
+        node: view.node_name.clone(),
+        items,
+    }
+}
+
+/// The elements of every map: per set, key → (comment, verdict). A BTreeMap both sorts and
+/// deduplicates; the first service (in NodeView order) to claim a key keeps it.
+#[derive(Default)]
+struct ElementMaps(BTreeMap<&'static str, Elements>);
+
+impl ElementMaps {
+    fn add(&mut self, elements: Vec<Element>) {
+        for e in elements {
+            self.0
+                .entry(e.set)
+                .or_default()
+                .entry(e.key)
+                .or_insert((e.comment, e.verdict));
+        }
+    }
+
+    /// The elements as items, map by map in [`ELEMENT_SETS`] order, each sorted by key.
+    fn flush(mut self, items: &mut Vec<Item>) {
         for set in ELEMENT_SETS {
-            let Some(elems) = self.elements.remove(set) else {
+            let Some(elems) = self.0.remove(set) else {
                 continue;
             };
             for (key, (comment, verdict)) in elems {
-                self.items.push(Item::Element(Element {
+                items.push(Item::Element(Element {
                     set,
                     key,
                     comment,
                     verdict,
                 }));
+            }
+        }
+    }
+}
+
+fn chain(name: &str) -> Item {
+    Item::Chain(Chain {
+        name: name.to_string(),
+        base: None,
+        comment: None,
+    })
+}
+
+fn rule(chain: &str, stmts: Vec<Stmt>) -> Item {
+    Item::Rule(Rule {
+        chain: chain.to_string(),
+        stmts,
+        comment: None,
+    })
+}
+
+fn rule_c(chain: &str, stmts: Vec<Stmt>, comment: &'static str) -> Item {
+    Item::Rule(Rule {
+        chain: chain.to_string(),
+        stmts,
+        comment: Some(comment),
+    })
+}
+
+fn m(left: Expr, right: Expr) -> Stmt {
+    Stmt::Match {
+        left,
+        op: Op::Implicit,
+        right,
+    }
+}
+
+fn m_neq(left: Expr, right: Expr) -> Stmt {
+    Stmt::Match {
+        left,
+        op: Op::Neq,
+        right,
+    }
+}
+
+fn jump(target: &str) -> Stmt {
+    Stmt::Verdict(Verdict::Jump(target.to_string()))
+}
+
+fn goto(target: &str) -> Stmt {
+    Stmt::Verdict(Verdict::Goto(target.to_string()))
+}
+
+fn ip_proto_port() -> Expr {
+    Expr::Concat(vec![Expr::Addr(Side::Daddr), Expr::L4proto, Expr::ThDport])
+}
+
+fn proto_port() -> Expr {
+    Expr::Concat(vec![Expr::L4proto, Expr::ThDport])
+}
+
+fn verdict_map(name: &str, key: Vec<KeyType>, comment: &'static str) -> Item {
+    Item::Set(Set {
+        name: name.to_string(),
+        key,
+        verdict_map: true,
+        timeout: None,
+        comment: Some(comment),
+    })
+}
+
+/// Match for "traffic from a local pod" (`local`) or its negation.
+fn detector(d: &LocalDetector, local: bool) -> Stmt {
+    let (left, right) = match d {
+        LocalDetector::Cidr(c) => (Expr::Addr(Side::Saddr), Expr::Prefix(c.network())),
+        LocalDetector::BridgeInterface(i) => (Expr::Iifname, Expr::Ifname(i.clone())),
+        LocalDetector::InterfaceNamePrefix(p) => (Expr::Iifname, Expr::Ifname(format!("{p}*"))),
+    };
+    Stmt::Match {
+        left,
+        op: if local { Op::Implicit } else { Op::Neq },
+        right,
+    }
+}
+
+impl Builder<'_> {
+    fn element(&mut self, set: &'static str, key: Vec<Value>) {
+        self.elements.push(Element {
+            set,
+            key,
+            comment: None,
+            verdict: None,
+        });
+    }
+
+    /// "Not to a localhost address", the guard on NodePort matching with match-all
+    /// nodeport-addresses (kube-proxy's nftables mode never serves NodePorts on localhost).
+    fn no_localhost(&self) -> Stmt {
+        let right = match self.view.family {
+            IpFamily::IPv4 => Expr::Prefix(Cidr {
+                addr: IpAddr::V4([127, 0, 0, 0].into()),
+                prefix: 8,
+            }),
+            IpFamily::IPv6 => Expr::Ip(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)),
+        };
+        m_neq(Expr::Addr(Side::Daddr), right)
+    }
+
+    /// Table-level objects and rules that do not depend on services.
+    fn fixed(&mut self) {
+        let view = self.view;
+        let mark = view.masquerade_mark;
+        let match_all = matches!(view.node_port_addresses, NodePortAddresses::All);
+
+        for (name, kind, hook, priority) in BASE_CHAINS {
+            self.items.push(Item::Chain(Chain {
+                name: name.to_string(),
+                base: Some(BaseHook {
+                    kind,
+                    hook,
+                    priority,
+                }),
+                comment: None,
+            }));
+        }
+        let mut regular: Vec<&str> = Vec::new();
+        for name in JUMPS.iter().map(|j| j.0).chain([
+            SERVICES,
+            CLUSTER_IPS_CHECK,
+            MASQUERADING,
+            MARK_MASQ,
+            FIREWALL_CHECK,
+        ]) {
+            if !regular.contains(&name) {
+                regular.push(name);
+            }
+        }
+        for name in regular {
+            self.items.push(chain(name));
+        }
+        self.items.push(Item::Chain(Chain {
+            name: REJECT_CHAIN.to_string(),
+            base: None,
+            comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports"),
+        }));
+
+        use KeyType::*;
+        self.items.push(Item::Set(Set {
+            name: CLUSTER_IPS.to_string(),
+            key: vec![Addr],
+            verdict_map: false,
+            timeout: None,
+            comment: Some("Active ClusterIPs"),
+        }));
+        // With match-all nodeport-addresses kube-proxy deletes this set; as the whole table
+        // is replaced here, leaving it out is the same.
+        if !match_all {
+            self.items.push(Item::Set(Set {
+                name: NODEPORT_IPS.to_string(),
+                key: vec![Addr],
+                verdict_map: false,
+                timeout: None,
+                comment: Some("IPs that accept NodePort traffic"),
+            }));
+        }
+        self.items.push(verdict_map(
+            NO_ENDPOINT_SERVICES,
+            vec![Addr, InetProto, InetService],
+            "vmap to drop or reject packets to services with no endpoints",
+        ));
+        self.items.push(verdict_map(
+            NO_ENDPOINT_NODEPORTS,
+            vec![InetProto, InetService],
+            "vmap to drop or reject packets to service nodeports with no endpoints",
+        ));
+        self.items.push(verdict_map(
+            FIREWALL_IPS,
+            vec![Addr, InetProto, InetService],
+            "destinations that are subject to LoadBalancerSourceRanges",
+        ));
+        self.items.push(verdict_map(
+            SERVICE_IPS,
+            vec![Addr, InetProto, InetService],
+            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ));
+        self.items.push(verdict_map(
+            SERVICE_NODEPORTS,
+            vec![InetProto, InetService],
+            "NodePort traffic",
+        ));
+
+        for (target, source, ct_new) in JUMPS {
+            let mut stmts = Vec::new();
+            if ct_new {
+                stmts.push(m(Expr::CtState, Expr::Sym("new")));
+            }
+            stmts.push(jump(target));
+            self.items.push(rule(source, stmts));
+        }
+
+        self.items.push(rule(
+            MARK_MASQ,
+            vec![Stmt::MarkSet(Expr::Or(
+                Box::new(Expr::Mark),
+                Box::new(Expr::Hex(mark)),
+            ))],
+        ));
+        self.items.push(rule(
+            MASQUERADING,
+            vec![
+                Stmt::Match {
+                    left: Expr::And(Box::new(Expr::Mark), Box::new(Expr::Hex(mark))),
+                    op: Op::Eq,
+                    right: Expr::Num(0),
+                },
+                Stmt::Verdict(Verdict::Return),
+            ],
+        ));
+        self.items.push(rule(
+            MASQUERADING,
+            vec![Stmt::MarkSet(Expr::Xor(
+                Box::new(Expr::Mark),
+                Box::new(Expr::Hex(mark)),
+            ))],
+        ));
+        self.items
+            .push(rule(MASQUERADING, vec![Stmt::MasqueradeFullyRandom]));
+
+        self.items.push(rule_c(
+            CLUSTER_IPS_CHECK,
+            vec![
+                m(Expr::Addr(Side::Daddr), Expr::SetRef(CLUSTER_IPS.into())),
+                Stmt::Reject,
+            ],
+            "Reject traffic to invalid ports of ClusterIPs",
+        ));
+        if !view.service_cidrs.is_empty() {
+            let items = view
+                .service_cidrs
+                .iter()
+                .map(|c| Expr::Prefix(c.network()))
+                .collect();
+            self.items.push(rule_c(
+                CLUSTER_IPS_CHECK,
+                vec![
+                    m(
+                        Expr::Addr(Side::Daddr),
+                        Expr::AnonSet {
+                            items,
+                            comma_only: true,
+                        },
+                    ),
+                    Stmt::Verdict(Verdict::Drop),
+                ],
+                "Drop traffic to unallocated ClusterIPs",
+            ));
+        }
+
+        self.items.push(rule(REJECT_CHAIN, vec![Stmt::Reject]));
+        self.items.push(rule(
+            SERVICE_ENDPOINTS_CHECK,
+            vec![Stmt::VmapRef {
+                key: ip_proto_port(),
+                map: NO_ENDPOINT_SERVICES,
+            }],
+        ));
+        let nodeport_dst = if match_all {
+            self.no_localhost()
+        } else {
+            m(Expr::Addr(Side::Daddr), Expr::SetRef(NODEPORT_IPS.into()))
+        };
+        self.items.push(rule(
+            NODEPORT_ENDPOINTS_CHECK,
+            vec![
+                nodeport_dst.clone(),
+                Stmt::VmapRef {
+                    key: proto_port(),
+                    map: NO_ENDPOINT_NODEPORTS,
+                },
+            ],
+        ));
+        self.items.push(rule(
+            FIREWALL_CHECK,
+            vec![Stmt::VmapRef {
+                key: ip_proto_port(),
+                map: FIREWALL_IPS,
+            }],
+        ));
+        self.items.push(rule(
+            SERVICES,
+            vec![Stmt::VmapRef {
+                key: ip_proto_port(),
+                map: SERVICE_IPS,
+            }],
+        ));
+        let mut nodeports = Vec::new();
+        if match_all {
+            nodeports.push(m(Expr::FibType(Side::Daddr), Expr::Sym("local")));
+        }
+        nodeports.push(nodeport_dst);
+        nodeports.push(Stmt::VmapRef {
+            key: proto_port(),
+            map: SERVICE_NODEPORTS,
+        });
+        self.items.push(rule(SERVICES, nodeports));
+
+        if let NodePortAddresses::Ips(ips) = &view.node_port_addresses {
+            // kube-proxy's nftables mode does not support localhost NodePorts.
+            for ip in ips.iter().filter(|ip| !ip.is_loopback()) {
+                self.element(NODEPORT_IPS, vec![Value::Ip(*ip)]);
             }
         }
     }

@@ -1117,3 +1117,46 @@ fn json_patched_objects() {
         );
     }
 }
+
+/// `Element::place` orders as (set in ELEMENT_SETS order, key as Vec<Value>) does.
+#[test]
+fn element_places_sort_like_keys() {
+    use model::{Element, Value, ELEMENT_SETS};
+    use svc_compiler::ir::Protocol;
+    let ips = [
+        "10.0.0.1",
+        "10.0.0.2",
+        "9.255.255.255",
+        "255.0.0.0",
+        "::1",
+        "fd00::1",
+    ];
+    let mut elements = Vec::new();
+    for set in ELEMENT_SETS {
+        for ip in ips {
+            for proto in [Protocol::UDP, Protocol::TCP, Protocol::SCTP] {
+                for port in [80, 8080, 7, 65535] {
+                    let ip = Value::Ip(ip.parse().unwrap());
+                    for key in [
+                        vec![ip],
+                        vec![ip, Value::Proto(proto), Value::Port(port)],
+                        vec![Value::Proto(proto), Value::Port(port)],
+                    ] {
+                        elements.push(Element {
+                            set,
+                            key,
+                            comment: None,
+                            verdict: None,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let set_index = |s: &str| ELEMENT_SETS.iter().position(|x| *x == s).unwrap();
+    let mut by_key = elements.clone();
+    by_key.sort_by(|a, b| (set_index(a.set), &a.key).cmp(&(set_index(b.set), &b.key)));
+    let mut by_place = elements;
+    by_place.sort_by_key(|e| e.place());
+    assert_eq!(by_key, by_place);
+}
