@@ -689,7 +689,10 @@ fn main() {
             eprintln!("cli: {n} services ...");
             rows.push(cli(&dir, n, a.runs));
         }
-        let _ = write!(report, "\n| `svc-compile` end to end: wall [median], peak RSS |");
+        let _ = write!(
+            report,
+            "\n| `svc-compile` end to end: wall [median], peak RSS |"
+        );
         for &n in &a.sizes {
             let _ = write!(report, " {} |", label(n));
         }
