@@ -798,37 +798,47 @@ pub mod json {
     /// when there is no such array or the text is not well-formed enough to tell.
     pub fn split_items(text: &str, run: usize) -> Option<ItemsSplit> {
         let b = text.as_bytes();
-        let s = start(text);
-        let (mut i, mut line, mut line_start) = (s.i, s.line, s.line_start);
+        let start = start(text);
+        // Lines are counted only where a position is kept, from the last one kept.
+        let mut lines = Lines {
+            b,
+            at: start.i,
+            line: 1,
+            // Columns count from after a byte-order mark.
+            line_start: start.line_start,
+        };
+        let mut i = start.i;
         let mut depth = 0u32;
-        // Inside the items array: its `[`, and whether the next value starts an item.
         let mut open: Option<Pos> = None;
-        let mut expect_item = false;
         let mut runs: Vec<(Pos, usize)> = Vec::new();
         let mut items = 0usize;
-        // At depth 1, the key just read (to spot `"items"`).
-        let mut key_items = false;
-        while i < b.len() {
-            let c = b[i];
-            match c {
-                b' ' | b'\t' | b'\r' => {}
-                b'\n' => {
-                    line += 1;
-                    line_start = i + 1;
-                }
-                _ if expect_item && c != b']' => {
-                    expect_item = false;
-                    let here = Pos {
-                        i,
-                        line,
-                        line_start,
-                    };
-                    if runs.last().is_none_or(|r| i - r.0.i >= run) {
-                        runs.push((here, items));
+        // Starts an item at the first non-blank byte from `i` (after `[` or a `,`).
+        let item_at =
+            |i: usize, lines: &mut Lines, runs: &mut Vec<(Pos, usize)>, items: &mut usize| {
+                let j = i + b[i..].iter().position(|c| !c.is_ascii_whitespace())?;
+                if b[j] != b']' {
+                    if runs.last().is_none_or(|r| j - r.0.i >= run) {
+                        runs.push((lines.pos(j), *items));
                     }
-                    items += 1;
-                    continue;
+                    *items += 1;
                 }
+                Some(())
+            };
+        loop {
+            // Only these bytes matter. The rest is mostly indentation: skipped eight
+            // spaces at a time.
+            const SPACES: u64 = u64::from_ne_bytes([b' '; 8]);
+            loop {
+                let c = *b.get(i)?;
+                if matches!(c, b'"' | b'{' | b'}' | b'[' | b']' | b',') {
+                    break;
+                }
+                let word = b
+                    .get(i..i + 8)
+                    .map(|w| u64::from_ne_bytes(w.try_into().unwrap()));
+                i += if word == Some(SPACES) { 8 } else { 1 };
+            }
+            match b[i] {
                 b'"' => {
                     let from = i + 1;
                     i = from;
@@ -840,57 +850,71 @@ pub mod json {
                             break;
                         }
                     }
-                    if depth == 1 && open.is_none() {
-                        key_items = &b[from..i] == b"items";
-                    }
-                }
-                b':' if depth == 1 && key_items && open.is_none() => {
-                    // `"items": [` opens the array.
-                    let mut j = i + 1;
-                    while matches!(b.get(j), Some(b' ' | b'\t' | b'\r' | b'\n')) {
-                        j += 1;
-                    }
-                    if b.get(j) == Some(&b'[') {
-                        let nl = b[i..j].iter().filter(|&&c| c == b'\n').count() as u32;
-                        if nl > 0 {
-                            line += nl;
-                            line_start = i + b[i..j].iter().rposition(|&c| c == b'\n')? + 1;
+                    // A key `"items"` of the root object, followed by `: [`, opens the array.
+                    if depth == 1 && open.is_none() && &b[from..i] == b"items" {
+                        let mut j = i + 1;
+                        let blank = |j: &mut usize| {
+                            while b.get(*j).is_some_and(|c| c.is_ascii_whitespace()) {
+                                *j += 1;
+                            }
+                        };
+                        blank(&mut j);
+                        if b.get(j) == Some(&b':') {
+                            j += 1;
+                            blank(&mut j);
+                            if b.get(j) == Some(&b'[') {
+                                open = Some(lines.pos(j));
+                                depth = 2;
+                                item_at(j + 1, &mut lines, &mut runs, &mut items)?;
+                                i = j;
+                            }
                         }
-                        open = Some(Pos {
-                            i: j,
-                            line,
-                            line_start,
-                        });
-                        depth = 2;
-                        expect_item = true;
-                        i = j;
                     }
                 }
-                b',' if depth == 2 && open.is_some() => expect_item = true,
+                b',' if depth == 2 && open.is_some() => {
+                    item_at(i + 1, &mut lines, &mut runs, &mut items)?;
+                }
                 b'{' | b'[' => depth += 1,
                 b'}' | b']' => {
                     depth = depth.checked_sub(1)?;
-                    if depth == 1 {
-                        if let Some(open) = open {
-                            let close = Pos {
-                                i,
-                                line,
-                                line_start,
-                            };
-                            return Some(ItemsSplit {
-                                open,
-                                close,
-                                runs,
-                                items,
-                            });
-                        }
+                    if let (1, Some(open)) = (depth, open) {
+                        let close = lines.pos(i);
+                        return Some(ItemsSplit {
+                            open,
+                            close,
+                            runs,
+                            items,
+                        });
                     }
                 }
                 _ => {}
             }
             i += 1;
         }
-        None
+    }
+
+    /// Line numbers of increasing positions, counted on from the last one asked for.
+    struct Lines<'a> {
+        b: &'a [u8],
+        at: usize,
+        line: u32,
+        line_start: usize,
+    }
+
+    impl Lines<'_> {
+        fn pos(&mut self, i: usize) -> Pos {
+            let seg = &self.b[self.at..i];
+            if let Some(k) = memchr::memrchr(b'\n', seg) {
+                self.line += memchr::memchr_iter(b'\n', seg).count() as u32;
+                self.line_start = self.at + k + 1;
+            }
+            self.at = i;
+            Pos {
+                i,
+                line: self.line,
+                line_start: self.line_start,
+            }
+        }
     }
 
     /// The document with its `items` array empty (located at its `[`).
@@ -1335,7 +1359,8 @@ mod tests {
             .lines()
             .map(|l| l.trim_start().replace("\": ", "\":"))
             .collect();
-        for text in [pretty, minified] {
+        let bom = format!("\u{feff}{minified}");
+        for text in [pretty, minified, bom] {
             let split = json::split_items(&text, MIN_PIECE).unwrap();
             assert!(split.runs.len() > 2);
             let whole = json::parse(FileId(0), &text).ok().unwrap();

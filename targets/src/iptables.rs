@@ -122,9 +122,28 @@ fn render(
     // The ports' rules: written one after the other, or each looked up in the cache.
     let pieces: Vec<Piece> = match cache {
         None => {
+            // In parallel: a window of ports at a time, cut into runs each written into its
+            // own sections, then appended in order.
+            use rayon::prelude::*;
+            const RUN: usize = 64;
             let mut s = Sections::default();
-            for p in &view.ports {
-                ports.write(&mut s, p);
+            for window in view.ports.chunks(RUN * 32) {
+                let runs: Vec<Sections> = window
+                    .par_chunks(RUN)
+                    .map(|run| {
+                        let mut w = PortWriter {
+                            s: &settings,
+                            opts,
+                            probabilities: Probabilities::default(),
+                        };
+                        let mut sections = Sections::default();
+                        for p in run {
+                            w.write(&mut sections, p);
+                        }
+                        sections
+                    })
+                    .collect();
+                runs.iter().for_each(|r| s.append(r));
             }
             vec![Piece::Own(s)]
         }
@@ -279,6 +298,12 @@ struct Sections {
 }
 
 impl Sections {
+    fn append(&mut self, other: &Sections) {
+        self.filter_chains.push_str(&other.filter_chains);
+        self.filter_rules.push_str(&other.filter_rules);
+        self.nat_chains.push_str(&other.nat_chains);
+        self.nat_rules.push_str(&other.nat_rules);
+    }
     fn filter_chains(&self) -> &str {
         &self.filter_chains
     }

@@ -70,7 +70,7 @@ pub(super) fn write(rs: &Ruleset, opts: &Options) -> String {
                     add(NfListObject::Chain(ns::Chain {
                         family,
                         table: TABLE.into(),
-                        name: c.name.clone().into(),
+                        name: c.name.to_string().into(),
                         newname: None,
                         handle: None,
                         _type: base.map(|b| match b.kind {
@@ -102,7 +102,7 @@ pub(super) fn write(rs: &Ruleset, opts: &Options) -> String {
                         add(NfListObject::Map(Box::new(ns::Map {
                             family,
                             table: TABLE.into(),
-                            name: s.name.clone().into(),
+                            name: s.name.to_string().into(),
                             handle: None,
                             set_type,
                             // Placeholder: patched to "verdict" below.
@@ -123,7 +123,7 @@ pub(super) fn write(rs: &Ruleset, opts: &Options) -> String {
                         add(NfListObject::Set(Box::new(ns::Set {
                             family,
                             table: TABLE.into(),
-                            name: s.name.clone().into(),
+                            name: s.name.to_string().into(),
                             handle: None,
                             set_type,
                             policy: None,
@@ -142,7 +142,7 @@ pub(super) fn write(rs: &Ruleset, opts: &Options) -> String {
                 add(NfListObject::Rule(ns::Rule {
                     family,
                     table: TABLE.into(),
-                    chain: r.chain.clone().into(),
+                    chain: r.chain.to_string().into(),
                     expr: r.stmts.iter().map(|s| stmt(rs.family, s)).collect(),
                     handle: None,
                     index: None,
@@ -238,10 +238,10 @@ fn value(v: &Value) -> Expression<'static> {
 fn verdict(v: &Verdict) -> ne::Verdict<'static> {
     match v {
         Verdict::Jump(t) => ne::Verdict::Jump(st::JumpTarget {
-            target: t.clone().into(),
+            target: t.to_string().into(),
         }),
         Verdict::Goto(t) => ne::Verdict::Goto(st::JumpTarget {
-            target: t.clone().into(),
+            target: t.to_string().into(),
         }),
         Verdict::Return => ne::Verdict::Return,
         Verdict::Drop => ne::Verdict::Drop,
@@ -262,10 +262,10 @@ fn stmt(family: IpFamily, s: &Stmt) -> Statement<'static> {
         }),
         Stmt::Verdict(v) => match v {
             Verdict::Jump(t) => Statement::Jump(st::JumpTarget {
-                target: t.clone().into(),
+                target: t.to_string().into(),
             }),
             Verdict::Goto(t) => Statement::Goto(st::JumpTarget {
-                target: t.clone().into(),
+                target: t.to_string().into(),
             }),
             Verdict::Return => Statement::Return(None),
             Verdict::Drop => Statement::Drop(None),

@@ -167,13 +167,36 @@ fn render(
     let mut shared: Vec<Arc<Cached<PortSettings, PortText>>> = Vec::new();
     match cache {
         None => {
-            // About what a port and an endpoint take, to grow the text rarely.
+            // Ports in parallel: a window of them at a time, cut into runs that are each
+            // written into one text, so that only a window's text is held twice.
+            use rayon::prelude::*;
+            const RUN: usize = 64;
             let endpoints: usize = view.ports.iter().map(|p| p.endpoints.len()).sum();
+            // About what a port and an endpoint take, to grow the text rarely.
             out.reserve(view.ports.len() * 1500 + endpoints * 400);
-            for p in &view.ports {
-                let part = model::port_part(&settings, p);
-                text::write_items(out, family, &part.items, &mut layout);
-                own_elements.extend(part.elements.into_iter().map(element_line));
+            for window in view.ports.chunks(RUN * 32) {
+                let runs: Vec<_> = window
+                    .par_chunks(RUN)
+                    .map(|ports| {
+                        let (mut text, mut run_layout) = (String::new(), None);
+                        let mut elements = Vec::new();
+                        for p in ports {
+                            let part = model::port_part(&settings, p);
+                            let mut l = Layout::default();
+                            text::write_items(&mut text, family, &part.items, &mut l);
+                            if !part.items.is_empty() {
+                                run_layout = Some(l);
+                            }
+                            elements.extend(part.elements.into_iter().map(element_line));
+                        }
+                        (text, run_layout, elements)
+                    })
+                    .collect();
+                for (text, run_layout, elements) in runs {
+                    out.push_str(&text);
+                    layout = run_layout.unwrap_or(layout);
+                    own_elements.extend(elements);
+                }
             }
         }
         Some(cache) => {

@@ -7,9 +7,11 @@
 
 use crate::common::hash_and_truncate;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::IpAddr;
+use std::rc::Rc;
 use svc_compiler::ir::{LocalDetector, NodePortAddresses, NodeView, PortView, Protocol};
-use svc_compiler::net::{Cidr, IpFamily};
+use svc_compiler::net::{Cidr, FastIp, IpFamily};
 
 pub(super) const TABLE: &str = "kube-proxy";
 pub(super) const TABLE_COMMENT: &str = "rules for kube-proxy";
@@ -115,9 +117,51 @@ const JUMPS: [(&str, &str, bool); 11] = [
     (CLUSTER_IPS_CHECK, "filter-output", true),
 ];
 
+/// A chain or set name: a constant, or one made for a service port and shared by every
+/// object that refers to it (a rule per endpoint refers to its chain: no copy each time).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Name {
+    Fixed(&'static str),
+    Made(Rc<str>),
+}
+
+impl std::ops::Deref for Name {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            Name::Fixed(s) => s,
+            Name::Made(s) => s,
+        }
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self)
+    }
+}
+
+impl From<&'static str> for Name {
+    fn from(s: &'static str) -> Name {
+        Name::Fixed(s)
+    }
+}
+
+impl From<String> for Name {
+    fn from(s: String) -> Name {
+        Name::Made(s.into())
+    }
+}
+
+impl From<&Name> for Name {
+    fn from(n: &Name) -> Name {
+        n.clone()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Chain {
-    pub name: String,
+    pub name: Name,
     pub base: Option<BaseHook>,
     pub comment: Option<&'static str>,
 }
@@ -132,7 +176,7 @@ pub(super) enum KeyType {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Set {
-    pub name: String,
+    pub name: Name,
     pub key: Vec<KeyType>,
     /// A verdict map (`map … : verdict`) rather than a plain set.
     pub verdict_map: bool,
@@ -176,7 +220,7 @@ pub(super) enum Expr {
     /// An interface name (or `prefix*` wildcard).
     Ifname(String),
     /// `@name`
-    SetRef(String),
+    SetRef(Name),
     /// `{ a , b }`; `comma_only` joins the items with a bare `,` (how kube-proxy writes
     /// its service CIDR list).
     AnonSet {
@@ -199,8 +243,8 @@ pub(super) enum Op {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Verdict {
-    Jump(String),
-    Goto(String),
+    Jump(Name),
+    Goto(Name),
     Return,
     Drop,
 }
@@ -229,7 +273,7 @@ pub(super) enum Stmt {
     },
     /// `update @set { <elem> }`
     SetUpdate {
-        set: String,
+        set: Name,
         elem: Expr,
     },
     /// `dnat to ip:port` (`[ip]:port` for IPv6)
@@ -241,7 +285,7 @@ pub(super) enum Stmt {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Rule {
-    pub chain: String,
+    pub chain: Name,
     pub stmts: Vec<Stmt>,
     pub comment: Option<&'static str>,
 }
@@ -424,27 +468,36 @@ impl PortBuilder<'_> {
             proto.lower(),
             p.port_name
         ));
-        let cluster_chain = format!("service-{base}");
-        let local_chain = format!("local-{base}");
-        let external_chain = format!("external-{base}");
-        let firewall_chain = format!("firewall-{base}");
+        let cluster_chain: Name = format!("service-{base}").into();
+        let local_chain: Name = format!("local-{base}").into();
+        let external_chain: Name = format!("external-{base}").into();
+        let firewall_chain: Name = format!("firewall-{base}").into();
         let reachable = p.reachable_endpoints();
-        // Each reachable endpoint's name, hashed once: `endpoint-<base>`, `affinity-<base>`.
-        let mut bases: Vec<String> = vec![String::new(); p.endpoints.len()];
+        // Each reachable endpoint's names, hashed once: `endpoint-<base>`, `affinity-<base>`.
+        let mut names: Vec<Option<(Name, Name)>> = vec![None; p.endpoints.len()];
         for &i in &reachable {
             let ep = &p.endpoints[i as usize];
-            bases[i as usize] = hash_and_truncate(&format!(
+            let base = hash_and_truncate(&format!(
                 "{}/{}/{}/{}__{}/{}",
                 p.namespace,
                 p.name,
                 proto.lower(),
                 p.port_name,
-                ep.ip.to_string().replace(':', "."),
+                // kube-proxy writes IPv6 colons as dots here.
+                match ep.ip {
+                    IpAddr::V4(_) => FastIp(&ep.ip).to_string(),
+                    IpAddr::V6(a) => a.to_string().replace(':', "."),
+                },
                 ep.port
             ));
+            names[i as usize] = Some((
+                format!("endpoint-{base}").into(),
+                format!("affinity-{base}").into(),
+            ));
         }
-        let endpoint_chain = |i: u32| format!("endpoint-{}", bases[i as usize]);
-        let affinity_set = |i: u32| format!("affinity-{}", bases[i as usize]);
+        let name = |i: u32| names[i as usize].as_ref().expect("a reachable endpoint");
+        let endpoint_chain = |i: u32| name(i).0.clone();
+        let affinity_set = |i: u32| name(i).1.clone();
 
         // Which chains exist. The node pass leaves cluster_endpoints / local_endpoints empty
         // when no traffic uses them, so their emptiness is kube-proxy's
@@ -473,7 +526,7 @@ impl PortBuilder<'_> {
         let no_endpoint_verdict = if p.has_endpoints {
             Verdict::Drop
         } else {
-            Verdict::Goto(REJECT_CHAIN.to_string())
+            Verdict::Goto(REJECT_CHAIN.into())
         };
         let affinity = p.affinity_timeout;
 
@@ -570,7 +623,7 @@ impl PortBuilder<'_> {
             }
         }
         for &i in &reachable {
-            self.items.push(chain(&endpoint_chain(i)));
+            self.items.push(chain(endpoint_chain(i)));
         }
 
         // --- rules ---
@@ -608,7 +661,7 @@ impl PortBuilder<'_> {
                         name,
                         vec![
                             m(Expr::Addr(Side::Saddr), Expr::SetRef(affinity_set(i))),
-                            goto(&endpoint_chain(i)),
+                            goto(endpoint_chain(i)),
                         ],
                     ));
                 }
@@ -797,25 +850,25 @@ impl ElementMaps {
     }
 }
 
-fn chain(name: &str) -> Item {
+fn chain(name: impl Into<Name>) -> Item {
     Item::Chain(Chain {
-        name: name.to_string(),
+        name: name.into(),
         base: None,
         comment: None,
     })
 }
 
-fn rule(chain: &str, stmts: Vec<Stmt>) -> Item {
+fn rule(chain: impl Into<Name>, stmts: Vec<Stmt>) -> Item {
     Item::Rule(Rule {
-        chain: chain.to_string(),
+        chain: chain.into(),
         stmts,
         comment: None,
     })
 }
 
-fn rule_c(chain: &str, stmts: Vec<Stmt>, comment: &'static str) -> Item {
+fn rule_c(chain: impl Into<Name>, stmts: Vec<Stmt>, comment: &'static str) -> Item {
     Item::Rule(Rule {
-        chain: chain.to_string(),
+        chain: chain.into(),
         stmts,
         comment: Some(comment),
     })
@@ -837,12 +890,12 @@ fn m_neq(left: Expr, right: Expr) -> Stmt {
     }
 }
 
-fn jump(target: &str) -> Stmt {
-    Stmt::Verdict(Verdict::Jump(target.to_string()))
+fn jump(target: impl Into<Name>) -> Stmt {
+    Stmt::Verdict(Verdict::Jump(target.into()))
 }
 
-fn goto(target: &str) -> Stmt {
-    Stmt::Verdict(Verdict::Goto(target.to_string()))
+fn goto(target: impl Into<Name>) -> Stmt {
+    Stmt::Verdict(Verdict::Goto(target.into()))
 }
 
 fn ip_proto_port() -> Expr {
@@ -853,9 +906,9 @@ fn proto_port() -> Expr {
     Expr::Concat(vec![Expr::L4proto, Expr::ThDport])
 }
 
-fn verdict_map(name: &str, key: Vec<KeyType>, comment: &'static str) -> Item {
+fn verdict_map(name: &'static str, key: Vec<KeyType>, comment: &'static str) -> Item {
     Item::Set(Set {
-        name: name.to_string(),
+        name: name.into(),
         key,
         verdict_map: true,
         timeout: None,
@@ -908,7 +961,7 @@ impl Builder<'_> {
 
         for (name, kind, hook, priority) in BASE_CHAINS {
             self.items.push(Item::Chain(Chain {
-                name: name.to_string(),
+                name: name.into(),
                 base: Some(BaseHook {
                     kind,
                     hook,
@@ -933,14 +986,14 @@ impl Builder<'_> {
             self.items.push(chain(name));
         }
         self.items.push(Item::Chain(Chain {
-            name: REJECT_CHAIN.to_string(),
+            name: REJECT_CHAIN.into(),
             base: None,
             comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports"),
         }));
 
         use KeyType::*;
         self.items.push(Item::Set(Set {
-            name: CLUSTER_IPS.to_string(),
+            name: CLUSTER_IPS.into(),
             key: vec![Addr],
             verdict_map: false,
             timeout: None,
@@ -950,7 +1003,7 @@ impl Builder<'_> {
         // is replaced here, leaving it out is the same.
         if !match_all {
             self.items.push(Item::Set(Set {
-                name: NODEPORT_IPS.to_string(),
+                name: NODEPORT_IPS.into(),
                 key: vec![Addr],
                 verdict_map: false,
                 timeout: None,

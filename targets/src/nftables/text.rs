@@ -5,7 +5,7 @@ use super::Options;
 use crate::common::quote;
 use std::fmt::Write;
 use std::net::IpAddr;
-use svc_compiler::net::IpFamily;
+use svc_compiler::net::{FastIp, IpFamily};
 
 /// The whole ruleset at once: the reference that `super::write_string`, which writes port
 /// by port, is tested against.
@@ -176,7 +176,7 @@ fn key_type(family: IpFamily, key: &[KeyType]) -> String {
 
 fn value(out: &mut String, v: &Value) {
     let _ = match v {
-        Value::Ip(ip) => write!(out, "{ip}"),
+        Value::Ip(ip) => write!(out, "{}", FastIp(ip)),
         Value::Proto(p) => write!(out, "{}", p.lower()),
         Value::Port(p) => write!(out, "{p}"),
     };
@@ -241,7 +241,7 @@ fn stmt(out: &mut String, family: IpFamily, s: &Stmt) {
         }
         Stmt::Dnat { addr, port } => {
             let _ = match addr {
-                IpAddr::V4(a) => write!(out, "dnat to {a}:{port}"),
+                IpAddr::V4(_) => write!(out, "dnat to {}:{port}", FastIp(addr)),
                 IpAddr::V6(a) => write!(out, "dnat to [{a}]:{port}"),
             };
         }
@@ -276,7 +276,7 @@ fn expr(out: &mut String, family: IpFamily, e: &Expr) {
             }
             Ok(())
         }
-        Expr::Ip(ip) => write!(out, "{ip}"),
+        Expr::Ip(ip) => write!(out, "{}", FastIp(ip)),
         Expr::Prefix(c) => write!(out, "{c}"),
         Expr::Num(n) => write!(out, "{n}"),
         Expr::Hex(n) => write!(out, "0x{n:08x}"),
