@@ -8,7 +8,8 @@
 //! 3. the kernel's own load time of the produced rulesets (`iptables-legacy-restore`,
 //!    `iptables-restore` with the nf_tables backend, `nft -f`) in a throwaway network
 //!    namespace, once per case with a time limit: the floor for `apply`. Needs root;
-//!    skipped otherwise. This part takes minutes (nft is quadratic in the kernel).
+//!    skipped otherwise. This part takes minutes: nf_tables loads grow faster than linearly
+//!    with the number of sets (README "Performance").
 //!
 //! Times are the minimum over `--runs` runs (the least disturbed by other work on a shared
 //! machine; stages shorter than that are repeated for a second), with the median in
@@ -32,6 +33,11 @@ use svc_compiler::passes::{self, node::NodeSelection};
 use svc_compiler::source::FileId;
 use svc_compiler::synth::{self, Format, Shape};
 use svc_compiler::tree;
+
+// The same allocator as the `svc-compile` binary (src/main.rs), so that stage times
+// match the CLI's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const ENDPOINTS: usize = 10;
 const NODES: usize = 100;
@@ -545,7 +551,9 @@ const KERNEL_CASES: &[KernelCase] = &[
     KernelCase { services: 1_000, endpoints: 10, target: "nftables", loader: NFT, timeout_s: 120 },
     KernelCase { services: 2_000, endpoints: 10, target: "nftables", loader: NFT, timeout_s: 120 },
     KernelCase { services: 10_000, endpoints: 10, target: "nftables", loader: NFT, timeout_s: 300 },
-    KernelCase { services: 5_000, endpoints: 50, target: "nftables", loader: NFT, timeout_s: 600 },
+    KernelCase { services: 1_000, endpoints: 50, target: "nftables", loader: NFT, timeout_s: 120 },
+    KernelCase { services: 2_000, endpoints: 50, target: "nftables", loader: NFT, timeout_s: 120 },
+    KernelCase { services: 5_000, endpoints: 50, target: "nftables", loader: NFT, timeout_s: 120 },
 ];
 
 /// A kernel load's result: (loader and input, lines, time), the time `None` after a timeout.
@@ -608,6 +616,18 @@ fn ms(d: Duration) -> String {
     }
 }
 
+/// The least-squares slope of `points` (x, y).
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    let (mx, my) = points
+        .iter()
+        .fold((0.0, 0.0), |(x, y), p| (x + p.0 / n, y + p.1 / n));
+    let (sxy, sxx) = points.iter().fold((0.0, 0.0), |(sxy, sxx), p| {
+        (sxy + (p.0 - mx) * (p.1 - my), sxx + (p.0 - mx) * (p.0 - mx))
+    });
+    sxy / sxx
+}
+
 fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
@@ -649,25 +669,28 @@ fn main() {
     for &n in &a.sizes {
         let _ = write!(report, " {} |", label(n));
     }
-    let doubling = a
-        .sizes
-        .iter()
-        .position(|&n| a.sizes.contains(&(n * 2)) && n >= 1000)
-        .map(|i| {
-            (
-                i,
-                a.sizes.iter().position(|&m| m == a.sizes[i] * 2).unwrap(),
-            )
-        });
-    if let Some((i, j)) = doubling {
-        let _ = write!(report, " {}→{} |", label(a.sizes[i]), label(a.sizes[j]));
+    // Linearity: the exponent b of time ∝ size^b, fitted (least squares on logarithms) over
+    // the sizes from 10k up, where fixed costs and caches no longer flatter the small
+    // sizes; doubling the input then multiplies the time by 2^b. One pair of sizes alone
+    // is at the mercy of one disturbed measurement on a shared machine.
+    let fit: Vec<usize> = (0..a.sizes.len())
+        .filter(|&i| a.sizes[i] >= BUDGET_SIZE)
+        .collect();
+    let fitted = fit.len() >= 2;
+    if fitted {
+        let _ = write!(
+            report,
+            " ×, doubling ({}–{}) |",
+            label(a.sizes[fit[0]]),
+            label(a.sizes[*fit.last().unwrap()])
+        );
     }
     let _ = writeln!(report);
     let _ = writeln!(
         report,
         "|---|{}{}",
         "---:|".repeat(a.sizes.len()),
-        if doubling.is_some() { "---:|" } else { "" }
+        if fitted { "---:|" } else { "" }
     );
     for s in 0..by_size[0].len() {
         let name = by_size[0][s].0;
@@ -675,11 +698,20 @@ fn main() {
         for st in &by_size {
             let _ = write!(report, " {} [{}] |", ms(st[s].1.min), ms(st[s].1.median));
         }
-        if let Some((i, j)) = doubling {
-            let (a, b) = (by_size[i][s].1.min, by_size[j][s].1.min);
-            let r = b.as_secs_f64() / a.as_secs_f64().max(1e-9);
+        if fitted {
+            let points: Vec<(f64, f64)> = fit
+                .iter()
+                .map(|&i| {
+                    let t = by_size[i][s].1.min.as_secs_f64().max(1e-9);
+                    ((a.sizes[i] as f64).ln(), t.ln())
+                })
+                .collect();
+            let r = 2f64.powf(slope(&points));
             // Stages under a millisecond are timer noise, not growth.
-            let ok = r <= 2.2 || b < Duration::from_millis(1);
+            let tiny = fit
+                .iter()
+                .all(|&i| by_size[i][s].1.min < Duration::from_millis(1));
+            let ok = r <= 2.2 || tiny;
             let _ = write!(report, " {r:.2}× |");
             budgets.push((format!("linear: {name} ×{r:.2} when the input doubles"), ok));
         }
@@ -750,15 +782,19 @@ fn main() {
                         wall / one <= 10.0,
                     ));
                 } else {
-                    let limit = if case.input == "json" { 0.5 } else { 1.5 };
+                    // The issue states the memory budget for the YAML input; the JSON
+                    // (2.5× the bytes) has a time budget, its peak RSS is shown.
+                    let json = case.input == "json";
+                    let limit = if json { 0.5 } else { 1.5 };
                     budgets.push((
                         format!(
-                            "10k {} → {}, 1 node: {wall:.2} s (≤ {limit} s), {} MB (≤ 300 MB)",
+                            "10k {} → {}, 1 node: {wall:.2} s (≤ {limit} s), {} MB{}",
                             case.input.to_uppercase(),
                             case.target,
-                            rss / 1024
+                            rss / 1024,
+                            if json { "" } else { " (≤ 300 MB)" }
                         ),
-                        wall <= limit && rss <= 300 * 1024,
+                        wall <= limit && (json || rss <= 300 * 1024),
                     ));
                 }
             }

@@ -230,6 +230,10 @@ pub enum TargetPort {
 pub struct Endpoint {
     pub ip: IpAddr,
     pub port: u16,
+    /// `ip:port` as Go's `net.JoinHostPort` writes it: what the back ends hash and print.
+    /// Written once here, shared by every node's view.
+    #[serde(skip)]
+    pub addr: Arc<str>,
     /// Shared by every endpoint on the node (a few nodes, many endpoints).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<Arc<str>>,
@@ -395,8 +399,8 @@ impl PortView {
 pub struct EndpointView {
     pub ip: IpAddr,
     pub port: u16,
-    /// `ip:port` (`[ip]:port` for IPv6).
-    pub addr: String,
+    /// `ip:port` (`[ip]:port` for IPv6), the IR endpoint's.
+    pub addr: Arc<str>,
     /// On this node.
     pub is_local: bool,
     pub ready: bool,

@@ -968,6 +968,7 @@ mod tests {
                 Endpoint {
                     ip: ip(addr),
                     port: 80,
+                    addr: svc_compiler::net::join_host_port(&ip(addr), 80).into(),
                     node_name: (!node.is_empty()).then(|| node.into()),
                     zone: None,
                     ready: state.is_empty(),
@@ -979,7 +980,7 @@ mod tests {
                 }
             })
             .collect();
-        endpoints.sort_by_key(|e| svc_compiler::net::join_host_port(&e.ip, e.port));
+        endpoints.sort_by(|a, b| a.addr.cmp(&b.addr));
         let cluster_ip = ip(cip);
         Service {
             namespace: ns.into(),

@@ -18,7 +18,7 @@ use crate::ir::{
     DetectLocalMode, Endpoint, EndpointView, LocalDetector, Module, Node, NodePortAddress,
     NodePortAddresses, NodeView, PortView, Service, ServicePort, ServiceType, TrafficPolicy,
 };
-use crate::net::{join_host_port, Cidr, IpFamily};
+use crate::net::{Cidr, IpFamily};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -382,7 +382,7 @@ fn port_view(
         .map(|e| EndpointView {
             ip: e.ip,
             port: e.port,
-            addr: join_host_port(&e.ip, e.port),
+            addr: e.addr.clone(),
             is_local: !this.name.is_empty() && e.node_name.as_deref() == Some(this.name),
             ready: e.ready,
             serving: e.serving,
@@ -653,6 +653,7 @@ mod tests {
     use crate::ir::{
         ClusterConfig, LoadBalancerIngress, Protocol, ProxyConfig, TargetPort, TrafficPolicy,
     };
+    use crate::net::join_host_port;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -711,6 +712,7 @@ mod tests {
         Endpoint {
             ip: ip(addr),
             port: 8080,
+            addr: join_host_port(&ip(addr), 8080).into(),
             node_name: (!node.is_empty()).then(|| node.into()),
             zone: None,
             ready: true,
@@ -1022,7 +1024,7 @@ mod tests {
         assert_eq!(p.load_balancer_ips, vec![ip("2001:db8::1")]);
         assert_eq!(p.source_ranges, vec![cidr("2001:db8::/32")]);
         assert!(!p.source_ranges_include_node);
-        let eps: Vec<&str> = p.endpoints.iter().map(|e| e.addr.as_str()).collect();
+        let eps: Vec<&str> = p.endpoints.iter().map(|e| &*e.addr).collect();
         assert_eq!(eps, vec!["[fd00:244::1:5]:8080", "[fd00:244::5]:8080"]);
         assert_eq!(addrs(p, &p.cluster_endpoints).len(), 2);
         assert!(p.endpoints[1].is_local && !p.endpoints[0].is_local);

@@ -9,7 +9,7 @@
 use crate::decode::IntOrString;
 use crate::ir::{Endpoint, Protocol};
 use crate::k8s::{Objects, Pod, Service};
-use crate::net::{parse_ip, HostPort};
+use crate::net::{join_host_port, parse_ip, HostPort};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -197,6 +197,7 @@ fn from_slice(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut Vec<E
         out.push(Endpoint {
             ip,
             port,
+            addr: join_host_port(&ip, port).into(),
             node_name: e.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
             zone: e.zone.as_ref().map(|z| ctx.names.get(&z.v)),
             ready: e.ready.unwrap_or(true),
@@ -237,6 +238,7 @@ fn from_endpoints(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut V
                 out.push(Endpoint {
                     ip,
                     port,
+                    addr: join_host_port(&ip, port).into(),
                     node_name: a.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
                     zone: None,
                     ready,
@@ -305,6 +307,7 @@ fn from_pods(
             out.push(Endpoint {
                 ip,
                 port: tp,
+                addr: join_host_port(&ip, tp).into(),
                 hint_zones: zone
                     .iter()
                     .filter(|_| zone_hints)

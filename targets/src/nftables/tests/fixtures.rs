@@ -91,7 +91,7 @@ pub fn ep(addr: &str, port: u16, is_local: bool) -> EndpointView {
     EndpointView {
         ip,
         port,
-        addr: svc_compiler::net::join_host_port(&ip, port),
+        addr: svc_compiler::net::join_host_port(&ip, port).into(),
         is_local,
         ready: true,
         serving: true,
