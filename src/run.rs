@@ -174,6 +174,7 @@ fn write_per_node(
     dir: &Path,
 ) -> Result<(), Fail> {
     use rayon::prelude::*;
+    crate::alloc::purge_later();
     let renderer = Renderer::new(target);
     // Each thread reuses one text buffer: a fresh one per node would be paged in each time.
     jobs.par_iter()
