@@ -2,10 +2,10 @@
 //!
 //! One output (one node): freed memory goes back at once. Parsing frees most of what it
 //! built while the passes and the writers allocate theirs, and peak RSS has a budget
-//! (10k services, one node: ~330 MB -> ~290 MB, for a few ms).
+//! (10k services as JSON, one node: ~330 MB -> ~290 MB, for a few tens of ms).
 //! `--out` with many nodes: mimalloc's default delay. Every node's view is made and
 //! dropped on the same threads; giving those pages back each time would fault them in
-//! again for the next node (10k services × 100 nodes: 9 s -> 6 s).
+//! again for the next node (10k services × 100 nodes, nftables: 7–11 s -> 5–6 s).
 //! `MIMALLOC_PURGE_DELAY` in the environment still wins over both.
 
 /// `mi_option_purge_delay`: its place in `mi_option_e` of the mimalloc sources that
