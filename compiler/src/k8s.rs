@@ -171,6 +171,9 @@ pub struct ProxyConfigDoc {
     pub node_port_addresses: Vec<Sp<String>>,
     pub masquerade_all: Option<Sp<bool>>,
     pub masquerade_bit: Option<Sp<i64>>,
+    /// Where `masquerade_bit` was written: `iptables.masqueradeBit` or, in nftables mode,
+    /// `nftables.masqueradeBit`.
+    pub masquerade_bit_path: &'static str,
     pub localhost_node_ports: Option<Sp<bool>>,
     pub ipvs_scheduler: Option<Sp<String>>,
     pub tcp_be_liberal: Option<Sp<bool>>,
@@ -996,6 +999,7 @@ fn proxy_config(root: &Node, path: &Path, d: &mut Decoder) -> ProxyConfigDoc {
     {
         out.masquerade_all = d.bool_(i.get("masqueradeAll"), &p("iptables.masqueradeAll"));
         out.masquerade_bit = d.int(i.get("masqueradeBit"), &p("iptables.masqueradeBit"));
+        out.masquerade_bit_path = "iptables.masqueradeBit";
         out.localhost_node_ports = d.bool_(
             i.get("localhostNodePorts"),
             &p("iptables.localhostNodePorts"),
@@ -1032,7 +1036,10 @@ fn proxy_config(root: &Node, path: &Path, d: &mut Decoder) -> ProxyConfigDoc {
                 out.masquerade_all.get_or_insert(v);
             }
             if let Some(v) = d.int(n.get("masqueradeBit"), &p("nftables.masqueradeBit")) {
-                out.masquerade_bit.get_or_insert(v);
+                if out.masquerade_bit.is_none() {
+                    out.masquerade_bit = Some(v);
+                    out.masquerade_bit_path = "nftables.masqueradeBit";
+                }
             }
         }
     }

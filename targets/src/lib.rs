@@ -59,6 +59,13 @@ mod tests {
                     n.name
                 );
                 let want = crate::nftables::write_string(&v, &Default::default());
+                // Port by port (parallel, then cached) spells exactly what the whole
+                // model, built first and written after, spells.
+                assert!(
+                    crate::nftables::write_whole(&v, &Default::default()) == want,
+                    "nftables port by port vs whole model, {}",
+                    n.name
+                );
                 assert!(
                     nft.write_string(&v) == want,
                     "nftables, {}, round {round}",

@@ -91,7 +91,7 @@ fn proxy(cx: &mut Cx, p: &ProxyConfigDoc) {
                     ),
                 )
                 .at(b.span)
-                .path("iptables.masqueradeBit")
+                .path(p.masquerade_bit_path)
                 .hint("the mark is 1 << masqueradeBit on a 32-bit fwmark; the default is 14"),
             );
         }

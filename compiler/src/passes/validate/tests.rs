@@ -859,6 +859,21 @@ fn config_documents_once() {
 fn kube_proxy_configuration() {
     assert_eq!(codes(&kpc("mode: userspace\n")), ["SVC308"]);
     assert_eq!(codes(&kpc("iptables: {masqueradeBit: 32}\n")), ["SVC309"]);
+    // The path names the section the value came from.
+    let path_309 = |body: &str| {
+        run(&kpc(body))
+            .into_iter()
+            .find(|d| d.code == "SVC309")
+            .and_then(|d| d.path)
+    };
+    assert_eq!(
+        path_309("iptables: {masqueradeBit: 32}\n").as_deref(),
+        Some("iptables.masqueradeBit")
+    );
+    assert_eq!(
+        path_309("mode: nftables\nnftables: {masqueradeBit: 40}\n").as_deref(),
+        Some("nftables.masqueradeBit")
+    );
     assert_eq!(
         codes(&kpc("clusterCIDR: 10.244.0.0/16,10.245.0.0/16\n")),
         ["SVC310"]
