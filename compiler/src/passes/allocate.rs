@@ -280,7 +280,13 @@ pub fn allocate(
         (&svcs[a].meta.namespace.v, &svcs[a].meta.name.v)
             .cmp(&(&svcs[b].meta.namespace.v, &svcs[b].meta.name.v))
     });
-    let id = |s: &Service| format!("{}/{}", s.meta.namespace.v, s.meta.name.v);
+    // Each service's `namespace/name`, made in input order: the loops below visit services
+    // in name order, and reading these few compact strings there, rather than each
+    // service's own scattered ones, keeps the pass linear at tens of thousands of services.
+    let ids: Vec<String> = svcs
+        .iter()
+        .map(|s| format!("{}/{}", s.meta.namespace.v, s.meta.name.v))
+        .collect();
     let ext_name = |s: &Service| svc_type(s) == "ExternalName";
     let families: Vec<Vec<IpFamily>> = svcs
         .iter()
@@ -295,7 +301,7 @@ pub fn allocate(
     // 2. Lock values still valid and free.
     for &i in &order {
         let s = &svcs[i];
-        let Some(entry) = lock.services.get(&id(s)) else {
+        let Some(entry) = lock.services.get(&ids[i]) else {
             continue;
         };
         for fam in &families[i] {
@@ -303,7 +309,7 @@ pub fn allocate(
                 continue;
             }
             if let Some(ip) = entry.cluster_ips.iter().find(|ip| IpFamily::of(ip) == *fam) {
-                let kubernetes_first = id(s) == KUBERNETES
+                let kubernetes_first = ids[i] == KUBERNETES
                     && pools
                         .iter()
                         .any(|p| p.cidr.contains(ip) && p.cidr.offset(ip) == 1);
@@ -351,7 +357,7 @@ pub fn allocate(
     // 3. New allocations.
     for &i in &order {
         let s = &svcs[i];
-        let key = id(s);
+        let key = &ids[i];
         for fam in families[i].clone() {
             if out[i].cluster_ips.iter().any(|ip| IpFamily::of(ip) == fam) {
                 continue;
@@ -431,7 +437,7 @@ pub fn allocate(
         }
         entry.health_check_node_port = out[i].health_check_node_port.filter(|_| needs_hcnp(s));
         if entry != LockEntry::default() {
-            new_lock.services.insert(key, entry);
+            new_lock.services.insert(key.clone(), entry);
         }
     }
     (out, new_lock)
