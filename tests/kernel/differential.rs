@@ -1171,6 +1171,19 @@ fn check_manifest(labs: &[Lab; 2], m: &Manifest, stats: &mut Stats) -> Option<St
         failures.len(),
         failures.join("\n")
     );
+    // What the node's conntrack counted (drops, insert failures, clashes), in both labs:
+    // a flow that times out in one target but not the other is first a question of where
+    // its packets went.
+    for (t, lab) in labs.iter().enumerate() {
+        let stats = lab
+            .exec_ok(super::lab::NODE, "conntrack", &["-S"], None)
+            .unwrap_or_else(|e| format!("(conntrack -S: {e})"));
+        text += &format!(
+            "\n--- node conntrack -S, {} lab\n{}",
+            TARGETS[t],
+            stats.trim_end()
+        );
+    }
     if let Some(t) = &m.text {
         text += &format!("\n--- manifest ({})\n{t}", m.label);
     }
