@@ -160,7 +160,9 @@ impl IpPool<'_> {
 
 struct PortPool {
     range: (u16, u16),
-    used: HashSet<u16>,
+    /// One bit per port number (8 KiB): taking and testing never leaves the cache, where a
+    /// hash set of tens of thousands of ports would.
+    used: PortSet,
 }
 
 impl PortPool {
@@ -173,7 +175,29 @@ impl PortPool {
             .find(|p| self.used.insert(*p))
     }
     fn free(&self, p: u16) -> bool {
-        p >= self.range.0 && p <= self.range.1 && !self.used.contains(&p)
+        p >= self.range.0 && p <= self.range.1 && !self.used.contains(p)
+    }
+}
+
+/// A set of port numbers as a bitmap.
+struct PortSet(Vec<u64>);
+
+impl Default for PortSet {
+    fn default() -> Self {
+        PortSet(vec![0; (u16::MAX as usize + 1) / 64])
+    }
+}
+
+impl PortSet {
+    /// Whether `p` was not in the set yet.
+    fn insert(&mut self, p: u16) -> bool {
+        let (word, bit) = (p as usize / 64, 1u64 << (p % 64));
+        let new = self.0[word] & bit == 0;
+        self.0[word] |= bit;
+        new
+    }
+    fn contains(&self, p: u16) -> bool {
+        self.0[p as usize / 64] & (1u64 << (p % 64)) != 0
     }
 }
 
@@ -256,7 +280,7 @@ pub fn allocate(
         .collect();
     let mut ports = PortPool {
         range: settings.node_port_range,
-        used: HashSet::new(),
+        used: PortSet::default(),
     };
     // 1. User-written values.
     for a in &out {
@@ -298,6 +322,9 @@ pub fn allocate(
             }
         })
         .collect();
+    // What the name-order loops ask of each service, also made in input order.
+    let node_ports_wanted: Vec<bool> = svcs.iter().map(needs_node_ports).collect();
+    let hcnp_wanted: Vec<bool> = svcs.iter().map(needs_hcnp).collect();
     // 2. Lock values still valid and free.
     for &i in &order {
         let s = &svcs[i];
@@ -325,7 +352,7 @@ pub fn allocate(
                 }
             }
         }
-        if needs_node_ports(s) {
+        if node_ports_wanted[i] {
             for (pi, p) in s.ports.iter().enumerate() {
                 if out[i].node_ports[pi].is_some() {
                     continue;
@@ -346,7 +373,7 @@ pub fn allocate(
                 }
             }
         }
-        if needs_hcnp(s) && out[i].health_check_node_port.is_none() {
+        if hcnp_wanted[i] && out[i].health_check_node_port.is_none() {
             if let Some(np) = entry.health_check_node_port.filter(|np| ports.free(*np)) {
                 ports.used.insert(np);
                 out[i].health_check_node_port = Some(np);
@@ -393,7 +420,7 @@ pub fn allocate(
                 .cluster_ips
                 .sort_by_key(|ip| IpFamily::of(ip) != *first);
         }
-        if needs_node_ports(s) {
+        if node_ports_wanted[i] {
             for (pi, p) in s.ports.iter().enumerate() {
                 if out[i].node_ports[pi].is_some() {
                     continue;
@@ -417,7 +444,7 @@ pub fn allocate(
                 }
             }
         }
-        if needs_hcnp(s) && out[i].health_check_node_port.is_none() {
+        if hcnp_wanted[i] && out[i].health_check_node_port.is_none() {
             if let Some(np) = ports.allocate(&format!("{key}/healthCheckNodePort")) {
                 out[i].health_check_node_port = Some(np);
                 out[i].allocated.push("spec.healthCheckNodePort".into());
@@ -428,14 +455,14 @@ pub fn allocate(
             cluster_ips: out[i].cluster_ips.clone(),
             ..Default::default()
         };
-        if needs_node_ports(s) {
+        if node_ports_wanted[i] {
             for (pi, p) in s.ports.iter().enumerate() {
                 if let Some(np) = out[i].node_ports[pi] {
                     entry.node_ports.insert(port_key(p), np);
                 }
             }
         }
-        entry.health_check_node_port = out[i].health_check_node_port.filter(|_| needs_hcnp(s));
+        entry.health_check_node_port = out[i].health_check_node_port.filter(|_| hcnp_wanted[i]);
         if entry != LockEntry::default() {
             new_lock.services.insert(key.clone(), entry);
         }
