@@ -59,7 +59,8 @@ pub struct ProxyConfig {
     pub cluster_cidrs: Vec<Cidr>,
     pub detect_local: DetectLocalMode,
     pub masquerade_all: bool,
-    /// `iptables.masqueradeBit` (default 14). The mark is `1 << bit`.
+    /// The mode's `masqueradeBit` (default 14): `nftables.masqueradeBit` in nftables mode,
+    /// `iptables.masqueradeBit` otherwise. The mark is `1 << bit`.
     pub masquerade_bit: u8,
     /// `iptables.localhostNodePorts` (default true).
     pub localhost_node_ports: bool,

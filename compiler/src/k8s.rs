@@ -170,10 +170,11 @@ pub struct ProxyConfigDoc {
     pub interface_name_prefix: Option<Sp<String>>,
     pub node_port_addresses: Vec<Sp<String>>,
     pub masquerade_all: Option<Sp<bool>>,
+    /// The masquerade bit kube-proxy uses in the configured mode: `nftables.masqueradeBit`
+    /// in nftables mode (iptables' is not read there), `iptables.masqueradeBit` otherwise.
     pub masquerade_bit: Option<Sp<i64>>,
-    /// Where `masquerade_bit` was written: `iptables.masqueradeBit` or, in nftables mode,
-    /// `nftables.masqueradeBit`.
-    pub masquerade_bit_path: &'static str,
+    /// Every masqueradeBit written, with its path: kube-proxy validates them all.
+    pub masquerade_bits: Vec<(Sp<i64>, &'static str)>,
     pub localhost_node_ports: Option<Sp<bool>>,
     pub ipvs_scheduler: Option<Sp<String>>,
     pub tcp_be_liberal: Option<Sp<bool>>,
@@ -999,7 +1000,11 @@ fn proxy_config(root: &Node, path: &Path, d: &mut Decoder) -> ProxyConfigDoc {
     {
         out.masquerade_all = d.bool_(i.get("masqueradeAll"), &p("iptables.masqueradeAll"));
         out.masquerade_bit = d.int(i.get("masqueradeBit"), &p("iptables.masqueradeBit"));
-        out.masquerade_bit_path = "iptables.masqueradeBit";
+        out.masquerade_bits.extend(
+            out.masquerade_bit
+                .clone()
+                .map(|b| (b, "iptables.masqueradeBit")),
+        );
         out.localhost_node_ports = d.bool_(
             i.get("localhostNodePorts"),
             &p("iptables.localhostNodePorts"),
@@ -1018,6 +1023,7 @@ fn proxy_config(root: &Node, path: &Path, d: &mut Decoder) -> ProxyConfigDoc {
             out.masquerade_all = d.bool_(l.get("masqueradeAll"), &p("linux.masqueradeAll"));
         }
     }
+    let mut nftables_bit = None;
     if let Some(n) = f.get("nftables").and_then(|n| {
         d.map(
             n,
@@ -1031,17 +1037,20 @@ fn proxy_config(root: &Node, path: &Path, d: &mut Decoder) -> ProxyConfigDoc {
             ]),
         )
     }) {
+        let nft_bit = d.int(n.get("masqueradeBit"), &p("nftables.masqueradeBit"));
+        out.masquerade_bits
+            .extend(nft_bit.clone().map(|b| (b, "nftables.masqueradeBit")));
         if out.mode.as_ref().is_some_and(|m| m.v == "nftables") {
             if let Some(v) = d.bool_(n.get("masqueradeAll"), &p("nftables.masqueradeAll")) {
                 out.masquerade_all.get_or_insert(v);
             }
-            if let Some(v) = d.int(n.get("masqueradeBit"), &p("nftables.masqueradeBit")) {
-                if out.masquerade_bit.is_none() {
-                    out.masquerade_bit = Some(v);
-                    out.masquerade_bit_path = "nftables.masqueradeBit";
-                }
-            }
         }
+        nftables_bit = nft_bit;
+    }
+    // kube-proxy's nftables mode passes `NFTables.MasqueradeBit` to its proxier and never
+    // looks at `IPTables.MasqueradeBit` (cmd/kube-proxy/app/server_linux.go).
+    if out.mode.as_ref().is_some_and(|m| m.v == "nftables") {
+        out.masquerade_bit = nftables_bit;
     }
     let ipvs = &[
         "scheduler",
@@ -1154,4 +1163,53 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         out.cluster_domain = d.str_(f.get("clusterDomain"), &path.key("clusterDomain"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::FileId;
+
+    fn proxy_config(body: &str) -> ProxyConfigDoc {
+        let text = format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}"
+        );
+        let (docs, _) = crate::tree::parse_file(FileId(0), &text);
+        let (mut objects, mut diags) = (Objects::default(), Diagnostics::default());
+        for d in &docs {
+            decode_document(d, &mut objects, &mut diags);
+        }
+        objects
+            .proxy_configs
+            .pop()
+            .expect("one KubeProxyConfiguration")
+    }
+
+    fn bit(body: &str) -> Option<i64> {
+        proxy_config(body).masquerade_bit.map(|b| b.v)
+    }
+
+    #[test]
+    fn masquerade_bit_is_the_modes_own() {
+        let both = "iptables: {masqueradeBit: 10}\nnftables: {masqueradeBit: 12}\n";
+        assert_eq!(bit(both), Some(10));
+        assert_eq!(bit(&format!("mode: iptables\n{both}")), Some(10));
+        assert_eq!(bit(&format!("mode: nftables\n{both}")), Some(12));
+        assert_eq!(bit(&format!("{both}mode: nftables\n")), Some(12));
+        // nftables mode never reads iptables' bit: the default applies.
+        assert_eq!(bit("mode: nftables\niptables: {masqueradeBit: 10}\n"), None);
+        // Both written bits are kept for validation.
+        let paths: Vec<_> = proxy_config(&format!("mode: nftables\n{both}"))
+            .masquerade_bits
+            .into_iter()
+            .map(|(b, path)| (b.v, path))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                (10, "iptables.masqueradeBit"),
+                (12, "nftables.masqueradeBit")
+            ]
+        );
+    }
 }

@@ -80,7 +80,7 @@ fn proxy(cx: &mut Cx, p: &ProxyConfigDoc) {
             "mode",
         );
     }
-    if let Some(b) = &p.masquerade_bit {
+    for (b, path) in &p.masquerade_bits {
         if !(0..=31).contains(&b.v) {
             cx.push(
                 Diagnostic::error(
@@ -91,7 +91,7 @@ fn proxy(cx: &mut Cx, p: &ProxyConfigDoc) {
                     ),
                 )
                 .at(b.span)
-                .path(p.masquerade_bit_path)
+                .path(*path)
                 .hint("the mark is 1 << masqueradeBit on a 32-bit fwmark; the default is 14"),
             );
         }

@@ -874,6 +874,11 @@ fn kube_proxy_configuration() {
         path_309("mode: nftables\nnftables: {masqueradeBit: 40}\n").as_deref(),
         Some("nftables.masqueradeBit")
     );
+    // Every written bit is checked, also the one the mode does not read.
+    assert_eq!(
+        path_309("mode: nftables\niptables: {masqueradeBit: 33}\n").as_deref(),
+        Some("iptables.masqueradeBit")
+    );
     assert_eq!(
         codes(&kpc("clusterCIDR: 10.244.0.0/16,10.245.0.0/16\n")),
         ["SVC310"]
