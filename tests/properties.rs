@@ -1,30 +1,11 @@
 //! Properties: the order of files and documents never matters; with a lock file, adding
 //! services never moves an existing allocation.
 
-use crate::support::root;
+use crate::support::{root, Rng};
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::{node_view, NodeSelection};
 use svc_compiler::source::SourceMap;
 use svc_compiler::Options;
-
-/// A small deterministic PRNG (xorshift) so failures reproduce from the seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i + 1));
-        }
-    }
-}
 
 /// Every document of examples/ as its own text.
 fn example_documents() -> Vec<String> {
@@ -83,10 +64,10 @@ fn shuffling_files_and_documents_never_changes_the_output() {
         let mut d = docs.clone();
         rng.shuffle(&mut d);
         // Group the shuffled documents into 1..=5 files.
-        let n = 1 + rng.below(5);
+        let n = 1 + rng.index(5);
         let mut files = vec![String::new(); n];
         for doc in d {
-            let f = &mut files[rng.below(n)];
+            let f = &mut files[rng.index(n)];
             if !f.is_empty() {
                 f.push_str("---\n");
             }
@@ -98,8 +79,8 @@ fn shuffling_files_and_documents_never_changes_the_output() {
 }
 
 fn random_service(rng: &mut Rng, i: usize) -> String {
-    let ty = ["ClusterIP", "NodePort", "LoadBalancer"][rng.below(3)];
-    let etp = if ty == "LoadBalancer" && rng.below(2) == 0 {
+    let ty = ["ClusterIP", "NodePort", "LoadBalancer"][rng.index(3)];
+    let etp = if ty == "LoadBalancer" && rng.index(2) == 0 {
         "\n  externalTrafficPolicy: Local"
     } else {
         ""
@@ -107,9 +88,9 @@ fn random_service(rng: &mut Rng, i: usize) -> String {
     format!(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: rnd-{i}-{}\n  namespace: ns{}\nspec:\n  type: {ty}{etp}\n  selector: {{app: x}}\n  ports:\n  - name: a\n    port: {}\n  - name: b\n    port: {}\n    protocol: UDP\n",
         rng.next() % 1000,
-        rng.below(4),
-        1 + rng.below(60000),
-        1 + rng.below(60000),
+        rng.index(4),
+        1 + rng.index(60000),
+        1 + rng.index(60000),
     )
 }
 
@@ -129,7 +110,7 @@ fn adding_services_with_a_lock_never_moves_existing_allocations() {
         let lock_text = svc_compiler::passes::allocate::write_lock(&first.lock);
         for j in 0..10 {
             files.insert(
-                rng.below(files.len() + 1),
+                rng.index(files.len() + 1),
                 random_service(&mut rng, 100 + j),
             );
         }

@@ -9,7 +9,7 @@
 use super::flows::{check_flows, parse_flows, BACKEND_PORT};
 use super::sys::in_netns;
 use super::{require_root, Lab, LabSpec, Proto};
-use crate::support::{root, svc, Run, TempDir};
+use crate::support::{root, svc, Rng, Run, TempDir};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -472,30 +472,13 @@ fn hold_lock(path: &Path, wait: Duration) -> Option<File> {
     }
 }
 
-/// A small xorshift generator: no dependency, seed printed for reruns.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// SIGKILL at random moments: afterwards (once a loader the killed apply left behind has
 /// finished, i.e. once the lock is free) the node shows exactly the old or the new state.
 #[test]
 fn sigkill_at_random_moments_leaves_the_old_or_the_new_state() {
     const RUNS: usize = 50;
     for_each_target("kernel apply: SIGKILL", |target| {
-        let spec = LabSpec {
-            local_pods: vec![],
-            remote_pods: vec![],
-            clients: vec![],
-            ipv6: false,
-        };
+        let spec = LabSpec::bare();
         let lab = Lab::new(&format!("kill{}", &target[..3]), &spec).expect("lab");
         install_foreign(&lab);
         let node = Node::new(&lab, target);
@@ -586,12 +569,7 @@ fn sigkill_at_random_moments_leaves_the_old_or_the_new_state() {
 #[test]
 fn concurrent_applies_serialise() {
     for_each_target("kernel apply: concurrency", |target| {
-        let spec = LabSpec {
-            local_pods: vec![],
-            remote_pods: vec![],
-            clients: vec![],
-            ipv6: false,
-        };
+        let spec = LabSpec::bare();
         let lab = Lab::new(&format!("lock{}", &target[..3]), &spec).expect("lab");
         let node = Node::new(&lab, target);
         let a = node.version("a", V1_API, CHAT);
@@ -805,12 +783,7 @@ fn a_half_committed_iptables_load_is_put_back() {
         return;
     }
     use svc_targets::plan::{self, iptables, Family, Previous};
-    let spec = LabSpec {
-        local_pods: vec![],
-        remote_pods: vec![],
-        clients: vec![],
-        ipv6: false,
-    };
+    let spec = LabSpec::bare();
     let lab = Lab::new("revert", &spec).expect("lab");
     install_foreign(&lab);
     let node = Node::new(&lab, "iptables");
@@ -918,12 +891,7 @@ fn apply_command_line() {
     if !require_root("kernel apply: command line") {
         return;
     }
-    let spec = LabSpec {
-        local_pods: vec![],
-        remote_pods: vec![],
-        clients: vec![],
-        ipv6: false,
-    };
+    let spec = LabSpec::bare();
     let lab = Lab::new("applycli", &spec).expect("lab");
     for target in TARGETS {
         let node = Node::new(&lab, target);

@@ -42,7 +42,7 @@ use super::echo::{probe_in, Outcome, Proto};
 use super::flows::reload;
 use super::{require_root, Lab, LabSpec};
 use crate::golden::{case_dirs, compile_case};
-use crate::support::{root, svc};
+use crate::support::{root, svc, Rng};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -78,36 +78,6 @@ const NODE: &str = "node-1";
 // ---------------------------------------------------------------------------------------
 // Generator
 // ---------------------------------------------------------------------------------------
-
-/// xorshift64, seeded through splitmix64 so that neighbouring seeds differ.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng((z ^ (z >> 31)) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// True with probability `pct`%.
-    fn chance(&mut self, pct: u64) -> bool {
-        self.below(100) < pct
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
-}
 
 /// A manifest that fits the lab (see `mod.rs`): the lab's two Node objects, a
 /// KubeProxyConfiguration with clusterCIDR 10.244.0.0/16 (sometimes masqueradeAll,

@@ -169,6 +169,16 @@ impl Default for LabSpec {
 }
 
 impl LabSpec {
+    /// No pods and no clients, IPv4 only.
+    pub fn bare() -> LabSpec {
+        LabSpec {
+            local_pods: vec![],
+            remote_pods: vec![],
+            clients: vec![],
+            ipv6: false,
+        }
+    }
+
     fn validate(&self) -> io::Result<()> {
         let bad = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         let mut seen = BTreeMap::new();
