@@ -772,14 +772,7 @@ pub mod json {
     }
 
     pub fn parse(file: FileId, text: &str) -> Result<Node, Error> {
-        let mut p = P::at(file, text.as_bytes(), start(text));
-        p.ws();
-        let v = p.value()?;
-        p.ws();
-        if p.i != p.b.len() {
-            return Err(Error);
-        }
-        Ok(v)
+        P::at(file, text.as_bytes(), start(text)).whole()
     }
 
     /// Where the elements of a large document's top-level `items` array are: found by a
@@ -921,13 +914,7 @@ pub mod json {
     pub fn parse_shell(file: FileId, text: &str, split: &ItemsSplit) -> Result<Node, Error> {
         let mut p = P::at(file, text.as_bytes(), start(text));
         p.skip = Some((split.open, split.close));
-        p.ws();
-        let v = p.value()?;
-        p.ws();
-        if p.i != p.b.len() {
-            return Err(Error);
-        }
-        Ok(v)
+        p.whole()
     }
 
     /// The items of run `k`: values separated by commas, up to the next run or the `]`.
@@ -961,6 +948,17 @@ pub mod json {
     }
 
     impl P<'_> {
+        /// One value and nothing after it but whitespace.
+        fn whole(mut self) -> Result<Node, Error> {
+            self.ws();
+            let v = self.value()?;
+            self.ws();
+            if self.i != self.b.len() {
+                return Err(Error);
+            }
+            Ok(v)
+        }
+
         fn ws(&mut self) {
             while let Some(&c) = self.b.get(self.i) {
                 match c {

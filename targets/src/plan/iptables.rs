@@ -24,7 +24,7 @@
 //! `/32`, …).
 
 use super::{argv, Commands, Family, Mode, Owner as PlanOwner, Plan, Prepared, PreparedInner};
-use super::{Previous, Summary};
+use super::{scratch, Previous, Summary};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
@@ -47,20 +47,11 @@ pub fn commands(family: Family) -> Commands {
         Family::V4 => ("iptables-save", "iptables-restore"),
         Family::V6 => ("ip6tables-save", "ip6tables-restore"),
     };
-    let script = format!("{restore} --noflush \"$1\" && {save}");
     Commands {
         read: argv(&[save]),
         check: argv(&[restore, "--test", "--noflush"]),
         load: argv(&[restore, "--noflush"]),
-        scratch: argv(&[
-            "unshare",
-            "--net",
-            "--",
-            "sh",
-            "-c",
-            &script,
-            "svc-compile-scratch",
-        ]),
+        scratch: scratch(&format!("{restore} --noflush \"$1\" && {save}")),
     }
 }
 

@@ -104,6 +104,20 @@ fn argv(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()
 }
 
+/// [`Commands::scratch`] for a shell `script` that loads the file `$1` and prints the
+/// state: run in a network namespace of its own, gone when it ends.
+fn scratch(script: &str) -> Vec<String> {
+    argv(&[
+        "unshare",
+        "--net",
+        "--",
+        "sh",
+        "-c",
+        script,
+        "svc-compile-scratch",
+    ])
+}
+
 /// What a plan changes, for the one-line report and `--dry-run`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {

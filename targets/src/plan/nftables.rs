@@ -21,7 +21,7 @@
 //! sorted, and the elements of dynamic sets left out (traffic fills them).
 
 use super::{argv, Commands, Family, Mode, Owner as PlanOwner, Plan, Prepared, PreparedInner};
-use super::{Previous, Summary};
+use super::{scratch, Previous, Summary};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -31,20 +31,11 @@ const TABLE: &str = "kube-proxy";
 /// The commands for one family.
 pub fn commands(family: Family) -> Commands {
     let fam = nft_family(family);
-    let script = format!("nft -f \"$1\" && nft -j list table {fam} {TABLE}");
     Commands {
         read: argv(&["nft", "-j", "list", "table", fam, TABLE]),
         check: argv(&["nft", "-c", "-f"]),
         load: argv(&["nft", "-f"]),
-        scratch: argv(&[
-            "unshare",
-            "--net",
-            "--",
-            "sh",
-            "-c",
-            &script,
-            "svc-compile-scratch",
-        ]),
+        scratch: scratch(&format!("nft -f \"$1\" && nft -j list table {fam} {TABLE}")),
     }
 }
 
