@@ -34,8 +34,8 @@ use svc_compiler::source::FileId;
 use svc_compiler::synth::{self, Format, Shape};
 use svc_compiler::tree;
 
-// The same allocator as the `svc-compile` binary (src/main.rs), so that stage times
-// match the CLI's.
+// The same allocator as the `svc-compile` binary (src/main.rs), with mimalloc's default
+// purge delay (the binary's `--out` policy, src/alloc.rs).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
