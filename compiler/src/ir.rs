@@ -240,6 +240,12 @@ pub struct Endpoint {
     pub node_name: Option<Arc<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub zone: Option<Arc<str>>,
+    /// The endpoint's DNS hostname (`<hostname>.<service>.<ns>.svc.<zone>`): the
+    /// EndpointSlice endpoint's or Endpoints address's `hostname`, or for a selected Pod
+    /// its `spec.hostname` when its `spec.subdomain` is the service's name (the
+    /// EndpointSlice controller's rule). Read only by the discovery targets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,

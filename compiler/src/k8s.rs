@@ -99,6 +99,8 @@ pub struct SliceEndpoint {
     pub terminating: Option<bool>,
     pub node_name: Option<Sp<String>>,
     pub zone: Option<Sp<String>>,
+    /// `hostname` (DNS: `<hostname>.<service>.<ns>.svc.<zone>`).
+    pub hostname: Option<Sp<String>>,
     pub hint_zones: Vec<String>,
     pub hint_nodes: Vec<String>,
 }
@@ -129,6 +131,7 @@ pub struct Subset {
 pub struct EpAddress {
     pub ip: Sp<String>,
     pub node_name: Option<Sp<String>>,
+    pub hostname: Option<Sp<String>>,
 }
 
 #[derive(Clone, Debug)]
@@ -145,6 +148,10 @@ pub struct Pod {
     pub span: Span,
     pub meta: Meta,
     pub node_name: Option<Sp<String>>,
+    /// `spec.hostname` and `spec.subdomain`: the EndpointSlice controller copies the
+    /// hostname into the endpoint when the subdomain names the service.
+    pub hostname: Option<String>,
+    pub subdomain: Option<String>,
     pub host_network: bool,
     pub pod_ips: Vec<Sp<String>>,
     pub ready: bool,
@@ -708,6 +715,7 @@ fn endpoint_slice(root: &Node, path: &Path, beta: bool, d: &mut Decoder) -> Opti
             terminating,
             node_name,
             zone,
+            hostname: d.str_(e.get("hostname"), &p.key("hostname")),
             hint_zones,
             hint_nodes,
         });
@@ -753,6 +761,7 @@ fn endpoints(root: &Node, path: &Path, d: &mut Decoder) -> Option<Endpoints> {
                         Some(ip) => out.push(EpAddress {
                             ip,
                             node_name: d.str_(af.get("nodeName"), &aap.key("nodeName")),
+                            hostname: d.str_(af.get("hostname"), &aap.key("hostname")),
                         }),
                         None => d.diags.push(
                             Diagnostic::error("SVC010", "endpoint address without `ip`")
@@ -841,10 +850,15 @@ fn pod(root: &Node, path: &Path, d: &mut Decoder) -> Option<Pod> {
     let meta = meta(root, path, "Pod", d, true)?;
     let sp = path.key("spec");
     let mut node_name = None;
+    let (mut hostname, mut subdomain) = (None, None);
     let mut host_network = false;
     let mut container_ports = Vec::new();
     if let Some(s) = f.get("spec").and_then(|n| d.map(n, &sp, "Pod spec", None)) {
         node_name = d.str_(s.get("nodeName"), &sp.key("nodeName"));
+        hostname = d.str_(s.get("hostname"), &sp.key("hostname")).map(|h| h.v);
+        subdomain = d
+            .str_(s.get("subdomain"), &sp.key("subdomain"))
+            .map(|h| h.v);
         host_network = d
             .bool_(s.get("hostNetwork"), &sp.key("hostNetwork"))
             .is_some_and(|b| b.v);
@@ -921,6 +935,8 @@ fn pod(root: &Node, path: &Path, d: &mut Decoder) -> Option<Pod> {
         span: root.span,
         meta,
         node_name,
+        hostname,
+        subdomain,
         host_network,
         pod_ips,
         ready,

@@ -971,6 +971,7 @@ mod tests {
                     addr: svc_compiler::net::join_host_port(&ip(addr), 80).into(),
                     node_name: (!node.is_empty()).then(|| node.into()),
                     zone: None,
+                    hostname: None,
                     ready: state.is_empty(),
                     serving: state.is_empty() || state == "serving-terminating",
                     terminating: state.contains("terminating"),

@@ -715,6 +715,7 @@ mod tests {
             addr: join_host_port(&ip(addr), 8080).into(),
             node_name: (!node.is_empty()).then(|| node.into()),
             zone: None,
+            hostname: None,
             ready: true,
             serving: true,
             terminating: false,

@@ -200,6 +200,7 @@ fn from_slice(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut Vec<E
             addr: join_host_port(&ip, port).into(),
             node_name: e.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
             zone: e.zone.as_ref().map(|z| ctx.names.get(&z.v)),
+            hostname: e.hostname.as_ref().map(|h| h.v.clone()),
             ready: e.ready.unwrap_or(true),
             serving: e.serving.unwrap_or(true),
             terminating: e.terminating.unwrap_or(false),
@@ -241,6 +242,7 @@ fn from_endpoints(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut V
                     addr: join_host_port(&ip, port).into(),
                     node_name: a.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
                     zone: None,
+                    hostname: a.hostname.as_ref().map(|h| h.v.clone()),
                     ready,
                     serving: ready,
                     terminating: false,
@@ -298,6 +300,10 @@ fn from_pods(
         let serving = pod.ready;
         let ready = svc.publish_not_ready_addresses || (serving && !terminating);
         let node_name = pod.node_name.as_ref().map(|n| ctx.names.get(&n.v));
+        // The controller's ShouldSetHostname: the pod names this service as its subdomain.
+        let hostname = pod.hostname.clone().filter(|h| {
+            !h.is_empty() && pod.subdomain.as_deref() == Some(svc.meta.name.v.as_str())
+        });
         let zone = node_name
             .as_deref()
             .and_then(|n| ctx.node_zone.get(n))
@@ -320,6 +326,7 @@ fn from_pods(
                     .collect(),
                 zone: zone.clone(),
                 node_name: node_name.clone(),
+                hostname: hostname.clone(),
                 ready,
                 serving,
                 terminating,
@@ -409,6 +416,30 @@ mod tests {
         );
         // A name no container has: no endpoint.
         assert!(eps(&m, 2).is_empty());
+    }
+
+    #[test]
+    fn hostnames_come_from_slices_endpoints_and_pods_under_the_subdomain() {
+        let host = |h: &str, sub: &str| {
+            pod("p", "10.0.0.1", "n1", true, "").replace(
+                "  nodeName: n1\n",
+                &format!("  nodeName: n1\n  hostname: {h}\n  subdomain: {sub}\n"),
+            )
+        };
+        let svc = format!("{SVC}  ports: [{{port: 80, targetPort: 8080}}]\n");
+        let m = module(&format!("{svc}{}", host("web-0", "web")));
+        assert_eq!(eps(&m, 0)[0].hostname.as_deref(), Some("web-0"));
+        // The controller sets the hostname only when the subdomain names the service.
+        let m = module(&format!("{svc}{}", host("web-0", "other")));
+        assert_eq!(eps(&m, 0)[0].hostname, None);
+        let slice = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints:\n- addresses: [10.0.0.2]\n  hostname: from-slice\n";
+        let m = module(&format!("{svc}{slice}"));
+        assert_eq!(eps(&m, 0)[0].hostname.as_deref(), Some("from-slice"));
+        let y = "apiVersion: v1\nkind: Service\nmetadata: {name: ext}\nspec:\n  ports: [{port: 80}]\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {name: ext}\nsubsets:\n- addresses: [{ip: 192.0.2.2, hostname: from-endpoints}]\n  ports: [{port: 80}]\n";
+        assert_eq!(
+            eps(&module(y), 0)[0].hostname.as_deref(),
+            Some("from-endpoints")
+        );
     }
 
     #[test]
