@@ -13,6 +13,8 @@ fn example_documents() -> Vec<String> {
     let mut files: Vec<_> = std::fs::read_dir(root().join("examples"))
         .unwrap()
         .map(|e| e.unwrap().path())
+        // Manifests only: examples/templates/ holds the template examples.
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     files.sort();
     for f in files {

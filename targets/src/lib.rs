@@ -6,10 +6,15 @@
 //! decision a pass recorded there.
 
 pub mod common;
+pub mod dns;
+pub mod env;
 pub mod iptables;
 pub mod ir;
 pub mod nftables;
 pub mod plan;
+pub mod template;
+#[cfg(test)]
+mod testing;
 
 #[cfg(test)]
 mod tests {

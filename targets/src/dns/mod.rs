@@ -1,0 +1,396 @@
+//! `--target dns`: RFC 1035 zone files for the cluster domain, following the Kubernetes
+//! DNS-Based Service Discovery specification (kubernetes/dns `docs/specification.md`),
+//! with CoreDNS's kubernetes plugin as the reference for everything the spec leaves open.
+//!
+//! Three zones, each a separate text, because an authoritative server (knot, nsd, bind)
+//! loads one zone per file and ignores or rejects records outside the file's origin:
+//! - `<domain>.`: SOA, NS, `dns-version` TXT, and per service A/AAAA, SRV and CNAME;
+//! - `in-addr.arpa.` and `ip6.arpa.`: PTR records for cluster IPs and for the ready
+//!   endpoints of headless services (CoreDNS serves the same two reverse zones in the
+//!   default `kubernetes cluster.local in-addr.arpa ip6.arpa` setup).
+//!
+//! What each name returns:
+//! - a service with cluster IPs: `svc.ns.svc.<domain>` A/AAAA per cluster IP, PTR back;
+//!   `_port._proto.svc.ns.svc.<domain>` SRV `0 100 <port> svc.ns.svc.<domain>.` per
+//!   named port (unnamed ports have none).
+//! - a headless service: one A/AAAA per *ready* endpoint address (the IR's `ready`, which
+//!   the EndpointSlice controller already sets for `publishNotReadyAddresses`); per
+//!   endpoint `<hostname>.svc.ns.svc.<domain>` A/AAAA, where the hostname is the
+//!   endpoint's `hostname` or else CoreDNS's dashed address (`10-0-0-1`, `fd00--1`);
+//!   SRV per (ready endpoint, named port) with the endpoint's port, weight
+//!   `max(1, 100 / records)` as CoreDNS computes it; PTR from the address to the
+//!   hostname name. No ready endpoint: no records, so the name is NXDOMAIN (spec 2.4.1).
+//! - ExternalName: CNAME to the external name (A/AAAA when it is an IP, as CoreDNS answers).
+//! - the apex: SOA `ns.dns.<domain>. hostmaster.<domain>. <serial> 7200 1800 86400 <ttl>`
+//!   with TTL `min(ttl, 300)` (CoreDNS's); NS is the DNS service's name
+//!   (`kube-dns.kube-system.svc.<domain>.`, whose A records the zone holds) when that
+//!   service has cluster IPs, else `ns.dns.<domain>.` (CoreDNS's fallback name, with no
+//!   address); `dns-version.<domain>.` TXT with CoreDNS's schema version and TTL 28800.
+//!
+//! Not written: CoreDNS's extensions (the SRV at the bare service name, wildcards) and the
+//! deprecated pod records `a-b-c-d.ns.pod.<domain>` (CoreDNS's plugin default is
+//! `pods disabled`; a static zone cannot list every address).
+//!
+//! Invariant: pure and deterministic. Services come in the IR's (namespace, name) order,
+//! records of one service in a fixed order and deduplicated; PTRs sorted by address. The
+//! default serial is derived from the records, so it changes exactly when they do.
+
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use std::net::IpAddr;
+use svc_compiler::ir::{Module, Service, ServiceType};
+use svc_compiler::net::IpFamily;
+
+/// CoreDNS's `DNSSchemaVersion` (plugin/kubernetes), served as `dns-version.<domain>.`.
+pub const SCHEMA_VERSION: &str = "1.1.0";
+/// CoreDNS's TTL for the `dns-version` record.
+const VERSION_TTL: u32 = 28800;
+/// CoreDNS's default TTL for every answer.
+pub const DEFAULT_TTL: u32 = 5;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The cluster domain without the trailing dot; `None` = the module's `clusterDomain`.
+    pub domain: Option<String>,
+    /// TTL of every record (CoreDNS: 5, range 0..=3600).
+    pub ttl: u32,
+    /// SOA serial; `None` = derived from the records (stable for the same records).
+    pub serial: Option<u32>,
+    /// The service whose cluster IPs the NS name resolves to (CoreDNS's own service).
+    pub dns_service: (String, String),
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            domain: None,
+            ttl: DEFAULT_TTL,
+            serial: None,
+            dns_service: ("kube-system".into(), "kube-dns".into()),
+        }
+    }
+}
+
+/// One zone: its origin (absolute, with the trailing dot) and its zone-file text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Zone {
+    pub origin: String,
+    pub text: String,
+}
+
+/// The forward zone of the cluster domain.
+pub fn write_zone(module: &Module, opts: &Options) -> String {
+    let z = Zones::new(module, opts);
+    z.forward()
+}
+
+/// The reverse zone of one family: `in-addr.arpa.` (IPv4) or `ip6.arpa.` (IPv6).
+pub fn write_reverse_zone(module: &Module, opts: &Options, family: IpFamily) -> String {
+    let z = Zones::new(module, opts);
+    z.reverse(family)
+}
+
+/// All three zones, forward first: what `--out DIR` writes as `<origin>zone` files and a
+/// server loads as three zones.
+pub fn write_zones(module: &Module, opts: &Options) -> Vec<Zone> {
+    let z = Zones::new(module, opts);
+    vec![
+        Zone {
+            origin: z.origin.clone(),
+            text: z.forward(),
+        },
+        Zone {
+            origin: "in-addr.arpa.".into(),
+            text: z.reverse(IpFamily::IPv4),
+        },
+        Zone {
+            origin: "ip6.arpa.".into(),
+            text: z.reverse(IpFamily::IPv6),
+        },
+    ]
+}
+
+/// The reverse-lookup name of an address: `4.3.2.1.in-addr.arpa.` or the 32 nibbles of
+/// an IPv6 address under `ip6.arpa.`.
+pub fn reverse_name(ip: &IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            format!("{}.{}.{}.{}.in-addr.arpa.", o[3], o[2], o[1], o[0])
+        }
+        IpAddr::V6(v6) => {
+            let mut s = String::with_capacity(72);
+            for b in v6.octets().iter().rev() {
+                let _ = write!(s, "{:x}.{:x}.", b & 0xf, b >> 4);
+            }
+            s.push_str("ip6.arpa.");
+            s
+        }
+    }
+}
+
+/// CoreDNS's `endpointHostname`: the endpoint's hostname, else its address with `.` or
+/// `:` replaced by `-` (an IPv6 address ending in `::` gets a trailing `0`).
+pub fn endpoint_hostname(ip: &IpAddr, hostname: Option<&str>) -> String {
+    if let Some(h) = hostname.filter(|h| !h.is_empty()) {
+        return h.to_string();
+    }
+    match ip {
+        IpAddr::V4(_) => ip.to_string().replace('.', "-"),
+        IpAddr::V6(_) => {
+            let s = ip.to_string().replace(':', "-");
+            if s.ends_with('-') {
+                s + "0"
+            } else {
+                s
+            }
+        }
+    }
+}
+
+/// The ready endpoints of a headless service as DNS sees them: (hostname, address, and
+/// per named port (name, protocol, endpoint port)), sorted by (hostname, address).
+pub fn headless_endpoints(svc: &Service) -> Vec<HeadlessEndpoint> {
+    let mut out: Vec<HeadlessEndpoint> = Vec::new();
+    for p in &svc.ports {
+        for e in p.endpoints.iter().filter(|e| e.ready) {
+            let host = endpoint_hostname(&e.ip, e.hostname.as_deref());
+            let i = match out.iter().position(|h| h.ip == e.ip && h.hostname == host) {
+                Some(i) => i,
+                None => {
+                    out.push(HeadlessEndpoint {
+                        hostname: host,
+                        ip: e.ip,
+                        ports: vec![],
+                    });
+                    out.len() - 1
+                }
+            };
+            if !p.name.is_empty() {
+                out[i]
+                    .ports
+                    .push((p.name.clone(), p.protocol.lower(), e.port));
+            }
+        }
+    }
+    out.sort_by(|a, b| (&a.hostname, a.ip).cmp(&(&b.hostname, b.ip)));
+    out
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeadlessEndpoint {
+    pub hostname: String,
+    pub ip: IpAddr,
+    /// (port name, lower-case protocol, endpoint port) for each named service port.
+    pub ports: Vec<(String, &'static str, u16)>,
+}
+
+/// One resource record, names absolute.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Rr {
+    name: String,
+    ttl: u32,
+    kind: &'static str,
+    data: String,
+}
+
+fn addr_kind(ip: &IpAddr) -> &'static str {
+    match ip {
+        IpAddr::V4(_) => "A",
+        IpAddr::V6(_) => "AAAA",
+    }
+}
+
+struct Zones {
+    /// `<domain>.`
+    origin: String,
+    ttl: u32,
+    serial: u32,
+    ns: String,
+    /// Per service: a comment and its records (forward zone).
+    services: Vec<(String, Vec<Rr>)>,
+    /// PTR records, sorted by address.
+    ptrs: Vec<(IpAddr, Rr)>,
+}
+
+impl Zones {
+    fn new(module: &Module, opts: &Options) -> Zones {
+        let domain = opts
+            .domain
+            .as_deref()
+            .unwrap_or(&module.cluster.cluster_domain)
+            .trim_end_matches('.')
+            .to_ascii_lowercase();
+        let origin = format!("{domain}.");
+        let ttl = opts.ttl;
+        let mut services = Vec::new();
+        let mut ptrs = Vec::new();
+        let mut ns = format!("ns.dns.{origin}");
+        for svc in &module.services {
+            let base = format!("{}.{}.svc.{origin}", svc.name, svc.namespace);
+            let mut rrs: Vec<Rr> = Vec::new();
+            let rr = |name: &str, kind: &'static str, data: String| Rr {
+                name: name.to_string(),
+                ttl,
+                kind,
+                data,
+            };
+            if svc.kind == ServiceType::ExternalName {
+                if let Some(ext) = svc.external_name.as_deref().filter(|e| !e.is_empty()) {
+                    match ext.parse::<IpAddr>() {
+                        Ok(ip) => rrs.push(rr(&base, addr_kind(&ip), ip.to_string())),
+                        Err(_) => rrs.push(rr(
+                            &base,
+                            "CNAME",
+                            format!("{}.", ext.trim_end_matches('.')),
+                        )),
+                    }
+                }
+            } else if !svc.cluster_ips.is_empty() {
+                if (&svc.namespace, &svc.name) == (&opts.dns_service.0, &opts.dns_service.1) {
+                    ns = base.clone();
+                }
+                for ip in &svc.cluster_ips {
+                    rrs.push(rr(&base, addr_kind(ip), ip.to_string()));
+                    ptrs.push((*ip, rr(&reverse_name(ip), "PTR", base.clone())));
+                }
+                for p in svc.ports.iter().filter(|p| !p.name.is_empty()) {
+                    rrs.push(rr(
+                        &format!("_{}._{}.{base}", p.name, p.protocol.lower()),
+                        "SRV",
+                        format!("0 100 {} {base}", p.port),
+                    ));
+                }
+            } else if svc.headless {
+                let eps = headless_endpoints(svc);
+                let mut ips: Vec<IpAddr> = eps.iter().map(|e| e.ip).collect();
+                ips.sort();
+                for ip in ips {
+                    rrs.push(rr(&base, addr_kind(&ip), ip.to_string()));
+                }
+                let mut srv: Vec<(String, u16, String)> = Vec::new();
+                for e in &eps {
+                    let host = format!("{}.{base}", e.hostname);
+                    rrs.push(rr(&host, addr_kind(&e.ip), e.ip.to_string()));
+                    ptrs.push((e.ip, rr(&reverse_name(&e.ip), "PTR", host.clone())));
+                    for (name, proto, port) in &e.ports {
+                        srv.push((format!("_{name}._{proto}.{base}"), *port, host.clone()));
+                    }
+                }
+                srv.sort();
+                srv.dedup();
+                for (name, port, host) in &srv {
+                    let n = srv.iter().filter(|s| &s.0 == name).count();
+                    let weight = (100 / n).max(1);
+                    rrs.push(rr(name, "SRV", format!("0 {weight} {port} {host}")));
+                }
+            }
+            // Same (name, type, data) twice is one record; keep first-seen order.
+            let mut seen = BTreeSet::new();
+            rrs.retain(|r| seen.insert((r.name.clone(), r.kind, r.data.clone())));
+            if !rrs.is_empty() {
+                services.push((format!("{}/{}", svc.namespace, svc.name), rrs));
+            }
+        }
+        ptrs.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        ptrs.dedup();
+        let mut z = Zones {
+            origin,
+            ttl,
+            serial: 0,
+            ns,
+            services,
+            ptrs,
+        };
+        z.serial = opts.serial.unwrap_or_else(|| z.content_serial());
+        z
+    }
+
+    /// 31 bits of sha256 over every record (SOA excluded): the same records always give
+    /// the same serial, other records almost surely another.
+    fn content_serial(&self) -> u32 {
+        let mut h = Sha256::new();
+        h.update(self.origin.as_bytes());
+        h.update(self.ns.as_bytes());
+        h.update(self.ttl.to_le_bytes());
+        for (_, rrs) in &self.services {
+            for r in rrs {
+                h.update(format!("{} {} {}\n", r.name, r.kind, r.data).as_bytes());
+            }
+        }
+        for (_, r) in &self.ptrs {
+            h.update(format!("{} {}\n", r.name, r.data).as_bytes());
+        }
+        let d = h.finalize();
+        u32::from_be_bytes([d[0], d[1], d[2], d[3]]) & 0x7fff_ffff
+    }
+
+    fn head(&self, out: &mut String, origin: &str) {
+        let _ = writeln!(out, "; generated by svc-compile: do not edit");
+        let _ = writeln!(out, "$ORIGIN {origin}");
+        let _ = writeln!(out, "$TTL {}", self.ttl);
+        let soa = Rr {
+            name: origin.to_string(),
+            ttl: self.ttl.min(300),
+            kind: "SOA",
+            data: format!(
+                "ns.dns.{origin} hostmaster.{origin} {} 7200 1800 86400 {}",
+                self.serial, self.ttl
+            ),
+        };
+        line(out, &soa);
+        line(
+            out,
+            &Rr {
+                name: origin.to_string(),
+                ttl: self.ttl,
+                kind: "NS",
+                data: self.ns.clone(),
+            },
+        );
+    }
+
+    fn forward(&self) -> String {
+        let mut out = String::new();
+        self.head(&mut out, &self.origin);
+        line(
+            &mut out,
+            &Rr {
+                name: format!("dns-version.{}", self.origin),
+                ttl: VERSION_TTL,
+                kind: "TXT",
+                data: format!("\"{SCHEMA_VERSION}\""),
+            },
+        );
+        for (what, rrs) in &self.services {
+            let _ = writeln!(out, "; {what}");
+            for r in rrs {
+                line(&mut out, r);
+            }
+        }
+        out
+    }
+
+    fn reverse(&self, family: IpFamily) -> String {
+        let origin = match family {
+            IpFamily::IPv4 => "in-addr.arpa.",
+            IpFamily::IPv6 => "ip6.arpa.",
+        };
+        let mut out = String::new();
+        self.head(&mut out, origin);
+        for (ip, r) in &self.ptrs {
+            if IpFamily::of(ip) == family {
+                line(&mut out, r);
+            }
+        }
+        out
+    }
+}
+
+fn line(out: &mut String, r: &Rr) {
+    let _ = writeln!(out, "{} {} IN {} {}", r.name, r.ttl, r.kind, r.data);
+}
+
+#[cfg(test)]
+mod tests;

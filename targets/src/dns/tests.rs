@@ -1,0 +1,207 @@
+use super::*;
+use crate::testing::module;
+
+const CLUSTER: &str = "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\nserviceClusterIPRange: 10.96.0.0/16,fd00:96::/112\nclusterDomain: cluster.local\n";
+
+fn records(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.starts_with(';') && !l.starts_with('$'))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn names_and_reverse_names() {
+    assert_eq!(
+        reverse_name(&"10.96.0.1".parse().unwrap()),
+        "1.0.96.10.in-addr.arpa."
+    );
+    assert_eq!(
+        reverse_name(&"fd00::1".parse().unwrap()),
+        "1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa."
+    );
+    // CoreDNS's endpointHostname.
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    assert_eq!(endpoint_hostname(&ip("10.0.0.1"), None), "10-0-0-1");
+    assert_eq!(endpoint_hostname(&ip("fd00::1"), None), "fd00--1");
+    assert_eq!(endpoint_hostname(&ip("fd00::"), None), "fd00--0");
+    assert_eq!(endpoint_hostname(&ip("10.0.0.1"), Some("web-0")), "web-0");
+}
+
+#[test]
+fn cluster_ip_service_gets_a_aaaa_srv_and_ptr() {
+    let y = format!("{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: prod}}\nspec:\n  ipFamilyPolicy: RequireDualStack\n  clusterIPs: [10.96.0.10, \"fd00:96::a\"]\n  ports:\n  - {{name: http, port: 80}}\n  - {{name: plain, port: 81}}\n  - {{name: dns, port: 53, protocol: UDP}}\n");
+    let m = module(&y);
+    let z = write_zone(&m, &Options::default());
+    let r = records(&z);
+    assert!(r.contains(&"web.prod.svc.cluster.local. 5 IN A 10.96.0.10".into()));
+    assert!(r.contains(&"web.prod.svc.cluster.local. 5 IN AAAA fd00:96::a".into()));
+    assert!(r.contains(
+        &"_http._tcp.web.prod.svc.cluster.local. 5 IN SRV 0 100 80 web.prod.svc.cluster.local."
+            .into()
+    ));
+    assert!(r.contains(
+        &"_dns._udp.web.prod.svc.cluster.local. 5 IN SRV 0 100 53 web.prod.svc.cluster.local."
+            .into()
+    ));
+    assert_eq!(r.iter().filter(|l| l.contains(" SRV ")).count(), 3);
+    assert!(r.contains(&"dns-version.cluster.local. 28800 IN TXT \"1.1.0\"".into()));
+    let soa = r.iter().find(|l| l.contains(" SOA ")).unwrap();
+    assert!(
+        soa.starts_with("cluster.local. 5 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. ")
+    );
+    assert!(soa.ends_with(" 7200 1800 86400 5"));
+    assert!(r.contains(&"cluster.local. 5 IN NS ns.dns.cluster.local.".into()));
+    let v4 = write_reverse_zone(&m, &Options::default(), IpFamily::IPv4);
+    assert!(records(&v4)
+        .contains(&"10.0.96.10.in-addr.arpa. 5 IN PTR web.prod.svc.cluster.local.".into()));
+    let v6 = write_reverse_zone(&m, &Options::default(), IpFamily::IPv6);
+    assert_eq!(
+        records(&v6).iter().filter(|l| l.contains(" PTR ")).count(),
+        1
+    );
+}
+
+#[test]
+fn options_change_domain_ttl_and_serial() {
+    let y = format!("{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{{port: 80}}]\n");
+    let m = module(&y);
+    let opts = Options {
+        domain: Some("example.test.".into()),
+        ttl: 30,
+        serial: Some(42),
+        ..Default::default()
+    };
+    let z = write_zone(&m, &opts);
+    assert!(z.contains("$ORIGIN example.test.\n"));
+    // An unnamed port has no SRV record.
+    assert!(!z.contains(" SRV "));
+    assert!(z.contains("web.default.svc.example.test. 30 IN A 10.96.0.10\n"));
+    assert!(z.contains("example.test. 30 IN SOA ns.dns.example.test. hostmaster.example.test. 42 7200 1800 86400 30\n"));
+    // The SOA's own TTL is capped at 300, as CoreDNS does.
+    let z = write_zone(
+        &m,
+        &Options {
+            ttl: 3600,
+            ..opts.clone()
+        },
+    );
+    assert!(z.contains("example.test. 300 IN SOA "));
+    // The default serial follows the records: same input, same serial; another record,
+    // another serial.
+    let a = write_zone(&m, &Options::default());
+    assert_eq!(a, write_zone(&m, &Options::default()));
+    let m2 = module(&y.replace("name: web", "name: web2"));
+    let serial = |z: &str| {
+        z.lines()
+            .find(|l| l.contains(" SOA "))
+            .unwrap()
+            .split(' ')
+            .nth(6)
+            .unwrap()
+            .to_string()
+    };
+    assert_ne!(serial(&a), serial(&write_zone(&m2, &Options::default())));
+}
+
+#[test]
+fn dns_service_is_the_name_server() {
+    let y = format!("{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: kube-dns, namespace: kube-system}}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{{name: dns, port: 53, protocol: UDP}}]\n");
+    let z = write_zone(&module(&y), &Options::default());
+    assert!(z.contains("cluster.local. 5 IN NS kube-dns.kube-system.svc.cluster.local.\n"));
+    assert!(z.contains("kube-dns.kube-system.svc.cluster.local. 5 IN A 10.96.0.10\n"));
+}
+
+fn pod(name: &str, ip: &str, ready: bool, host: &str) -> String {
+    format!("---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: db}}}}\nspec:\n  {host}nodeName: n1\n  containers: [{{name: c, ports: [{{name: pg, containerPort: 5432}}]}}]\nstatus:\n  podIPs: [{{ip: {ip}}}]\n  conditions: [{{type: Ready, status: \"{}\"}}]\n", if ready { "True" } else { "False" })
+}
+
+#[test]
+fn headless_service_resolves_to_ready_endpoints_with_hostnames() {
+    let y = format!(
+        "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db}}\nspec:\n  clusterIP: None\n  selector: {{app: db}}\n  ports: [{{name: pg, port: 5432, targetPort: pg}}, {{name: metrics, port: 9000, targetPort: 9000}}]\n{}{}{}{}",
+        pod("db-0", "10.244.1.5", true, "hostname: db-0\n  subdomain: db\n  "),
+        pod("db-1", "10.244.1.6", true, ""),
+        // Another subdomain: the controller leaves the hostname out.
+        pod("db-2", "10.244.1.7", true, "hostname: db-2\n  subdomain: other\n  "),
+        pod("db-3", "10.244.1.8", false, "hostname: db-3\n  subdomain: db\n  "),
+    );
+    let m = module(&y);
+    let r = records(&write_zone(&m, &Options::default()));
+    let base = "db.default.svc.cluster.local.";
+    let a: Vec<&String> = r.iter().filter(|l| l.starts_with(base)).collect();
+    assert_eq!(
+        a,
+        [
+            &format!("{base} 5 IN A 10.244.1.5"),
+            &format!("{base} 5 IN A 10.244.1.6"),
+            &format!("{base} 5 IN A 10.244.1.7"),
+        ]
+    );
+    assert!(r.contains(&format!("db-0.{base} 5 IN A 10.244.1.5")));
+    assert!(r.contains(&format!("10-244-1-6.{base} 5 IN A 10.244.1.6")));
+    assert!(r.contains(&format!("10-244-1-7.{base} 5 IN A 10.244.1.7")));
+    // Not ready: nothing.
+    assert!(!r
+        .iter()
+        .any(|l| l.contains("10.244.1.8") || l.contains("db-3")));
+    // SRV: one per ready endpoint and named port, with the endpoint's port; 100/3.
+    let srv: Vec<&String> = r.iter().filter(|l| l.starts_with("_pg.")).collect();
+    assert_eq!(
+        srv,
+        [
+            &format!("_pg._tcp.{base} 5 IN SRV 0 33 5432 10-244-1-6.{base}"),
+            &format!("_pg._tcp.{base} 5 IN SRV 0 33 5432 10-244-1-7.{base}"),
+            &format!("_pg._tcp.{base} 5 IN SRV 0 33 5432 db-0.{base}"),
+        ]
+    );
+    let v4 = records(&write_reverse_zone(&m, &Options::default(), IpFamily::IPv4));
+    assert!(v4.contains(&format!("5.1.244.10.in-addr.arpa. 5 IN PTR db-0.{base}")));
+    assert!(v4.contains(&format!(
+        "6.1.244.10.in-addr.arpa. 5 IN PTR 10-244-1-6.{base}"
+    )));
+}
+
+#[test]
+fn publish_not_ready_addresses_publishes_unready_pods() {
+    let y = format!(
+        "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db}}\nspec:\n  clusterIP: None\n  publishNotReadyAddresses: true\n  selector: {{app: db}}\n  ports: [{{name: pg, port: 5432, targetPort: pg}}]\n{}",
+        pod("db-3", "10.244.1.8", false, "hostname: db-3\n  subdomain: db\n  "),
+    );
+    let r = records(&write_zone(&module(&y), &Options::default()));
+    assert!(r.contains(&"db-3.db.default.svc.cluster.local. 5 IN A 10.244.1.8".into()));
+}
+
+#[test]
+fn endpoint_slice_and_endpoints_hostnames() {
+    let y = format!("{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: h}}\nspec:\n  clusterIP: None\n  ports: [{{name: web, port: 80}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: h-1, labels: {{kubernetes.io/service-name: h}}}}\naddressType: IPv6\nports: [{{name: web, port: 8080}}]\nendpoints:\n- addresses: [\"fd00::5\"]\n  hostname: six\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: e}}\nspec:\n  clusterIP: None\n  ports: [{{name: web, port: 80}}]\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: e}}\nsubsets:\n- addresses: [{{ip: 192.0.2.4, hostname: four}}]\n  ports: [{{name: web, port: 80}}]\n");
+    let m = module(&y);
+    let r = records(&write_zone(&m, &Options::default()));
+    assert!(r.contains(&"six.h.default.svc.cluster.local. 5 IN AAAA fd00::5".into()));
+    assert!(r.contains(&"_web._tcp.h.default.svc.cluster.local. 5 IN SRV 0 100 8080 six.h.default.svc.cluster.local.".into()));
+    assert!(r.contains(&"four.e.default.svc.cluster.local. 5 IN A 192.0.2.4".into()));
+    let v6 = records(&write_reverse_zone(&m, &Options::default(), IpFamily::IPv6));
+    assert!(v6
+        .iter()
+        .any(|l| l.ends_with("d.f.ip6.arpa. 5 IN PTR six.h.default.svc.cluster.local.")));
+}
+
+#[test]
+fn external_name_is_a_cname() {
+    let y = "apiVersion: v1\nkind: Service\nmetadata: {name: my-service, namespace: prod}\nspec:\n  type: ExternalName\n  externalName: my.database.example.com\n";
+    let r = records(&write_zone(&module(y), &Options::default()));
+    assert!(r.contains(
+        &"my-service.prod.svc.cluster.local. 5 IN CNAME my.database.example.com.".into()
+    ));
+}
+
+#[test]
+fn zones_come_in_a_fixed_set() {
+    let m = module(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports: [{port: 80}]\n",
+    );
+    let z = write_zones(&m, &Options::default());
+    let origins: Vec<&str> = z.iter().map(|z| z.origin.as_str()).collect();
+    assert_eq!(origins, ["cluster.local.", "in-addr.arpa.", "ip6.arpa."]);
+    assert_eq!(z[0].text, write_zone(&m, &Options::default()));
+}
