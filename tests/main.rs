@@ -2,6 +2,7 @@
 //! real-kernel tests.
 
 mod cli;
+mod discovery;
 mod golden;
 mod kernel;
 mod properties;
