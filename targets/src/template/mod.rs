@@ -20,7 +20,9 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 use serde::Serialize;
 use std::fmt;
 use std::net::IpAddr;
+use svc_compiler::diag::Diagnostic;
 use svc_compiler::ir::{Module, NodeView, ServiceType, TargetPort};
+use svc_compiler::source::{FileId, Span};
 
 /// The view's schema version (`viewVersion` in templates).
 pub const VIEW_VERSION: u32 = 1;
@@ -201,6 +203,9 @@ pub fn view<'a>(module: &'a Module, views: &'a [NodeView]) -> View<'a> {
     }
 }
 
+/// The diagnostic code of a template that failed to parse or render.
+pub const TEMPLATE_ERROR_CODE: &str = "SVC501";
+
 /// A template that failed to parse or render.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TemplateError {
@@ -208,8 +213,26 @@ pub struct TemplateError {
     pub name: String,
     /// 1-based line in the template, when minijinja knows it.
     pub line: Option<usize>,
+    /// 1-based column (characters) and length of the failing expression, when known.
+    pub col: Option<(usize, usize)>,
     /// What went wrong, e.g. `undefined value: services.foo`.
     pub message: String,
+}
+
+impl TemplateError {
+    /// The error as a diagnostic pointing into the template, once the CLI has added the
+    /// template file to the `SourceMap` as `file` (without a line: the whole file).
+    pub fn diagnostic(&self, file: FileId) -> Diagnostic {
+        let d = Diagnostic::error(TEMPLATE_ERROR_CODE, format!("template: {}", self.message))
+            .hint("the template sees the view documented in README \"Template view\"");
+        match self.line {
+            Some(line) => {
+                let (col, len) = self.col.unwrap_or((1, 0));
+                d.at(Span::new(file, line as u32, col as u32, len as u32))
+            }
+            None => d,
+        }
+    }
 }
 
 impl fmt::Display for TemplateError {
@@ -247,9 +270,17 @@ pub fn render(
         if let Some(d) = e.detail() {
             message = format!("{message}: {d}");
         }
+        // The byte range of the failing expression → column and length in characters.
+        let col = e.range().filter(|r| r.end <= text.len()).and_then(|r| {
+            let start = text.get(..r.start)?;
+            let line_start = start.rfind('\n').map_or(0, |i| i + 1);
+            let col = start[line_start..].chars().count() + 1;
+            Some((col, text.get(r)?.chars().count()))
+        });
         TemplateError {
             name: name.to_string(),
             line: e.line(),
+            col,
             message,
         }
     };

@@ -66,6 +66,17 @@ fn errors_carry_the_template_line() {
     let e = render(&m, &[], "bad.j2", "ok\n{{ services[0].nope }}\n").unwrap_err();
     assert_eq!((e.name.as_str(), e.line), ("bad.j2", Some(2)));
     assert!(e.message.contains("undefined"), "{e}");
+    // As a diagnostic, rendered by the one renderer the CLI uses.
+    let mut sources = svc_compiler::source::SourceMap::default();
+    let f = sources.add("bad.j2", "ok\n{{ services[0].nope }}\n");
+    let d = e.diagnostic(f);
+    assert_eq!(d.code, "SVC501");
+    let span = d.span.unwrap();
+    assert_eq!((span.line, span.col), (2, 4), "{d:?}");
+    let mut ds = svc_compiler::diag::Diagnostics::default();
+    ds.push(d);
+    let text = svc_compiler::diag::render_all(&ds, &sources);
+    assert!(text.contains("bad.j2:2:4"), "{text}");
     let e = render(&m, &[], "syntax.j2", "a\nb\n{% for %}\n").unwrap_err();
     assert_eq!(e.line, Some(3));
     assert!(e.message.contains("syntax error"), "{e}");
