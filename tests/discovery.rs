@@ -220,6 +220,8 @@ enum Answer {
     Records(BTreeSet<String>),
     NoData,
     NxDomain,
+    /// A name outside every zone the server has.
+    Refused,
 }
 
 fn records<const N: usize>(rrs: [&str; N]) -> Answer {
@@ -228,7 +230,7 @@ fn records<const N: usize>(rrs: [&str; N]) -> Answer {
 
 /// What the spec says each name must return, from the IR, written apart from the
 /// target: spec sections 2.2–2.5 (ready = the endpoint's ready condition).
-fn spec_answers(m: &Module, ttl: u32) -> BTreeMap<(String, &'static str), Answer> {
+fn spec_answers(m: &Module, origin: &str, ttl: u32) -> BTreeMap<(String, &'static str), Answer> {
     let mut want: BTreeMap<(String, &'static str), BTreeSet<String>> = BTreeMap::new();
     let mut add = |name: String, kind: &'static str, data: String| {
         want.entry((name, kind))
@@ -238,7 +240,7 @@ fn spec_answers(m: &Module, ttl: u32) -> BTreeMap<(String, &'static str), Answer
     let mut nx = Vec::new();
     let family = |ip: &IpAddr| if ip.is_ipv4() { "A" } else { "AAAA" };
     for s in &m.services {
-        let base = format!("{}.{}.svc.cluster.local.", s.name, s.namespace);
+        let base = format!("{}.{}.svc.{origin}", s.name, s.namespace);
         if s.kind == ServiceType::ExternalName {
             let ext = s.external_name.clone().unwrap();
             add(base, "CNAME", format!("{ext}."));
@@ -375,57 +377,12 @@ fn dns_zones_are_served_by_knot_as_the_spec_says() {
     ) {
         return;
     }
+    let lab = Lab::new("dns", &LabSpec::bare()).unwrap();
+
+    // Round 1: examples/ and DNS_EXTRA, default options.
     let mut files = examples();
     files.push(("extra.yaml".into(), DNS_EXTRA.into()));
     let m = compile(&files);
-    let opts = dns::Options::default();
-    let zones = dns::write_zones(&m, &opts);
-    let dir = TempDir::new("dns-knot");
-    for z in &zones {
-        std::fs::write(dir.path().join(format!("{}zone", z.origin)), &z.text).unwrap();
-    }
-    std::fs::create_dir_all(dir.path().join("db")).unwrap();
-    let conf = dir.path().join("knot.conf");
-    std::fs::write(
-        &conf,
-        KNOT_CONF.replace("DIR", &dir.path().display().to_string()),
-    )
-    .unwrap();
-    let lab = Lab::new("dns", &LabSpec::bare()).unwrap();
-    let mut knot = Daemon::start(
-        lab.netns(NODE),
-        "knotd",
-        &["-c", conf.to_str().unwrap()],
-        dir.path(),
-    );
-    // Bounded wait until every zone answers its SOA.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for z in &zones {
-        loop {
-            knot.check_alive("knotd");
-            let got = try_query(&lab, &z.origin, "SOA");
-            let status = match got {
-                Ok((status, answers)) if status == "NOERROR" && answers.len() == 1 => break,
-                Ok((status, _)) => status,
-                Err(e) => e.to_string(),
-            };
-            assert!(
-                Instant::now() < deadline,
-                "knotd does not serve {} ({status}):\n{}",
-                z.origin,
-                knot.log()
-            );
-            thread::sleep(Duration::from_millis(50));
-        }
-    }
-    // Zone loaded without semantic-check complaints.
-    let log = knot.log();
-    assert!(
-        !log.contains("error") && !log.contains("warning"),
-        "knotd log:\n{log}"
-    );
-
-    let mut want = spec_answers(&m, opts.ttl);
     // Written by hand from the spec for DNS_EXTRA, so the table above is checked too.
     let hand: Vec<((&str, &str), Answer)> = vec![
         (
@@ -536,6 +493,125 @@ fn dns_zones_are_served_by_knot_as_the_spec_says() {
             Answer::NxDomain,
         ),
     ];
+    // The examples' headless service selects no pod: NXDOMAIN.
+    assert_eq!(
+        spec_answers(&m, "cluster.local.", 5).get(&(
+            "my-headless-service.default.svc.cluster.local.".to_string(),
+            "A"
+        )),
+        Some(&Answer::NxDomain)
+    );
+    let n = serve_and_check(&lab, &m, &dns::Options::default(), hand);
+
+    // Round 2: the dual-stack golden case (AAAA and ip6.arpa PTR of cluster IPs), with
+    // another domain and TTL.
+    let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
+    let m = compile(&[
+        (
+            "range.yaml".into(),
+            "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\nserviceClusterIPRange: 10.96.0.0/12,fd00:10:96::/112\n".into(),
+        ),
+        ("svc.yaml".into(), read("golden/cases/dual-stack-ipv6/svc.yaml")),
+    ]);
+    let opts = dns::Options {
+        domain: Some("k8s.test".into()),
+        ttl: 30,
+        ..Default::default()
+    };
+    let hand = vec![
+        (
+            ("web.shop.svc.k8s.test.", "A"),
+            records(["30 A 10.96.0.30"]),
+        ),
+        (
+            ("web.shop.svc.k8s.test.", "AAAA"),
+            records(["30 AAAA fd00:10:96::30"]),
+        ),
+        (
+            (
+                "0.3.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa.",
+                "PTR",
+            ),
+            records(["30 PTR web.shop.svc.k8s.test."]),
+        ),
+        (
+            ("30.0.96.10.in-addr.arpa.", "PTR"),
+            records(["30 PTR web.shop.svc.k8s.test."]),
+        ),
+        (("k8s.test.", "NS"), records(["30 NS ns.dns.k8s.test."])),
+        // No DNS service in the input: kubeadm's cluster DNS address for the name server.
+        (("ns.dns.k8s.test.", "A"), records(["30 A 10.96.0.10"])),
+        (
+            ("ns.dns.k8s.test.", "AAAA"),
+            records(["30 AAAA fd00:10:96::a"]),
+        ),
+        (
+            ("dns-version.k8s.test.", "TXT"),
+            records(["28800 TXT \"1.1.0\""]),
+        ),
+        (("web.shop.svc.cluster.local.", "A"), Answer::Refused),
+    ];
+    let n2 = serve_and_check(&lab, &m, &opts, hand);
+    println!("dns: {n} + {n2} queries answered as the spec says");
+}
+
+/// Loads the zones of `m` into a fresh knotd in the lab's node and checks every name the
+/// spec implies, plus `hand` (which must agree with the spec table where both speak).
+/// Returns the number of queries.
+fn serve_and_check(
+    lab: &Lab,
+    m: &Module,
+    opts: &dns::Options,
+    hand: Vec<((&str, &str), Answer)>,
+) -> usize {
+    let zones = dns::write_zones(m, opts);
+    let dir = TempDir::new("dns-knot");
+    for z in &zones {
+        std::fs::write(dir.path().join(format!("{}zone", z.origin)), &z.text).unwrap();
+    }
+    std::fs::create_dir_all(dir.path().join("db")).unwrap();
+    let conf = dir.path().join("knot.conf");
+    let origin = &zones[0].origin;
+    std::fs::write(
+        &conf,
+        KNOT_CONF
+            .replace("DIR", &dir.path().display().to_string())
+            .replace("cluster.local.", origin),
+    )
+    .unwrap();
+    let mut knot = Daemon::start(
+        lab.netns(NODE),
+        "knotd",
+        &["-c", conf.to_str().unwrap()],
+        dir.path(),
+    );
+    // Bounded wait until every zone answers its SOA.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for z in &zones {
+        loop {
+            knot.check_alive("knotd");
+            let got = try_query(lab, &z.origin, "SOA");
+            let status = match got {
+                Ok((status, answers)) if status == "NOERROR" && answers.len() == 1 => break,
+                Ok((status, _)) => status,
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                Instant::now() < deadline,
+                "knotd does not serve {} ({status}):\n{}",
+                z.origin,
+                knot.log()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // Zones loaded without semantic-check complaints.
+    let log = knot.log();
+    assert!(
+        !log.contains("error") && !log.contains("warning"),
+        "knotd log:\n{log}"
+    );
+    let mut want = spec_answers(m, origin, opts.ttl);
     for ((name, kind), answer) in hand {
         if let Some(spec) = want.get(&(name.to_string(), kind)) {
             assert_eq!(
@@ -545,21 +621,14 @@ fn dns_zones_are_served_by_knot_as_the_spec_says() {
         }
         want.insert((name.to_string(), kind), answer);
     }
-    // The examples' headless service selects no pod: NXDOMAIN.
-    assert_eq!(
-        want.get(&(
-            "my-headless-service.default.svc.cluster.local.".to_string(),
-            "A"
-        )),
-        Some(&Answer::NxDomain)
-    );
     let mut failures = Vec::new();
     for ((name, kind), answer) in &want {
-        let (status, got) = query(&lab, name, kind);
+        let (status, got) = query(lab, name, kind);
         let ok = match answer {
             Answer::Records(rrs) => status == "NOERROR" && &got == rrs,
             Answer::NoData => status == "NOERROR" && got.is_empty(),
             Answer::NxDomain => status == "NXDOMAIN" && got.is_empty(),
+            Answer::Refused => status == "REFUSED" && got.is_empty(),
         };
         if !ok {
             failures.push(format!(
@@ -575,7 +644,7 @@ fn dns_zones_are_served_by_knot_as_the_spec_says() {
         failures.join("\n"),
         zones[0].text
     );
-    println!("dns: {} queries answered as the spec says", want.len());
+    want.len()
 }
 
 // ---------------------------------------------------------------------------------------

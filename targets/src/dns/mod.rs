@@ -24,8 +24,10 @@
 //! - the apex: SOA `ns.dns.<domain>. hostmaster.<domain>. <serial> 7200 1800 86400 <ttl>`
 //!   with TTL `min(ttl, 300)` (CoreDNS's); NS is the DNS service's name
 //!   (`kube-dns.kube-system.svc.<domain>.`, whose A records the zone holds) when that
-//!   service has cluster IPs, else `ns.dns.<domain>.` (CoreDNS's fallback name, with no
-//!   address); `dns-version.<domain>.` TXT with CoreDNS's schema version and TTL 28800.
+//!   service has cluster IPs, else `ns.dns.<domain>.` (CoreDNS's fallback name) with
+//!   A/AAAA records of [`Options::ns_addresses`], by default kubeadm's cluster DNS
+//!   address (the 10th of each service CIDR); `dns-version.<domain>.` TXT with CoreDNS's
+//!   schema version and TTL 28800.
 //!
 //! Not written: CoreDNS's extensions (the SRV at the bare service name, wildcards) and the
 //! deprecated pod records `a-b-c-d.ns.pod.<domain>` (CoreDNS's plugin default is
@@ -59,6 +61,10 @@ pub struct Options {
     pub serial: Option<u32>,
     /// The service whose cluster IPs the NS name resolves to (CoreDNS's own service).
     pub dns_service: (String, String),
+    /// Addresses of `ns.dns.<domain>.` when that service is not in the input; `None` =
+    /// kubeadm's convention for the cluster DNS address: the 10th address of each
+    /// service CIDR (10.96.0.10 for 10.96.0.0/12).
+    pub ns_addresses: Option<Vec<IpAddr>>,
 }
 
 impl Default for Options {
@@ -68,6 +74,7 @@ impl Default for Options {
             ttl: DEFAULT_TTL,
             serial: None,
             dns_service: ("kube-system".into(), "kube-dns".into()),
+            ns_addresses: None,
         }
     }
 }
@@ -291,6 +298,32 @@ impl Zones {
             rrs.retain(|r| seen.insert((r.name.clone(), r.kind, r.data.clone())));
             if !rrs.is_empty() {
                 services.push((format!("{}/{}", svc.namespace, svc.name), rrs));
+            }
+        }
+        // No DNS service: `ns.dns.<domain>.` needs addresses of its own (a name server
+        // inside its zone without an address is a lame delegation; knot warns).
+        let fallback_ns = format!("ns.dns.{origin}");
+        if ns == fallback_ns {
+            let ips: Vec<IpAddr> = opts.ns_addresses.clone().unwrap_or_else(|| {
+                module
+                    .cluster
+                    .service_cidrs
+                    .iter()
+                    .filter(|c| c.size() > 10)
+                    .map(|c| c.nth(10))
+                    .collect()
+            });
+            let rrs: Vec<Rr> = ips
+                .iter()
+                .map(|ip| Rr {
+                    name: fallback_ns.clone(),
+                    ttl,
+                    kind: addr_kind(ip),
+                    data: ip.to_string(),
+                })
+                .collect();
+            if !rrs.is_empty() {
+                services.insert(0, ("name server".to_string(), rrs));
             }
         }
         ptrs.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));

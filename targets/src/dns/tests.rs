@@ -52,6 +52,18 @@ fn cluster_ip_service_gets_a_aaaa_srv_and_ptr() {
     );
     assert!(soa.ends_with(" 7200 1800 86400 5"));
     assert!(r.contains(&"cluster.local. 5 IN NS ns.dns.cluster.local.".into()));
+    // No kube-dns service: the name server gets kubeadm's address in each service CIDR.
+    assert!(r.contains(&"ns.dns.cluster.local. 5 IN A 10.96.0.10".into()));
+    assert!(r.contains(&"ns.dns.cluster.local. 5 IN AAAA fd00:96::a".into()));
+    let z = write_zone(
+        &m,
+        &Options {
+            ns_addresses: Some(vec!["192.0.2.53".parse().unwrap()]),
+            ..Default::default()
+        },
+    );
+    assert!(z.contains("\nns.dns.cluster.local. 5 IN A 192.0.2.53\n"));
+    assert_eq!(z.matches("ns.dns.cluster.local. 5 IN A").count(), 1);
     let v4 = write_reverse_zone(&m, &Options::default(), IpFamily::IPv4);
     assert!(records(&v4)
         .contains(&"10.0.96.10.in-addr.arpa. 5 IN PTR web.prod.svc.cluster.local.".into()));
@@ -110,6 +122,7 @@ fn dns_service_is_the_name_server() {
     let z = write_zone(&module(&y), &Options::default());
     assert!(z.contains("cluster.local. 5 IN NS kube-dns.kube-system.svc.cluster.local.\n"));
     assert!(z.contains("kube-dns.kube-system.svc.cluster.local. 5 IN A 10.96.0.10\n"));
+    assert!(!z.contains("\nns.dns."));
 }
 
 fn pod(name: &str, ip: &str, ready: bool, host: &str) -> String {
