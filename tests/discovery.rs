@@ -8,7 +8,7 @@
 use crate::kernel::lab::NODE;
 use crate::kernel::sys::run_bounded;
 use crate::kernel::{Lab, LabSpec, Outcome, Proto};
-use crate::support::{root, TempDir};
+use crate::support::{example_manifests, root, TempDir};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -103,22 +103,6 @@ fn compile(files: &[(String, String)]) -> Module {
     );
     assert!(!c.diags.has_errors(), "{:?}", c.diags.items);
     c.module
-}
-
-fn examples() -> Vec<(String, String)> {
-    let mut files: Vec<_> = std::fs::read_dir(root().join("examples"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    files
-        .into_iter()
-        .map(|p| {
-            let text = std::fs::read_to_string(&p).unwrap();
-            (p.display().to_string(), text)
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -380,7 +364,7 @@ fn dns_zones_are_served_by_knot_as_the_spec_says() {
     let lab = Lab::new("dns", &LabSpec::bare()).unwrap();
 
     // Round 1: examples/ and DNS_EXTRA, default options.
-    let mut files = examples();
+    let mut files = example_manifests();
     files.push(("extra.yaml".into(), DNS_EXTRA.into()));
     let m = compile(&files);
     // Written by hand from the spec for DNS_EXTRA, so the table above is checked too.

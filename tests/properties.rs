@@ -1,7 +1,7 @@
 //! Properties: the order of files and documents never matters; with a lock file, adding
 //! services never moves an existing allocation.
 
-use crate::support::{root, Rng};
+use crate::support::{example_manifests, Rng};
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::{node_view, NodeSelection};
 use svc_compiler::source::SourceMap;
@@ -10,15 +10,7 @@ use svc_compiler::Options;
 /// Every document of examples/ as its own text.
 fn example_documents() -> Vec<String> {
     let mut docs = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(root().join("examples"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        // Manifests only: examples/templates/ holds the template examples.
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    for f in files {
-        let text = std::fs::read_to_string(f).unwrap();
+    for (_, text) in example_manifests() {
         for d in text.split("\n---\n") {
             if d.lines().any(|l| l.starts_with("kind:")) {
                 docs.push(d.trim_end().to_string() + "\n");

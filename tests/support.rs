@@ -28,6 +28,24 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The manifests of examples/ (`*.yaml`; examples/templates/ holds the template
+/// examples), sorted, as (path, text).
+pub fn example_manifests() -> Vec<(String, String)> {
+    let mut files: Vec<_> = std::fs::read_dir(root().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p.display().to_string(), text)
+        })
+        .collect()
+}
+
 pub fn svc(args: &[&str], stdin: Option<&str>, cwd: &Path) -> Run {
     let exe = env!("CARGO_BIN_EXE_svc-compile");
     let mut child = Command::new(exe)
