@@ -344,13 +344,20 @@ template:
     zonefile-load: whole
     journal-content: none
     semantic-checks: on
+acl:
+  - id: local
+    address: 127.0.0.1
+    action: transfer
 zone:
   - domain: cluster.local.
     file: cluster.local.zone
+    acl: local
   - domain: in-addr.arpa.
     file: in-addr.arpa.zone
+    acl: local
   - domain: ip6.arpa.
     file: ip6.arpa.zone
+    acl: local
 "#;
 
 #[test]
@@ -619,6 +626,42 @@ fn serve_and_check(
                 "{name} {kind}: want {answer:?}, got {status} {got:?}"
             ));
         }
+    }
+    // Nothing more: every record a zone transfer shows is one the spec asked for (the
+    // apex SOA and the name server's own records aside).
+    for z in &zones {
+        let axfr = lab
+            .exec_ok(
+                NODE,
+                "kdig",
+                &["@127.0.0.1", "+retry=0", "+timeout=5", &z.origin, "AXFR"],
+                None,
+            )
+            .unwrap_or_else(|e| panic!("AXFR {}: {e}", z.origin));
+        let mut seen = 0;
+        for line in axfr
+            .lines()
+            .filter(|l| !l.starts_with(';') && !l.trim().is_empty())
+        {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            assert!(f.len() >= 5, "AXFR line {line:?}");
+            let (name, kind) = (f[0].to_ascii_lowercase(), f[3]);
+            if kind == "SOA" || name.starts_with("ns.dns.") || (kind == "NS" && name == z.origin) {
+                continue;
+            }
+            let rr = format!("{} {kind} {}", f[1], f[4..].join(" "));
+            let wanted = want.iter().any(|((n, k), a)| {
+                n == &name && *k == kind && matches!(a, Answer::Records(r) if r.contains(&rr))
+            });
+            if !wanted {
+                failures.push(format!("unexpected record in {}: {line}", z.origin));
+            }
+            seen += 1;
+        }
+        assert!(
+            z.origin != zones[0].origin || seen > 0,
+            "empty AXFR:\n{axfr}"
+        );
     }
     assert!(
         failures.is_empty(),
