@@ -810,3 +810,67 @@ fn haproxy_userspace_proxy_serves_real_connections() {
     assert_eq!(firsts.len(), 2, "{firsts:?}");
     haproxy.check_alive("haproxy");
 }
+
+// ---------------------------------------------------------------------------------------
+// The /etc/hosts fragment, resolved by glibc
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn etc_hosts_fragment_resolves_through_glibc() {
+    if !ready(
+        "etc_hosts_fragment_resolves_through_glibc",
+        &["unshare", "getent", "mount", "ip"],
+    ) {
+        return;
+    }
+    let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
+    let mut files = example_manifests();
+    // The dual-stack case, its IPv4 address moved into the examples' range, and a range
+    // of each family.
+    let dual = read("golden/cases/dual-stack-ipv6/svc.yaml").replace("10.96.0.30", "10.0.0.30");
+    files.push(("dual.yaml".into(), dual));
+    files.retain(|(n, _)| !n.ends_with("cluster.yaml"));
+    files.push((
+        "range.yaml".into(),
+        "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\nserviceClusterIPRange: 10.0.0.0/16,fd00:10:96::/112\n".into(),
+    ));
+    let m = compile(&files);
+    let hosts = svc_targets::template::render(
+        &m,
+        &[],
+        "etc-hosts.j2",
+        &read("examples/templates/etc-hosts.j2"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let dir = TempDir::new("hosts");
+    let path = dir.path().join("hosts");
+    std::fs::write(&path, format!("127.0.0.1 localhost\n{hosts}")).unwrap();
+    // Resolved inside a lab namespace (no way out if glibc ever asked DNS) and a private
+    // mount namespace where the fragment is /etc/hosts.
+    let lab = Lab::new("hosts", &LabSpec::bare()).unwrap();
+    let mut checked = 0;
+    for s in m.services.iter().filter(|s| !s.cluster_ips.is_empty()) {
+        let want: BTreeSet<String> = s.cluster_ips.iter().map(|ip| ip.to_string()).collect();
+        for name in [
+            format!("{}.{}.svc.cluster.local", s.name, s.namespace),
+            format!("{}.{}", s.name, s.namespace),
+        ] {
+            let script = format!(
+                "mount --bind {} /etc/hosts && getent ahosts {name}",
+                path.display()
+            );
+            let out = lab
+                .exec_ok(NODE, "unshare", &["-m", "sh", "-c", &script], None)
+                .unwrap_or_else(|e| panic!("{name}: {e}\n--- hosts\n{hosts}"));
+            let got: BTreeSet<String> = out
+                .lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .map(str::to_string)
+                .collect();
+            assert_eq!(got, want, "{name}\n--- hosts\n{hosts}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} names");
+    println!("etc-hosts: {checked} names resolved");
+}
