@@ -23,10 +23,11 @@
 //! is canonical, ours is not (`-m tcp -p tcp` reads back as `-p tcp -m tcp`, addresses get
 //! `/32`, …).
 
-use super::{argv, Commands, Family, Mode, Owner as PlanOwner, Plan, Prepared, PreparedInner};
-use super::{scratch, Previous, Summary};
+use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
+use super::{Previous, Step, Summary, Tool};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 /// kube-proxy's per-service chain prefixes: chains with these names belong to us even when
 /// no document we remember declared them (kube-proxy deletes them the same way).
@@ -40,6 +41,40 @@ const SERVICE_PREFIXES: [&str; 5] = [
 
 /// The order tables are written in; others follow alphabetically.
 const TABLE_ORDER: [&str; 5] = ["raw", "mangle", "filter", "nat", "security"];
+
+/// The iptables back end's [`Planner`].
+pub struct Iptables;
+
+impl Planner for Iptables {
+    fn commands(&self, family: Family) -> Commands {
+        commands(family)
+    }
+    fn family_of(&self, doc: &str) -> Option<Family> {
+        family_of(doc)
+    }
+    fn tools(&self, family: Family) -> Vec<Tool> {
+        let (save, restore) = match family {
+            Family::V4 => ("iptables-save", "iptables-restore"),
+            Family::V6 => ("ip6tables-save", "ip6tables-restore"),
+        };
+        [save, restore]
+            .map(|program| Tool {
+                program,
+                package: "iptables",
+            })
+            .to_vec()
+    }
+    fn prepare(
+        &self,
+        new_doc: &str,
+        family: Family,
+        previous: Option<Previous>,
+        kernel: &str,
+        force_full: bool,
+    ) -> Result<Prepared, String> {
+        prepare(new_doc, family, previous, kernel, force_full)
+    }
+}
 
 /// The commands for one family.
 pub fn commands(family: Family) -> Commands {
@@ -320,13 +355,15 @@ impl Owner {
         }
         out
     }
+}
 
-    pub(super) fn owned(&self, kernel: &str) -> Result<String, String> {
+impl Owned for Owner {
+    fn owned(&self, kernel: &str) -> Result<String, String> {
         let k = parse(kernel, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
         Ok(format_owned(&self.extract(&k)))
     }
 
-    pub(super) fn revert(&self, after: &str) -> Result<Option<String>, String> {
+    fn revert(&self, after: &str) -> Result<Option<String>, String> {
         let after = parse(after, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
         let empty = Table::default();
         let mut out = String::new();
@@ -484,13 +521,13 @@ pub fn prepare(
         mode,
         scratch,
         family,
-        inner: PreparedInner::Iptables(Box::new(Prep {
+        step: Arc::new(Prep {
             new,
             kernel,
             rewrite,
             old_chains,
             old_jumps,
-        })),
+        }),
     })
 }
 
@@ -526,8 +563,14 @@ fn scratch_document(new: &Tables, rewrite: &BTreeMap<String, BTreeSet<String>>) 
     out
 }
 
+impl Step for Prep {
+    fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
+        plan(prepared, self, scratch_output)
+    }
+}
+
 /// Step two (see the module docs of [`super`]).
-pub(super) fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
+fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
     let scratch =
         parse(scratch_output, Source::Save).map_err(|e| format!("scratch namespace: {e}"))?;
     let empty = Table::default();
@@ -724,7 +767,7 @@ pub(super) fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Resul
         expected: format_owned(&expected),
         summary,
         warnings,
-        owner: PlanOwner::Iptables(owner),
+        owner: Arc::new(owner),
     })
 }
 

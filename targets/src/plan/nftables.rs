@@ -20,13 +20,45 @@
 //! objects sorted by kind and name (rules stay in order within their chain), elements
 //! sorted, and the elements of dynamic sets left out (traffic fills them).
 
-use super::{argv, Commands, Family, Mode, Owner as PlanOwner, Plan, Prepared, PreparedInner};
-use super::{scratch, Previous, Summary};
+use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
+use super::{Previous, Step, Summary, Tool};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 const TABLE: &str = "kube-proxy";
+
+/// The nftables back end's [`Planner`].
+pub struct Nftables;
+
+impl Planner for Nftables {
+    fn commands(&self, family: Family) -> Commands {
+        commands(family)
+    }
+    fn family_of(&self, doc: &str) -> Option<Family> {
+        family_of(doc)
+    }
+    fn tools(&self, _family: Family) -> Vec<Tool> {
+        vec![Tool {
+            program: "nft",
+            package: "nftables",
+        }]
+    }
+    fn absent(&self) -> Option<&'static str> {
+        Some(ABSENT)
+    }
+    fn prepare(
+        &self,
+        new_doc: &str,
+        family: Family,
+        previous: Option<Previous>,
+        kernel: &str,
+        force_full: bool,
+    ) -> Result<Prepared, String> {
+        prepare(new_doc, family, previous, kernel, force_full)
+    }
+}
 
 /// The commands for one family.
 pub fn commands(family: Family) -> Commands {
@@ -270,8 +302,8 @@ pub fn owned_state(kernel: &str) -> Result<String, String> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Owner;
 
-impl Owner {
-    pub(super) fn owned(&self, kernel: &str) -> Result<String, String> {
+impl Owned for Owner {
+    fn owned(&self, kernel: &str) -> Result<String, String> {
         normalize(kernel)
     }
 }
@@ -361,11 +393,11 @@ pub fn prepare(
         mode,
         scratch,
         family,
-        inner: PreparedInner::Nftables(Box::new(Prep {
+        step: Arc::new(Prep {
             full,
             delta,
             summary,
-        })),
+        }),
     })
 }
 
@@ -594,8 +626,14 @@ fn merge(d: &Delta, scratch: &str) -> String {
     out
 }
 
+impl Step for Prep {
+    fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
+        plan(prepared, self, scratch_output)
+    }
+}
+
 /// Step two (see the module docs of [`super`]).
-pub(super) fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
+fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
     let scratch = normalize(scratch_output)?;
     let (mode, load, expected, summary) = match (&prepared.mode, &p.delta) {
         (Mode::Incremental, Some(d)) if d.text.is_empty() => (
@@ -626,7 +664,7 @@ pub(super) fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Resul
         expected,
         summary,
         warnings: Vec::new(),
-        owner: PlanOwner::Nftables(Owner),
+        owner: Arc::new(Owner),
     })
 }
 
