@@ -19,10 +19,11 @@
 //! protocol), which is also the order its own tests compare in after sorting. Stale
 //! chains (`-X`) are never written: a compiled ruleset has no previous state.
 
-use crate::common::{chain_hash, quote, Cached, ChainHash, PortCache, Quoted};
+use crate::common::Quoted;
+use crate::common::{self, chain_hash, quote, render_ports, ChainHash, PortCache, PortRendering};
+use crate::{Render, Target};
 use std::fmt::{Display, Write as _};
 use std::net::IpAddr;
-use std::sync::Arc;
 use svc_compiler::ir::{LocalDetector, NodePortAddresses, NodeView, PortView};
 use svc_compiler::net::FastIp;
 use svc_compiler::net::IpFamily;
@@ -68,146 +69,91 @@ impl Default for Options {
 /// The iptables-restore document for `view` (see the module docs).
 pub fn write_string(view: &NodeView, opts: &Options) -> String {
     let mut text = String::new();
-    render(view, opts, None, &mut text);
+    Iptables::render(view, opts, None, &mut text);
     text
 }
 
-/// Writes the documents of many nodes of one module (`--all-nodes`), each distinct service
-/// port rendered once: on most nodes most ports render the same. Nodes may be written in
-/// parallel. The output is [`write_string`]'s.
-#[derive(Default)]
-pub struct Renderer {
-    opts: Options,
-    cache: PortCache<PortSettings, Sections>,
-}
+/// `--target iptables`.
+pub const TARGET: Target = Target {
+    name: "iptables",
+    about: "iptables-restore input, as kube-proxy's iptables mode loads it",
+    ext: "rules",
+    render: Render::Node(|_, sharing| Renderer::boxed(sharing)),
+    flags: &[],
+    planner: Some(&crate::plan::iptables::Iptables),
+};
 
-impl Renderer {
-    pub fn new(opts: Options) -> Renderer {
-        Renderer {
-            opts,
-            cache: PortCache::default(),
-        }
-    }
-    pub fn write_string(&self, view: &NodeView) -> String {
-        let mut text = String::new();
-        self.write_into(view, &mut text);
-        text
-    }
-    /// [`Renderer::write_string`] into `text` (cleared first), reusing its memory.
-    pub fn write_into(&self, view: &NodeView, text: &mut String) {
-        render(view, &self.opts, Some(&self.cache), text)
-    }
-}
+/// Writes the documents of many nodes (see [`common::Renderer`]).
+pub type Renderer = common::Renderer<Iptables>;
 
-fn render(
-    view: &NodeView,
-    opts: &Options,
-    cache: Option<&PortCache<PortSettings, Sections>>,
-    text: &mut String,
-) {
-    let mark = match opts.mark {
-        MarkFormat::Padded => format!("{:#010x}", view.masquerade_mark),
-        MarkFormat::Short => format!("{:#x}", view.masquerade_mark),
-    };
-    let w = Writer { view, opts, mark };
-    let (mut head, mut tail) = (Sections::default(), Sections::default());
-    w.head(&mut head);
-    w.tail(&mut tail);
-    let settings = PortSettings::of(view);
-    let mut ports = PortWriter {
-        s: &settings,
-        opts,
-        probabilities: Probabilities::default(),
-    };
-    // The ports' rules: written one after the other, or each looked up in the cache.
-    let pieces: Vec<Piece> = match cache {
-        None => {
-            // In parallel: a window of ports at a time, cut into runs each written into its
-            // own sections, then appended in order.
-            use rayon::prelude::*;
-            const RUN: usize = 64;
-            let mut s = Sections::default();
-            for window in view.ports.chunks(RUN * 32) {
-                let runs: Vec<Sections> = window
-                    .par_chunks(RUN)
-                    .map(|run| {
-                        let mut w = PortWriter {
-                            s: &settings,
-                            opts,
-                            probabilities: Probabilities::default(),
-                        };
-                        let mut sections = Sections::default();
-                        for p in run {
-                            w.write(&mut sections, p);
-                        }
-                        sections
-                    })
-                    .collect();
-                runs.iter().for_each(|r| s.append(r));
+/// The iptables back end, for [`common::Renderer`].
+pub struct Iptables;
+
+impl PortRendering for Iptables {
+    type Options = Options;
+    type Settings = PortSettings;
+    type Part = Sections;
+
+    fn render(
+        view: &NodeView,
+        opts: &Options,
+        cache: Option<&PortCache<PortSettings, Sections>>,
+        text: &mut String,
+    ) {
+        let mark = match opts.mark {
+            MarkFormat::Padded => format!("{:#010x}", view.masquerade_mark),
+            MarkFormat::Short => format!("{:#x}", view.masquerade_mark),
+        };
+        let w = Writer { view, opts, mark };
+        let (mut head, mut tail) = (Sections::default(), Sections::default());
+        w.head(&mut head);
+        w.tail(&mut tail);
+        let settings = PortSettings::of(view);
+        let pieces = render_ports(&view.ports, &settings, cache, |out, ports| {
+            let mut w = PortWriter {
+                s: &settings,
+                opts,
+                probabilities: Probabilities::default(),
+            };
+            for p in ports {
+                w.write(out, p);
             }
-            vec![Piece::Own(s)]
+        });
+
+        let (tool, v) = match view.family {
+            IpFamily::IPv4 => ("iptables-restore", "IPv4"),
+            IpFamily::IPv6 => ("ip6tables-restore", "IPv6"),
+        };
+        text.clear();
+        let _ = writeln!(
+            text,
+            "# svc-compile: kube-proxy (iptables mode) rules for node {}, {v}; load with `{tool} --noflush`",
+            view.node_name
+        );
+        if opts.setup {
+            write_setup(text);
+            text.push_str("# The restore data of a full sync.\n");
         }
-        Some(cache) => view
-            .ports
-            .iter()
-            .map(|p| {
-                Piece::Shared(cache.get_or_render(&settings, p, || {
-                    let mut s = Sections::default();
-                    ports.write(&mut s, p);
-                    s
-                }))
-            })
-            .collect(),
-    };
-
-    let (tool, v) = match view.family {
-        IpFamily::IPv4 => ("iptables-restore", "IPv4"),
-        IpFamily::IPv6 => ("ip6tables-restore", "IPv6"),
-    };
-    text.clear();
-    let _ = writeln!(
-        text,
-        "# svc-compile: kube-proxy (iptables mode) rules for node {}, {v}; load with `{tool} --noflush`",
-        view.node_name
-    );
-    if opts.setup {
-        write_setup(text);
-        text.push_str("# The restore data of a full sync.\n");
-    }
-    // Each section: the fixed head, every port's part, the fixed tail. Sized first, so the
-    // document is copied together once.
-    let all = || {
-        std::iter::once(&head)
-            .chain(pieces.iter().map(Piece::sections))
-            .chain([&tail])
-    };
-    text.reserve(all().map(Sections::len).sum::<usize>() + 64);
-    for (table, chains, rules) in [
-        (
-            "filter",
-            Sections::filter_chains as Part,
-            Sections::filter_rules as Part,
-        ),
-        ("nat", Sections::nat_chains, Sections::nat_rules),
-    ] {
-        let _ = writeln!(text, "*{table}");
-        all().for_each(|s| text.push_str(chains(s)));
-        all().for_each(|s| text.push_str(rules(s)));
-        text.push_str("COMMIT\n");
-    }
-}
-
-/// Ports' rules: rendered for this node, or one port's shared with other nodes.
-enum Piece {
-    Own(Sections),
-    Shared(Arc<Cached<PortSettings, Sections>>),
-}
-
-impl Piece {
-    fn sections(&self) -> &Sections {
-        match self {
-            Piece::Own(s) => s,
-            Piece::Shared(c) => &c.rendered,
+        // Each section: the fixed head, every port's part, the fixed tail. Sized first, so
+        // the document is copied together once.
+        let all = || {
+            std::iter::once(&head)
+                .chain(pieces.iter().map(|p| &**p))
+                .chain([&tail])
+        };
+        text.reserve(all().map(Sections::len).sum::<usize>() + 64);
+        for (table, chains, rules) in [
+            (
+                "filter",
+                Sections::filter_chains as Part,
+                Sections::filter_rules as Part,
+            ),
+            ("nat", Sections::nat_chains, Sections::nat_rules),
+        ] {
+            let _ = writeln!(text, "*{table}");
+            all().for_each(|s| text.push_str(chains(s)));
+            all().for_each(|s| text.push_str(rules(s)));
+            text.push_str("COMMIT\n");
         }
     }
 }
@@ -290,7 +236,7 @@ macro_rules! line {
 /// The restore data, section by section, each a growing String: the chain declarations
 /// and the rules of `filter` and `nat`.
 #[derive(Default)]
-struct Sections {
+pub struct Sections {
     filter_chains: String,
     filter_rules: String,
     nat_chains: String,
@@ -298,12 +244,6 @@ struct Sections {
 }
 
 impl Sections {
-    fn append(&mut self, other: &Sections) {
-        self.filter_chains.push_str(&other.filter_chains);
-        self.filter_rules.push_str(&other.filter_rules);
-        self.nat_chains.push_str(&other.nat_chains);
-        self.nat_rules.push_str(&other.nat_rules);
-    }
     fn filter_chains(&self) -> &str {
         &self.filter_chains
     }
@@ -334,7 +274,7 @@ struct Writer<'a> {
 /// What a service port's rules read of the node's view, beside the port itself: nodes
 /// that agree on these and on the port share its rendering.
 #[derive(Clone, PartialEq)]
-struct PortSettings {
+pub struct PortSettings {
     family: IpFamily,
     large_cluster: bool,
     masquerade_all: bool,

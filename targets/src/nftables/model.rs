@@ -399,7 +399,7 @@ type Elements = BTreeMap<Vec<Value>, (Option<String>, Option<Verdict>)>;
 /// What a service port's objects read of the node's view, beside the port itself: nodes
 /// that agree on these and on the port get the same objects for it.
 #[derive(Clone, PartialEq)]
-pub(super) struct PortSettings {
+pub struct PortSettings {
     pub family: IpFamily,
     masquerade_all: bool,
     local_detector: Option<LocalDetector>,
