@@ -2065,7 +2065,8 @@ mod tests {
             (IpFamily::IPv6, "ip6tables-restore", "ip6tables-save"),
         ] {
             let Some(ns) = Netns::new() else {
-                eprintln!("skipping: cannot create a network namespace (needs root and iproute2)");
+                let why = "cannot create a network namespace (needs root and iproute2)";
+                crate::kernel_test::skip("documents_load_into_an_empty_namespace", why);
                 return;
             };
             let m = rich_module(family == IpFamily::IPv6);

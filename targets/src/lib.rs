@@ -12,6 +12,9 @@ pub mod nftables;
 pub mod plan;
 
 #[cfg(test)]
+mod kernel_test;
+
+#[cfg(test)]
 mod tests {
     use svc_compiler::net::IpFamily;
     use svc_compiler::passes::node::{node_view, NodeSelection};
