@@ -342,6 +342,11 @@ pub fn renders_same(a: &PortView, b: &PortView) -> bool {
         internal_local,
         external_local,
         has_endpoints,
+        has_internal_endpoints,
+        has_external_endpoints,
+        no_endpoints_verdict,
+        uses_external_chain,
+        uses_firewall_chain,
         endpoints,
         cluster_endpoints,
         local_endpoints,
@@ -364,6 +369,11 @@ pub fn renders_same(a: &PortView, b: &PortView) -> bool {
         && *port == b.port
         && *protocol == b.protocol
         && *has_endpoints == b.has_endpoints
+        && *has_internal_endpoints == b.has_internal_endpoints
+        && *has_external_endpoints == b.has_external_endpoints
+        && *no_endpoints_verdict == b.no_endpoints_verdict
+        && *uses_external_chain == b.uses_external_chain
+        && *uses_firewall_chain == b.uses_firewall_chain
         && *cluster_endpoints == b.cluster_endpoints
         && *local_endpoints == b.local_endpoints
         && *externally_accessible == b.externally_accessible

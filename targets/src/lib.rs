@@ -27,6 +27,9 @@ pub static TARGETS: &[&Target] = &[
 ];
 
 #[cfg(test)]
+mod kernel_test;
+
+#[cfg(test)]
 mod tests {
     use svc_compiler::net::IpFamily;
     use svc_compiler::passes::node::{node_view, NodeSelection};

@@ -24,7 +24,7 @@ use crate::common::{self, chain_hash, quote, render_ports, ChainHash, PortCache,
 use crate::{Render, Target};
 use std::fmt::{Display, Write as _};
 use std::net::IpAddr;
-use svc_compiler::ir::{LocalDetector, NodePortAddresses, NodeView, PortView};
+use svc_compiler::ir::{LocalDetector, NoEndpointsVerdict, NodePortAddresses, NodeView, PortView};
 use svc_compiler::net::FastIp;
 use svc_compiler::net::IpFamily;
 
@@ -506,26 +506,20 @@ impl PortWriter<'_> {
             port: p.port,
         };
 
+        // Every decision is the node pass's (see `PortView`); this only prints them.
         let has_endpoints = p.has_endpoints;
         let uses_cluster_chain = !p.cluster_endpoints.is_empty();
         let uses_local_chain = !p.local_endpoints.is_empty();
         let internal_chain = if p.internal_local { &c.svl } else { &c.svc };
-        let has_internal = has_endpoints && (!p.internal_local || uses_local_chain);
+        let has_internal = p.has_internal_endpoints;
         let external_policy_chain = if p.external_local { &c.svl } else { &c.svc };
-        let has_external = has_endpoints && (!p.external_local || uses_local_chain);
-        // Built even without external endpoints: its short-circuit rules for pod and
-        // host traffic still apply.
-        let uses_ext_chain = has_endpoints && p.externally_accessible;
-        let uses_fw_chain =
-            has_endpoints && !p.load_balancer_ips.is_empty() && !p.source_ranges.is_empty();
+        let has_external = p.has_external_endpoints;
+        let uses_ext_chain = p.uses_external_chain;
+        let uses_fw_chain = p.uses_firewall_chain.iptables;
         let lb_chain = if uses_fw_chain { &c.fw } else { &c.ext };
-
-        // Filter verdicts: REJECT when nothing serves the service anywhere, DROP when
-        // only the Local policy leaves this node without endpoints.
-        let (verdict, verdict_comment) = if has_endpoints {
-            ("DROP", quote(&format!("{spn} has no local endpoints")))
-        } else {
-            ("REJECT", quote(&format!("{spn} has no endpoints")))
+        let (verdict, verdict_comment) = match p.no_endpoints_verdict {
+            NoEndpointsVerdict::Drop => ("DROP", quote(&format!("{spn} has no local endpoints"))),
+            NoEndpointsVerdict::Reject => ("REJECT", quote(&format!("{spn} has no endpoints"))),
         };
         let cluster_ip_comment = Quoted(format_args!("{spn} cluster IP"));
         let lb_comment = Quoted(format_args!("{spn} loadbalancer IP"));
@@ -2011,7 +2005,8 @@ mod tests {
             (IpFamily::IPv6, "ip6tables-restore", "ip6tables-save"),
         ] {
             let Some(ns) = Netns::new() else {
-                eprintln!("skipping: cannot create a network namespace (needs root and iproute2)");
+                let why = "cannot create a network namespace (needs root and iproute2)";
+                crate::kernel_test::skip("documents_load_into_an_empty_namespace", why);
                 return;
             };
             let m = rich_module(family == IpFamily::IPv6);

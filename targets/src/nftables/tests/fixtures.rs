@@ -1,10 +1,12 @@
-//! Hand-built NodeViews (until `passes::node` lands), named after kube-proxy's own test
-//! conventions: pods 10.0.0.0/8 (endpoints 10.180.x.y), ClusterIPs 172.30.0.0/16, node
+//! Hand-built NodeViews for exact-text tests of one behaviour at a time (the golden cases
+//! cover what the node pass builds from manifests); `with_view` gives every port the node
+//! pass's decisions. Named after kube-proxy's own test conventions: pods 10.0.0.0/8 (endpoints 10.180.x.y), ClusterIPs 172.30.0.0/16, node
 //! 192.168.0.2, externalIPs 192.168.99.x, LB IPs 1.2.3.4 / 5.6.7.8, clients 203.0.113.0/24.
 
 use std::net::IpAddr;
 use svc_compiler::ir::{
-    EndpointView, LocalDetector, NodePortAddresses, NodeView, PortView, Protocol,
+    ByMode, EndpointView, LocalDetector, NoEndpointsVerdict, NodePortAddresses, NodeView, PortView,
+    Protocol,
 };
 use svc_compiler::net::{Cidr, IpFamily};
 
@@ -79,6 +81,15 @@ pub fn port(ns: &str, name: &str, port_name: &str, cluster_ip: &str, port: u16) 
         internal_local: false,
         external_local: false,
         has_endpoints: false,
+        // Set by `with_view`, from the fields above.
+        has_internal_endpoints: false,
+        has_external_endpoints: false,
+        no_endpoints_verdict: NoEndpointsVerdict::Reject,
+        uses_external_chain: false,
+        uses_firewall_chain: ByMode {
+            iptables: false,
+            nftables: false,
+        },
         endpoints: vec![],
         cluster_endpoints: vec![],
         local_endpoints: vec![],
@@ -130,7 +141,11 @@ pub fn load_balancer(mut p: PortView, np: u16, lb_ips: &[&str]) -> PortView {
     p
 }
 
-pub fn with_view(mut v: NodeView, ports: Vec<PortView>) -> NodeView {
+/// The view with these ports, each with the node pass's decisions made from its fields.
+pub fn with_view(mut v: NodeView, mut ports: Vec<PortView>) -> NodeView {
+    ports
+        .iter_mut()
+        .for_each(svc_compiler::passes::node::record_decisions);
     v.ports = ports;
     v
 }
