@@ -803,7 +803,7 @@ fn a_half_committed_iptables_load_is_put_back() {
     if !require_root("kernel apply: iptables revert") {
         return;
     }
-    use svc_targets::plan::{self, iptables, Family, Previous};
+    use svc_targets::plan::{self, iptables::Iptables, Family, Planner, Previous};
     let spec = LabSpec::bare();
     let lab = Lab::new("revert", &spec).expect("lab");
     install_foreign(&lab);
@@ -833,7 +833,9 @@ fn a_half_committed_iptables_load_is_put_back() {
         document: &applied,
         snapshot: &snapshot,
     };
-    let prep = iptables::prepare(&doc, Family::V4, Some(previous), &before, false).unwrap();
+    let prep = Iptables
+        .prepare(&doc, Family::V4, Some(previous), &before, false)
+        .unwrap();
     let scratch = Command::new("unshare")
         .args([
             "--net",

@@ -45,66 +45,6 @@ const TABLE_ORDER: [&str; 5] = ["raw", "mangle", "filter", "nat", "security"];
 /// The iptables back end's [`Planner`].
 pub struct Iptables;
 
-impl Planner for Iptables {
-    fn commands(&self, family: Family) -> Commands {
-        commands(family)
-    }
-    fn family_of(&self, doc: &str) -> Option<Family> {
-        family_of(doc)
-    }
-    fn tools(&self, family: Family) -> Vec<Tool> {
-        let (save, restore) = match family {
-            Family::V4 => ("iptables-save", "iptables-restore"),
-            Family::V6 => ("ip6tables-save", "ip6tables-restore"),
-        };
-        [save, restore]
-            .map(|program| Tool {
-                program,
-                package: "iptables",
-            })
-            .to_vec()
-    }
-    fn prepare(
-        &self,
-        new_doc: &str,
-        family: Family,
-        previous: Option<Previous>,
-        kernel: &str,
-        force_full: bool,
-    ) -> Result<Prepared, String> {
-        prepare(new_doc, family, previous, kernel, force_full)
-    }
-}
-
-/// The commands for one family.
-pub fn commands(family: Family) -> Commands {
-    let (save, restore) = match family {
-        Family::V4 => ("iptables-save", "iptables-restore"),
-        Family::V6 => ("ip6tables-save", "ip6tables-restore"),
-    };
-    Commands {
-        read: argv(&[save]),
-        check: argv(&[restore, "--test", "--noflush"]),
-        load: argv(&[restore, "--noflush"]),
-        scratch: scratch(&format!("{restore} --noflush \"$1\" && {save}")),
-    }
-}
-
-/// The family a compiled document names in its first line, if any.
-pub fn family_of(doc: &str) -> Option<Family> {
-    let first = doc.lines().next()?;
-    if !first.starts_with("# svc-compile:") {
-        return None;
-    }
-    if first.contains(", IPv6;") {
-        Some(Family::V6)
-    } else if first.contains(", IPv4;") {
-        Some(Family::V4)
-    } else {
-        None
-    }
-}
-
 fn is_service_chain(name: &str) -> bool {
     SERVICE_PREFIXES.iter().any(|p| name.starts_with(p))
 }
@@ -451,84 +391,129 @@ pub(super) struct Prep {
     old_jumps: Owner,
 }
 
-/// Step one (see the module docs of [`super`]). `force_full` ignores `previous`.
-pub fn prepare(
-    new_doc: &str,
-    family: Family,
-    previous: Option<Previous>,
-    kernel: &str,
-    force_full: bool,
-) -> Result<Prepared, String> {
-    let new = parse(new_doc, Source::Document).map_err(|e| format!("the document: {e}"))?;
-    if new.values().all(|t| t.order.is_empty()) {
-        return Err("the document declares no chains".into());
-    }
-    let kernel = parse(kernel, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
-
-    let mut old_chains: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut old_jumps = Owner::default();
-    let mut old_doc = None;
-    let mut mode = Mode::Incremental;
-    match previous {
-        _ if force_full => mode = Mode::Full("asked for with --full".into()),
-        None => mode = Mode::Full("no previous apply recorded".into()),
-        Some(p) => match (
-            parse(p.document, Source::Document),
-            parse(p.snapshot, Source::Save),
-        ) {
-            (Ok(doc), Ok(snap)) => {
-                let owner = Owner::from_snapshot(&snap);
-                let now = format_owned(&owner.extract(&kernel));
-                if now != p.snapshot {
-                    mode = Mode::Full(format!(
-                        "the kernel differs from what the last apply left: {}",
-                        Plan::first_difference(p.snapshot, &now)
-                    ));
-                }
-                for (t, table) in doc.iter().chain(&snap) {
-                    old_chains
-                        .entry(t.clone())
-                        .or_default()
-                        .extend(table.user_chains().cloned());
-                }
-                old_jumps = owner;
-                old_doc = Some(doc);
-            }
-            _ => mode = Mode::Full("the recorded state cannot be read".into()),
-        },
-    }
-
-    let mut rewrite: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let empty = Table::default();
-    for (t, table) in &new {
-        let k = kernel.get(t).unwrap_or(&empty);
-        let old = old_doc.as_ref().and_then(|d| d.get(t)).unwrap_or(&empty);
-        let set: BTreeSet<String> = table
-            .user_chains()
-            .filter(|c| {
-                mode != Mode::Incremental
-                    || !k.is_user(c)
-                    || !old.is_user(c)
-                    || old.rules(c) != table.rules(c)
+impl Planner for Iptables {
+    fn tools(&self, family: Family) -> Vec<Tool> {
+        let (save, restore) = match family {
+            Family::V4 => ("iptables-save", "iptables-restore"),
+            Family::V6 => ("ip6tables-save", "ip6tables-restore"),
+        };
+        [save, restore]
+            .map(|program| Tool {
+                program,
+                package: "iptables",
             })
-            .cloned()
-            .collect();
-        rewrite.insert(t.clone(), set);
+            .to_vec()
+    }
+    /// The commands for one family.
+    fn commands(&self, family: Family) -> Commands {
+        let (save, restore) = match family {
+            Family::V4 => ("iptables-save", "iptables-restore"),
+            Family::V6 => ("ip6tables-save", "ip6tables-restore"),
+        };
+        Commands {
+            read: argv(&[save]),
+            check: argv(&[restore, "--test", "--noflush"]),
+            load: argv(&[restore, "--noflush"]),
+            scratch: scratch(&format!("{restore} --noflush \"$1\" && {save}")),
+        }
     }
 
-    let scratch = scratch_document(&new, &rewrite);
-    Ok(Prepared {
-        mode,
-        scratch,
-        family,
-        step: Arc::new(Prep {
-            new,
-            kernel,
-            rewrite,
-            old_chains,
-            old_jumps,
-        }),
-    })
+    /// The family a compiled document names in its first line, if any.
+    fn family_of(&self, doc: &str) -> Option<Family> {
+        let first = doc.lines().next()?;
+        if !first.starts_with("# svc-compile:") {
+            return None;
+        }
+        if first.contains(", IPv6;") {
+            Some(Family::V6)
+        } else if first.contains(", IPv4;") {
+            Some(Family::V4)
+        } else {
+            None
+        }
+    }
+
+    /// Step one (see the module docs of [`super`]). `force_full` ignores `previous`.
+    fn prepare(
+        &self,
+        new_doc: &str,
+        family: Family,
+        previous: Option<Previous>,
+        kernel: &str,
+        force_full: bool,
+    ) -> Result<Prepared, String> {
+        let new = parse(new_doc, Source::Document).map_err(|e| format!("the document: {e}"))?;
+        if new.values().all(|t| t.order.is_empty()) {
+            return Err("the document declares no chains".into());
+        }
+        let kernel =
+            parse(kernel, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
+
+        let mut old_chains: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut old_jumps = Owner::default();
+        let mut old_doc = None;
+        let mut mode = Mode::Incremental;
+        match previous {
+            _ if force_full => mode = Mode::Full("asked for with --full".into()),
+            None => mode = Mode::Full("no previous apply recorded".into()),
+            Some(p) => match (
+                parse(p.document, Source::Document),
+                parse(p.snapshot, Source::Save),
+            ) {
+                (Ok(doc), Ok(snap)) => {
+                    let owner = Owner::from_snapshot(&snap);
+                    let now = format_owned(&owner.extract(&kernel));
+                    if now != p.snapshot {
+                        mode = Mode::Full(format!(
+                            "the kernel differs from what the last apply left: {}",
+                            Plan::first_difference(p.snapshot, &now)
+                        ));
+                    }
+                    for (t, table) in doc.iter().chain(&snap) {
+                        old_chains
+                            .entry(t.clone())
+                            .or_default()
+                            .extend(table.user_chains().cloned());
+                    }
+                    old_jumps = owner;
+                    old_doc = Some(doc);
+                }
+                _ => mode = Mode::Full("the recorded state cannot be read".into()),
+            },
+        }
+
+        let mut rewrite: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let empty = Table::default();
+        for (t, table) in &new {
+            let k = kernel.get(t).unwrap_or(&empty);
+            let old = old_doc.as_ref().and_then(|d| d.get(t)).unwrap_or(&empty);
+            let set: BTreeSet<String> = table
+                .user_chains()
+                .filter(|c| {
+                    mode != Mode::Incremental
+                        || !k.is_user(c)
+                        || !old.is_user(c)
+                        || old.rules(c) != table.rules(c)
+                })
+                .cloned()
+                .collect();
+            rewrite.insert(t.clone(), set);
+        }
+
+        let scratch = scratch_document(&new, &rewrite);
+        Ok(Prepared {
+            mode,
+            scratch,
+            family,
+            step: Arc::new(Prep {
+                new,
+                kernel,
+                rewrite,
+                old_chains,
+                old_jumps,
+            }),
+        })
+    }
 }
 
 /// The rewritten chains and the jumps, with every chain they refer to declared, for an
