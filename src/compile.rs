@@ -88,3 +88,66 @@ pub(crate) fn target_params(cmd: &Command) -> Result<Params, Fail> {
     }
     Ok(params)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{parse_with, Parsed};
+    use svc_targets::{Flag, Render, Target};
+
+    const TEMPLATES: Target = Target {
+        name: "templates",
+        about: "a target that reads a file",
+        ext: "txt",
+        render: Render::Cluster(|_, _, _| Ok(String::new())),
+        flags: &[Flag {
+            name: "template",
+            value_name: "FILE",
+            help: "a template",
+            repeatable: true,
+            file: true,
+        }],
+        planner: None,
+    };
+
+    fn command(args: &[&str]) -> Command {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        match parse_with(&args, &[&TEMPLATES]) {
+            Ok(Parsed::Run(cmd)) => cmd,
+            _ => panic!("not a run"),
+        }
+    }
+
+    #[test]
+    fn file_flags_are_read() {
+        let dir = std::env::temp_dir().join(format!("svc-compile-params-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.tmpl"), dir.join("b.tmpl"));
+        std::fs::write(&a, "A {{x}}\n").unwrap();
+        std::fs::write(&b, "B\n").unwrap();
+        let cmd = command(&[
+            "m/",
+            "--target",
+            "templates",
+            "--template",
+            a.to_str().unwrap(),
+            "--template",
+            b.to_str().unwrap(),
+        ]);
+        let params = target_params(&cmd).ok().expect("files read");
+        assert_eq!(params.all("template"), ["A {{x}}\n", "B\n"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.tmpl");
+        let cmd = command(&[
+            "m/",
+            "--target",
+            "templates",
+            "--template",
+            missing.to_str().unwrap(),
+        ]);
+        let Err(Fail(msg)) = target_params(&cmd) else {
+            panic!("a missing file is read")
+        };
+        assert!(msg.starts_with("cannot read "), "{msg}");
+    }
+}
