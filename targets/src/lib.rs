@@ -12,7 +12,7 @@ pub mod nftables;
 pub mod plan;
 
 #[cfg(test)]
-mod kernel_test;
+mod testing;
 
 #[cfg(test)]
 mod tests {

@@ -89,7 +89,7 @@ fn is_root() -> bool {
 /// A fresh namespace, or `None` after printing why the test is skipped.
 fn netns_for(test: &str) -> Option<Netns> {
     let skip = |why: &str| {
-        crate::kernel_test::skip(test, why);
+        crate::testing::skip(test, why);
         None
     };
     if !is_root() {
