@@ -905,114 +905,25 @@ mod tests {
     use crate::testing::snapshot;
     use std::collections::BTreeMap;
     use svc_compiler::ir::{
-        ClusterConfig, DetectLocalMode, Endpoint, LoadBalancerIngress, Module, Node,
-        NodePortAddress, Protocol, ProxyConfig, Service, ServicePort, ServiceType, TargetPort,
+        DetectLocalMode, Module, NodePortAddress, Protocol, ProxyConfig, Service, ServiceType,
         TrafficPolicy,
     };
-    use svc_compiler::net::Cidr;
-    use svc_compiler::passes::node::{node_view, NodeSelection};
+    use svc_compiler::testing::{self, cidr, ip, lb_ingress, NODE_IPS};
 
-    // Conventions of kube-proxy's proxier_test.go: pod IPs 10.0.0.0/8, service IPs
-    // 172.30.0.0/16, this node `test-node` at 192.168.0.2.
+    // Conventions of kube-proxy's proxier_test.go (the shared fixtures' defaults): pod IPs
+    // 10.0.0.0/8, service IPs 172.30.0.0/16, this node `test-node` at 192.168.0.2.
     const TEST_NODE: &str = "test-node";
 
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-    fn cidr(s: &str) -> Cidr {
-        s.parse().unwrap()
-    }
-
     fn module(services: Vec<Service>) -> Module {
-        Module {
-            cluster: ClusterConfig {
-                service_cidrs: vec![cidr("172.30.0.0/16"), cidr("fd00:30::/108")],
-                node_port_range: (30000, 32767),
-                cluster_domain: "cluster.local".into(),
-            },
-            proxy: ProxyConfig {
-                mode: "iptables".into(),
-                cluster_cidrs: vec![cidr("10.0.0.0/8"), cidr("fd00:10::/64")],
-                detect_local: DetectLocalMode::ClusterCIDR,
-                masquerade_all: false,
-                masquerade_bit: 14,
-                localhost_node_ports: true,
-                node_port_addresses: vec![],
-                ipvs_scheduler: "rr".into(),
-                conntrack_tcp_be_liberal: false,
-            },
-            services,
-            nodes: vec![Node {
-                name: TEST_NODE.into(),
-                addresses: vec![ip("192.168.0.2"), ip("2001:db8::1")],
-                labels: BTreeMap::new(),
-                pod_cidrs: vec![],
-            }],
-        }
+        testing::module(services, vec![testing::node(TEST_NODE, &NODE_IPS, None)])
     }
 
     /// A service with one TCP port `p80` (port 80) and these endpoints (`ip`, `ip@node`,
     /// with `#serving-terminating`, `#terminating` or `#not-ready` for a non-ready one;
-    /// port 80), sorted the way the Module keeps them.
+    /// port 80).
     fn service(ns: &str, name: &str, kind: ServiceType, cip: &str, eps: &[&str]) -> Service {
-        let mut endpoints: Vec<Endpoint> = eps
-            .iter()
-            .map(|e| {
-                let (e, state) = e.split_once('#').unwrap_or((e, ""));
-                let (addr, node) = e.split_once('@').unwrap_or((e, ""));
-                Endpoint {
-                    ip: ip(addr),
-                    port: 80,
-                    addr: svc_compiler::net::join_host_port(&ip(addr), 80).into(),
-                    node_name: (!node.is_empty()).then(|| node.into()),
-                    zone: None,
-                    ready: state.is_empty(),
-                    serving: state.is_empty() || state == "serving-terminating",
-                    terminating: state.contains("terminating"),
-                    hint_zones: vec![],
-                    hint_nodes: vec![],
-                    source: format!("EndpointSlice {ns}/{name}").into(),
-                }
-            })
-            .collect();
-        endpoints.sort_by(|a, b| a.addr.cmp(&b.addr));
-        let cluster_ip = ip(cip);
-        Service {
-            namespace: ns.into(),
-            name: name.into(),
-            kind,
-            headless: false,
-            cluster_ips: vec![cluster_ip],
-            ip_families: vec![IpFamily::of(&cluster_ip)],
-            external_name: None,
-            external_ips: vec![],
-            load_balancer_ingress: vec![],
-            load_balancer_source_ranges: vec![],
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: None,
-            topology_keys: vec![],
-            traffic_distribution: None,
-            ports: vec![ServicePort {
-                name: "p80".into(),
-                protocol: Protocol::TCP,
-                port: 80,
-                node_port: None,
-                target_port: TargetPort::Number(80),
-                endpoints,
-            }],
-            allocated: vec![],
-        }
-    }
-
-    fn lb_ingress(ips: &[&str]) -> Vec<LoadBalancerIngress> {
-        ips.iter()
-            .map(|i| LoadBalancerIngress {
-                ip: ip(i),
-                proxy_mode: false,
-            })
-            .collect()
+        let port = testing::port("p80", 80, 80, testing::endpoints(eps, 80));
+        testing::service(ns, name, kind, cip, vec![port])
     }
 
     /// The options kube-proxy's unit tests run with (fake iptables without
@@ -1027,11 +938,7 @@ mod tests {
     }
 
     fn compile(m: &Module, family: IpFamily, opts: &Options) -> String {
-        let sel = NodeSelection {
-            name: TEST_NODE.into(),
-            ips: vec![],
-        };
-        write_string(&node_view(m, &sel, family).unwrap(), opts)
+        write_string(&testing::view(m, TEST_NODE, family), opts)
     }
 
     /// kube-proxy's `sortIPTablesRules`: tables by name; chains KUBE-NODEPORTS,

@@ -457,8 +457,8 @@ fn port_view(
 /// The per-port decisions of both proxiers' `syncProxyRules`, made from what the view
 /// already says (policies, external destinations, endpoint sets): `has_internal_endpoints`,
 /// `has_external_endpoints`, `no_endpoints_verdict`, `uses_external_chain`,
-/// `uses_firewall_chain`. Public so that views built by hand in tests decide the same way.
-pub fn record_decisions(p: &mut PortView) {
+/// `uses_firewall_chain`.
+fn record_decisions(p: &mut PortView) {
     // Internal/external endpoints exist when the policy's set does: with a Cluster policy
     // the set is empty exactly when no endpoint is usable anywhere (the terminating
     // fallback and hints never empty it), so `has_endpoints` alone is kube-proxy's answer.

@@ -7,7 +7,10 @@ mod kernel;
 use super::*;
 use crate::testing::snapshot;
 use fixtures::*;
-use svc_compiler::ir::{LocalDetector, NodePortAddresses, NodeView};
+use svc_compiler::ir::{
+    DetectLocalMode, Module, NodePortAddress, NodeView, Protocol, TrafficPolicy,
+};
+use svc_compiler::testing::lb_ingress;
 
 /// Named views, one per behaviour; each unit test below checks one of them and the kernel
 /// tests load them all.
@@ -36,123 +39,159 @@ const CASES: &[&str] = &[
 ];
 
 fn case(name: &str) -> NodeView {
-    let v4 = |ports| with_view(view_v4(), ports);
+    // The cluster's settings, where a case changes them.
+    let v4_with = |services, f: &dyn Fn(&mut Module)| {
+        let mut m = cluster(services);
+        f(&mut m);
+        v4(&m)
+    };
     match name {
-        "clusterip-1-endpoint" => v4(vec![svc1()]),
-        "clusterip-3-endpoints" => v4(vec![with_endpoints(
-            port("ns1", "svc1", "p80", "172.30.0.41", 80),
+        "clusterip-1-endpoint" => view_v4(vec![svc1()]),
+        "clusterip-3-endpoints" => view_v4(vec![service(
+            "ns1",
+            "svc1",
+            "p80",
+            "172.30.0.41",
+            80,
             vec![
                 ep("10.180.0.1", 8080, false),
                 ep("10.180.0.10", 8080, true),
                 ep("10.180.0.2", 8080, false),
             ],
         )]),
-        "nodeport" => v4(vec![svc3()]),
-        "external-ips" => v4(vec![svc4()]),
-        "lb-source-ranges-affinity" => v4(vec![svc5()]),
+        "nodeport" => view_v4(vec![svc3()]),
+        "external-ips" => view_v4(vec![svc4()]),
+        "lb-source-ranges-affinity" => view_v4(vec![svc5()]),
         "lb-source-ranges-include-node" => {
-            let mut p = svc5();
-            p.load_balancer_ips = vec![ip("5.6.7.8"), ip("1.2.3.4")];
-            p.source_ranges = vec![cidr("192.168.0.0/24"), cidr("203.0.113.0/25")];
-            p.source_ranges_include_node = true;
-            p.affinity_timeout = None;
-            v4(vec![p])
+            let mut s = svc5();
+            s.load_balancer_ingress = lb_ingress(&["5.6.7.8", "1.2.3.4"]);
+            s.load_balancer_source_ranges = vec![cidr("192.168.0.0/24"), cidr("203.0.113.0/25")];
+            s.session_affinity_timeout = None;
+            view_v4(vec![s])
         }
-        "etp-local-no-local-endpoints" => v4(vec![svc2(false)]),
-        "etp-local-local-endpoints" => v4(vec![svc2(true)]),
+        "etp-local-no-local-endpoints" => view_v4(vec![svc2(false)]),
+        "etp-local-local-endpoints" => view_v4(vec![svc2(true)]),
         "itp-local-local-endpoints" | "itp-local-no-local-endpoints" => {
-            let mut p = port("ns7", "svc7", "p80", "172.30.0.47", 80);
-            p.internal_local = true;
             let local = name == "itp-local-local-endpoints";
-            v4(vec![with_endpoints(
-                p,
+            let mut s = service(
+                "ns7",
+                "svc7",
+                "p80",
+                "172.30.0.47",
+                80,
                 vec![ep("10.180.0.7", 80, local), ep("10.180.1.7", 80, false)],
-            )])
+            );
+            s.internal_traffic_policy = TrafficPolicy::Local;
+            view_v4(vec![s])
         }
         "no-endpoints" => {
-            let mut p = load_balancer(
-                port("ns1", "svc1", "p80", "172.30.0.41", 80),
+            let mut s = load_balancer(
+                service("ns1", "svc1", "p80", "172.30.0.41", 80, vec![]),
                 3001,
                 &["1.2.3.4"],
             );
-            p.external_ips = vec![ip("192.168.99.11")];
-            p.source_ranges = vec![cidr("203.0.113.0/25")];
-            v4(vec![p, svc6()])
+            s.external_ips = vec![ip("192.168.99.11")];
+            s.load_balancer_source_ranges = vec![cidr("203.0.113.0/25")];
+            view_v4(vec![s, svc6()])
         }
         "affinity-local" => {
             // ITP=Local + ETP=Local NodePort with affinity: both policy chains, each with
             // its own affinity rules; the local endpoint's set is shared.
-            let mut p = node_port(port("ns8", "svc8", "", "172.30.0.48", 53), 3008);
-            p.internal_local = true;
-            p.external_local = true;
-            p.affinity_timeout = Some(300);
-            v4(vec![with_endpoints(
-                p,
-                vec![ep("10.180.0.8", 53, true), ep("10.180.1.8", 53, false)],
-            )])
+            let mut s = node_port(
+                service(
+                    "ns8",
+                    "svc8",
+                    "",
+                    "172.30.0.48",
+                    53,
+                    vec![ep("10.180.0.8", 53, true), ep("10.180.1.8", 53, false)],
+                ),
+                3008,
+            );
+            s.internal_traffic_policy = TrafficPolicy::Local;
+            s.external_traffic_policy = TrafficPolicy::Local;
+            s.session_affinity_timeout = Some(300);
+            view_v4(vec![s])
         }
         "ipv6" => {
             let mut p = load_balancer(
-                port("ns1", "svc1", "p80", "fd00:172:30::41", 80),
+                service(
+                    "ns1",
+                    "svc1",
+                    "p80",
+                    "fd00:172:30::41",
+                    80,
+                    vec![
+                        ep("fd00:10:180::1", 80, false),
+                        ep("fd00:10:180::2:1", 80, true),
+                    ],
+                ),
                 3001,
                 &["2001:db8:99::1"],
             );
-            p.source_ranges = vec![cidr("2001:db8:f00::/48")];
-            p.affinity_timeout = Some(10800);
-            p = with_endpoints(
-                p,
-                vec![
-                    ep("fd00:10:180::1", 80, false),
-                    ep("fd00:10:180::2:1", 80, true),
-                ],
+            p.load_balancer_source_ranges = vec![cidr("2001:db8:f00::/48")];
+            p.session_affinity_timeout = Some(10800);
+            let mut q = service(
+                "ns2",
+                "svc2",
+                "p80",
+                "fd00:172:30::42",
+                80,
+                vec![ep("fd00:10:180::3", 80, false)],
             );
-            let mut q = port("ns2", "svc2", "p80", "fd00:172:30::42", 80);
-            q.internal_local = true;
-            q = with_endpoints(q, vec![ep("fd00:10:180::3", 80, false)]);
-            with_view(view_v6(), vec![p, q])
+            q.internal_traffic_policy = TrafficPolicy::Local;
+            view_v6(vec![p, q])
         }
-        "masquerade-all" => {
-            let mut v = v4(vec![svc1()]);
-            v.masquerade_all = true;
-            v
-        }
+        "masquerade-all" => v4_with(vec![svc1()], &|m| m.proxy.masquerade_all = true),
         "detector-none" | "detector-bridge" | "detector-interface-prefix" => {
-            let mut v = v4(vec![svc1(), svc2(true)]);
-            v.local_detector = match name {
-                "detector-none" => None,
-                "detector-bridge" => Some(LocalDetector::BridgeInterface("cbr0".into())),
-                _ => Some(LocalDetector::InterfaceNamePrefix("veth".into())),
+            let detect_local = match name {
+                "detector-none" => DetectLocalMode::None,
+                "detector-bridge" => DetectLocalMode::BridgeInterface("cbr0".into()),
+                _ => DetectLocalMode::InterfaceNamePrefix("veth".into()),
             };
-            v
+            v4_with(vec![svc1(), svc2(true)], &|m| {
+                m.proxy.detect_local = detect_local.clone()
+            })
         }
-        "nodeport-addresses" => {
-            let mut v = v4(vec![svc3()]);
-            v.node_port_addresses =
-                NodePortAddresses::Ips(vec![ip("192.168.0.2"), ip("127.0.0.1"), ip("10.1.0.2")]);
-            v
-        }
-        "no-service-cidrs" => {
-            let mut v = v4(vec![svc6()]);
-            v.service_cidrs.clear();
-            v
-        }
+        "nodeport-addresses" => v4_with(vec![svc3()], &|m| {
+            // A second node address, and loopback (which nft leaves out of the set).
+            m.nodes[0].addresses.push(ip("10.1.0.2"));
+            m.proxy.node_port_addresses = ["192.168.0.0/24", "127.0.0.0/8", "10.1.0.0/16"]
+                .map(|c| NodePortAddress::Cidr(cidr(c)))
+                .to_vec();
+        }),
+        "no-service-cidrs" => v4_with(vec![svc6()], &|m| m.cluster.service_cidrs.clear()),
         "unnamed-port-udp-sctp" => {
-            let mut dns = port("kube-system", "kube-dns", "", "172.30.0.10", 53);
-            dns.protocol = svc_compiler::ir::Protocol::UDP;
-            let mut sctp = port("ns9", "svc9", "p99", "172.30.0.49", 99);
-            sctp.protocol = svc_compiler::ir::Protocol::SCTP;
-            v4(vec![
-                with_endpoints(dns, vec![ep("10.180.0.53", 53, false)]),
-                with_endpoints(sctp, vec![ep("10.180.0.99", 9999, false)]),
-            ])
+            let mut dns = service(
+                "kube-system",
+                "kube-dns",
+                "",
+                "172.30.0.10",
+                53,
+                vec![ep("10.180.0.53", 53, false)],
+            );
+            dns.ports[0].protocol = Protocol::UDP;
+            let mut sctp = service(
+                "ns9",
+                "svc9",
+                "p99",
+                "172.30.0.49",
+                99,
+                vec![ep("10.180.0.99", 9999, false)],
+            );
+            sctp.ports[0].protocol = Protocol::SCTP;
+            view_v4(vec![dns, sctp])
         }
         "shared-external-ip" => {
-            // Two services claim 192.168.99.33:80/TCP; the first in NodeView order keeps it.
+            // Two services claim 192.168.99.33:80/TCP; the first in NodeView order keeps
+            // it. The view is turned around so that the owner is not simply the port the
+            // node pass sorts first.
             let mut a = svc4();
             a.name = "svc4a".into();
-            a.spn = "ns4/svc4a:p80".into();
-            a.cluster_ip = Some(ip("172.30.0.144"));
-            v4(vec![a, svc4()])
+            a.cluster_ips = vec![ip("172.30.0.144")];
+            let mut v = view_v4(vec![a, svc4()]);
+            v.ports.reverse();
+            v
         }
         _ => panic!("unknown case {name}"),
     }
@@ -187,7 +226,8 @@ fn clusterip_1_endpoint() {
     check("clusterip-1-endpoint");
 }
 
-/// Endpoints keep the IR's order (string-sorted `ip:port`, so .10 before .2) in the vmap.
+/// Endpoints keep the IR's order in the vmap: the string `ip:port`, so `10.180.0.10:8080`
+/// comes before `10.180.0.1:8080` (`0` < `:`), and both before `10.180.0.2:8080`.
 #[test]
 fn clusterip_3_endpoints() {
     check("clusterip-3-endpoints");
@@ -326,7 +366,7 @@ fn full_file() {
 fn full_file_ipv6_empty() {
     check_full(
         "full-file-ipv6-empty",
-        write_string(&view_v6(), &Options::default()),
+        write_string(&view_v6(vec![]), &Options::default()),
     );
 }
 
@@ -350,8 +390,9 @@ fn cluster_ips_check_without_service_cidrs() {
     let out = write_string(&case("no-service-cidrs"), &Options::default());
     assert!(out.contains("add rule ip kube-proxy cluster-ips-check ip daddr @cluster-ips reject"));
     assert!(!out.contains("Drop traffic to unallocated ClusterIPs"));
-    let mut two = case("no-service-cidrs");
-    two.service_cidrs = vec![cidr("172.30.0.0/16"), cidr("10.96.0.1/12")];
+    let mut m = cluster(vec![svc6()]);
+    m.cluster.service_cidrs = vec![cidr("172.30.0.0/16"), cidr("10.96.0.1/12")];
+    let two = v4(&m);
     let out = write_string(&two, &Options::default());
     assert!(out.contains(
         "cluster-ips-check ip daddr { 172.30.0.0/16,10.96.0.0/12 } drop comment \"Drop traffic to unallocated ClusterIPs\""
@@ -410,7 +451,7 @@ fn json_matches_text() {
 /// The places where the JSON is patched beyond the crate's types.
 #[test]
 fn json_patched_objects() {
-    let v = with_view(view_v4(), vec![svc2(false), svc5()]);
+    let v = view_v4(vec![svc2(false), svc5()]);
     let json = write_json(&v, &Options::default());
     for want in [
         r#"{"add":{"table":{"family":"ip","name":"kube-proxy","comment":"rules for kube-proxy"}}}"#,
@@ -431,7 +472,6 @@ fn json_patched_objects() {
 #[test]
 fn element_places_sort_like_keys() {
     use model::{Element, Value, ELEMENT_SETS};
-    use svc_compiler::ir::Protocol;
     let ips = [
         "10.0.0.1",
         "10.0.0.2",
