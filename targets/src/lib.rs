@@ -27,7 +27,7 @@ pub static TARGETS: &[&Target] = &[
 ];
 
 #[cfg(test)]
-mod kernel_test;
+mod testing;
 
 #[cfg(test)]
 mod tests {

@@ -457,8 +457,8 @@ fn port_view(
 /// The per-port decisions of both proxiers' `syncProxyRules`, made from what the view
 /// already says (policies, external destinations, endpoint sets): `has_internal_endpoints`,
 /// `has_external_endpoints`, `no_endpoints_verdict`, `uses_external_chain`,
-/// `uses_firewall_chain`. Public so that views built by hand in tests decide the same way.
-pub fn record_decisions(p: &mut PortView) {
+/// `uses_firewall_chain`.
+fn record_decisions(p: &mut PortView) {
     // Internal/external endpoints exist when the policy's set does: with a Cluster policy
     // the set is empty exactly when no endpoint is usable anywhere (the terminating
     // fallback and hints never empty it), so `has_endpoints` alone is kube-proxy's answer.
@@ -709,53 +709,22 @@ fn topology_mode_from_hints(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{
-        ClusterConfig, LoadBalancerIngress, Protocol, ProxyConfig, TargetPort, TrafficPolicy,
-    };
-    use crate::net::join_host_port;
+    use crate::ir::{LoadBalancerIngress, Protocol, TrafficPolicy};
+    use crate::testing::{self, cidr, ip};
 
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-    fn cidr(s: &str) -> Cidr {
-        s.parse().unwrap()
-    }
-
+    /// The shared fixtures with this suite's ranges: services 10.96.0.0/12, pods
+    /// 10.244.0.0/16 (and their IPv6 twins).
     fn module(services: Vec<Service>, nodes: Vec<Node>) -> Module {
-        Module {
-            cluster: ClusterConfig {
-                service_cidrs: vec![cidr("10.96.0.0/12"), cidr("fd00:96::/112")],
-                node_port_range: (30000, 32767),
-                cluster_domain: "cluster.local".into(),
-            },
-            proxy: ProxyConfig {
-                mode: "iptables".into(),
-                cluster_cidrs: vec![cidr("10.244.0.0/16"), cidr("fd00:244::/56")],
-                detect_local: DetectLocalMode::ClusterCIDR,
-                masquerade_all: false,
-                masquerade_bit: 14,
-                localhost_node_ports: true,
-                node_port_addresses: vec![],
-                ipvs_scheduler: "rr".into(),
-                conntrack_tcp_be_liberal: false,
-            },
-            services,
-            nodes,
-        }
+        let mut m = testing::module(services, nodes);
+        m.cluster.service_cidrs = vec![cidr("10.96.0.0/12"), cidr("fd00:96::/112")];
+        m.proxy.cluster_cidrs = vec![cidr("10.244.0.0/16"), cidr("fd00:244::/56")];
+        m
     }
 
     fn node(name: &str, addrs: &[&str], zone: Option<&str>) -> Node {
-        let mut labels = BTreeMap::new();
-        labels.insert(LABEL_HOSTNAME.to_string(), name.to_string());
-        if let Some(z) = zone {
-            labels.insert(LABEL_ZONE.to_string(), z.to_string());
-        }
-        Node {
-            name: name.into(),
-            addresses: addrs.iter().map(|a| ip(a)).collect(),
-            labels,
-            pod_cidrs: vec![cidr("10.244.1.0/24"), cidr("fd00:244:0:1::/64")],
-        }
+        let mut n = testing::node(name, addrs, zone);
+        n.pod_cidrs = vec![cidr("10.244.1.0/24"), cidr("fd00:244:0:1::/64")];
+        n
     }
 
     /// Three nodes: n1 (this node) and n2 in zone a, n3 in zone b.
@@ -767,20 +736,9 @@ mod tests {
         ]
     }
 
+    /// A ready endpoint on port 8080 of `node` (none when empty).
     fn ep(addr: &str, node: &str) -> Endpoint {
-        Endpoint {
-            ip: ip(addr),
-            port: 8080,
-            addr: join_host_port(&ip(addr), 8080).into(),
-            node_name: (!node.is_empty()).then(|| node.into()),
-            zone: None,
-            ready: true,
-            serving: true,
-            terminating: false,
-            hint_zones: vec![],
-            hint_nodes: vec![],
-            source: "EndpointSlice ns/x".into(),
-        }
+        testing::endpoint(&format!("{addr}@{node}"), 8080)
     }
 
     fn terminating(mut e: Endpoint, serving: bool) -> Endpoint {
@@ -790,34 +748,12 @@ mod tests {
         e
     }
 
+    /// `ns/name` at 10.96.0.10 with one port `http` 80 → 8080 (node port 30080 unless
+    /// ClusterIP).
     fn svc(name: &str, kind: ServiceType, endpoints: Vec<Endpoint>) -> Service {
-        Service {
-            namespace: "ns".into(),
-            name: name.into(),
-            kind,
-            headless: false,
-            cluster_ips: vec![ip("10.96.0.10")],
-            ip_families: vec![IpFamily::IPv4],
-            external_name: None,
-            external_ips: vec![],
-            load_balancer_ingress: vec![],
-            load_balancer_source_ranges: vec![],
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: None,
-            topology_keys: vec![],
-            traffic_distribution: None,
-            ports: vec![ServicePort {
-                name: "http".into(),
-                protocol: Protocol::TCP,
-                port: 80,
-                node_port: (kind != ServiceType::ClusterIP).then_some(30080),
-                target_port: TargetPort::Number(8080),
-                endpoints,
-            }],
-            allocated: vec![],
-        }
+        let mut port = testing::port("http", 80, 8080, endpoints);
+        port.node_port = (kind != ServiceType::ClusterIP).then_some(30080);
+        testing::service("ns", name, kind, "10.96.0.10", vec![port])
     }
 
     fn sel(name: &str) -> NodeSelection {
@@ -828,7 +764,7 @@ mod tests {
     }
 
     fn view(m: &Module) -> NodeView {
-        node_view(m, &sel("n1"), IpFamily::IPv4).unwrap()
+        testing::view(m, "n1", IpFamily::IPv4)
     }
 
     /// The addresses of the endpoints at `idx`.

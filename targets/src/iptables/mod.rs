@@ -126,117 +126,29 @@ mod tests {
     use super::ports::Probabilities;
     use super::*;
     use crate::common::{endpoint_hash, port_proto_hash};
+    use crate::testing::snapshot;
     use std::collections::BTreeMap;
-    use std::net::IpAddr;
     use svc_compiler::ir::{
-        ClusterConfig, DetectLocalMode, Endpoint, LoadBalancerIngress, Module, Node,
-        NodePortAddress, Protocol, ProxyConfig, Service, ServicePort, ServiceType, TargetPort,
+        DetectLocalMode, Module, NodePortAddress, Protocol, ProxyConfig, Service, ServiceType,
         TrafficPolicy,
     };
-    use svc_compiler::net::{Cidr, IpFamily};
-    use svc_compiler::passes::node::{node_view, NodeSelection};
+    use svc_compiler::net::IpFamily;
+    use svc_compiler::testing::{self, cidr, ip, lb_ingress, NODE_IPS};
 
-    // Conventions of kube-proxy's proxier_test.go: pod IPs 10.0.0.0/8, service IPs
-    // 172.30.0.0/16, this node `test-node` at 192.168.0.2.
+    // Conventions of kube-proxy's proxier_test.go (the shared fixtures' defaults): pod IPs
+    // 10.0.0.0/8, service IPs 172.30.0.0/16, this node `test-node` at 192.168.0.2.
     const TEST_NODE: &str = "test-node";
 
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-    fn cidr(s: &str) -> Cidr {
-        s.parse().unwrap()
-    }
-
     fn module(services: Vec<Service>) -> Module {
-        Module {
-            cluster: ClusterConfig {
-                service_cidrs: vec![cidr("172.30.0.0/16"), cidr("fd00:30::/108")],
-                node_port_range: (30000, 32767),
-                cluster_domain: "cluster.local".into(),
-            },
-            proxy: ProxyConfig {
-                mode: "iptables".into(),
-                cluster_cidrs: vec![cidr("10.0.0.0/8"), cidr("fd00:10::/64")],
-                detect_local: DetectLocalMode::ClusterCIDR,
-                masquerade_all: false,
-                masquerade_bit: 14,
-                localhost_node_ports: true,
-                node_port_addresses: vec![],
-                ipvs_scheduler: "rr".into(),
-                conntrack_tcp_be_liberal: false,
-            },
-            services,
-            nodes: vec![Node {
-                name: TEST_NODE.into(),
-                addresses: vec![ip("192.168.0.2"), ip("2001:db8::1")],
-                labels: BTreeMap::new(),
-                pod_cidrs: vec![],
-            }],
-        }
+        testing::module(services, vec![testing::node(TEST_NODE, &NODE_IPS, None)])
     }
 
     /// A service with one TCP port `p80` (port 80) and these endpoints (`ip`, `ip@node`,
     /// with `#serving-terminating`, `#terminating` or `#not-ready` for a non-ready one;
-    /// port 80), sorted the way the Module keeps them.
+    /// port 80).
     fn service(ns: &str, name: &str, kind: ServiceType, cip: &str, eps: &[&str]) -> Service {
-        let mut endpoints: Vec<Endpoint> = eps
-            .iter()
-            .map(|e| {
-                let (e, state) = e.split_once('#').unwrap_or((e, ""));
-                let (addr, node) = e.split_once('@').unwrap_or((e, ""));
-                Endpoint {
-                    ip: ip(addr),
-                    port: 80,
-                    addr: svc_compiler::net::join_host_port(&ip(addr), 80).into(),
-                    node_name: (!node.is_empty()).then(|| node.into()),
-                    zone: None,
-                    ready: state.is_empty(),
-                    serving: state.is_empty() || state == "serving-terminating",
-                    terminating: state.contains("terminating"),
-                    hint_zones: vec![],
-                    hint_nodes: vec![],
-                    source: format!("EndpointSlice {ns}/{name}").into(),
-                }
-            })
-            .collect();
-        endpoints.sort_by(|a, b| a.addr.cmp(&b.addr));
-        let cluster_ip = ip(cip);
-        Service {
-            namespace: ns.into(),
-            name: name.into(),
-            kind,
-            headless: false,
-            cluster_ips: vec![cluster_ip],
-            ip_families: vec![IpFamily::of(&cluster_ip)],
-            external_name: None,
-            external_ips: vec![],
-            load_balancer_ingress: vec![],
-            load_balancer_source_ranges: vec![],
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: None,
-            topology_keys: vec![],
-            traffic_distribution: None,
-            ports: vec![ServicePort {
-                name: "p80".into(),
-                protocol: Protocol::TCP,
-                port: 80,
-                node_port: None,
-                target_port: TargetPort::Number(80),
-                endpoints,
-            }],
-            allocated: vec![],
-        }
-    }
-
-    fn lb_ingress(ips: &[&str]) -> Vec<LoadBalancerIngress> {
-        ips.iter()
-            .map(|i| LoadBalancerIngress {
-                ip: ip(i),
-                proxy_mode: false,
-            })
-            .collect()
+        let port = testing::port("p80", 80, 80, testing::endpoints(eps, 80));
+        testing::service(ns, name, kind, cip, vec![port])
     }
 
     /// The options kube-proxy's unit tests run with (fake iptables without
@@ -251,11 +163,7 @@ mod tests {
     }
 
     fn compile(m: &Module, family: IpFamily, opts: &Options) -> String {
-        let sel = NodeSelection {
-            name: TEST_NODE.into(),
-            ips: vec![],
-        };
-        write_string(&node_view(m, &sel, family).unwrap(), opts)
+        write_string(&testing::view(m, TEST_NODE, family), opts)
     }
 
     /// kube-proxy's `sortIPTablesRules`: tables by name; chains KUBE-NODEPORTS,
@@ -321,33 +229,6 @@ mod tests {
         out
     }
 
-    /// Strip the leading newline and the indentation of an expected document.
-    fn dedent(s: &str) -> String {
-        s.trim_start_matches('\n')
-            .trim_end()
-            .lines()
-            .map(|l| l.trim_start())
-            .collect::<Vec<_>>()
-            .join("\n")
-            + "\n"
-    }
-
-    fn assert_lines_eq(got: &str, want: &str) {
-        if got != want {
-            let g: Vec<&str> = got.lines().collect();
-            let w: Vec<&str> = want.lines().collect();
-            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-                if a != b {
-                    panic!(
-                        "line {}:\n got: {a}\nwant: {b}\n\nfull output:\n{got}",
-                        i + 1
-                    );
-                }
-            }
-            panic!("{} lines, want {}\n\nfull output:\n{got}", g.len(), w.len());
-        }
-    }
-
     /// kube-proxy's TestOverallIPTablesRules, rebuilt from the same objects.
     #[test]
     fn overall_rules_match_upstream() {
@@ -404,106 +285,8 @@ mod tests {
         let m = module(vec![svc1, svc2, svc3, svc4, svc5, svc6]);
 
         let got = compile(&m, IpFamily::IPv4, &upstream_test_options());
-        let want = dedent(
-            r#"
-            *filter
-            :KUBE-NODEPORTS - [0:0]
-            :KUBE-SERVICES - [0:0]
-            :KUBE-EXTERNAL-SERVICES - [0:0]
-            :KUBE-FIREWALL - [0:0]
-            :KUBE-FORWARD - [0:0]
-            :KUBE-PROXY-FIREWALL - [0:0]
-            -A KUBE-NODEPORTS -m comment --comment "ns2/svc2:p80 health check node port" -m tcp -p tcp --dport 30000 -j ACCEPT
-            -A KUBE-SERVICES -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp -p tcp -d 172.30.0.46 --dport 80 -j REJECT
-            -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m tcp -p tcp -d 192.168.99.22 --dport 80 -j DROP
-            -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m tcp -p tcp -d 1.2.3.4 --dport 80 -j DROP
-            -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3001 -j DROP
-            -A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
-            -A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP
-            -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
-            -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
-            -A KUBE-PROXY-FIREWALL -m comment --comment "ns5/svc5:p80 traffic not accepted by KUBE-FW-NUKIZ6OKUXPJNT4C" -m tcp -p tcp -d 5.6.7.8 --dport 80 -j DROP
-            COMMIT
-            *nat
-            :KUBE-NODEPORTS - [0:0]
-            :KUBE-SERVICES - [0:0]
-            :KUBE-EXT-4SW47YFZTEDKD3PK - [0:0]
-            :KUBE-EXT-GNZBNJ2PO5MGZ6GT - [0:0]
-            :KUBE-EXT-NUKIZ6OKUXPJNT4C - [0:0]
-            :KUBE-EXT-X27LE4BHSL4DOUIK - [0:0]
-            :KUBE-FW-NUKIZ6OKUXPJNT4C - [0:0]
-            :KUBE-MARK-MASQ - [0:0]
-            :KUBE-POSTROUTING - [0:0]
-            :KUBE-SEP-C6EBXVWJJZMIWKLZ - [0:0]
-            :KUBE-SEP-I77PXRDZVX7PMWMN - [0:0]
-            :KUBE-SEP-OYPFS5VJICHGATKP - [0:0]
-            :KUBE-SEP-RS4RBKLTHTF2IUXJ - [0:0]
-            :KUBE-SEP-SXIVWICOYRO3J4NJ - [0:0]
-            :KUBE-SEP-UKSFD7AGPMPPLUHC - [0:0]
-            :KUBE-SVC-4SW47YFZTEDKD3PK - [0:0]
-            :KUBE-SVC-GNZBNJ2PO5MGZ6GT - [0:0]
-            :KUBE-SVC-NUKIZ6OKUXPJNT4C - [0:0]
-            :KUBE-SVC-X27LE4BHSL4DOUIK - [0:0]
-            :KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]
-            -A KUBE-NODEPORTS -m comment --comment ns2/svc2:p80 -m tcp -p tcp -d 127.0.0.0/8 --dport 3001 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
-            -A KUBE-NODEPORTS -m comment --comment ns2/svc2:p80 -m tcp -p tcp --dport 3001 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
-            -A KUBE-NODEPORTS -m comment --comment ns3/svc3:p80 -m tcp -p tcp -d 127.0.0.0/8 --dport 3003 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-X27LE4BHSL4DOUIK
-            -A KUBE-NODEPORTS -m comment --comment ns3/svc3:p80 -m tcp -p tcp --dport 3003 -j KUBE-EXT-X27LE4BHSL4DOUIK
-            -A KUBE-NODEPORTS -m comment --comment ns5/svc5:p80 -m tcp -p tcp -d 127.0.0.0/8 --dport 3002 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-NUKIZ6OKUXPJNT4C
-            -A KUBE-NODEPORTS -m comment --comment ns5/svc5:p80 -m tcp -p tcp --dport 3002 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
-            -A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O
-            -A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 cluster IP" -m tcp -p tcp -d 172.30.0.42 --dport 80 -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
-            -A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 external IP" -m tcp -p tcp -d 192.168.99.22 --dport 80 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
-            -A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 loadbalancer IP" -m tcp -p tcp -d 1.2.3.4 --dport 80 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
-            -A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d 172.30.0.43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK
-            -A KUBE-SERVICES -m comment --comment "ns4/svc4:p80 cluster IP" -m tcp -p tcp -d 172.30.0.44 --dport 80 -j KUBE-SVC-4SW47YFZTEDKD3PK
-            -A KUBE-SERVICES -m comment --comment "ns4/svc4:p80 external IP" -m tcp -p tcp -d 192.168.99.33 --dport 80 -j KUBE-EXT-4SW47YFZTEDKD3PK
-            -A KUBE-SERVICES -m comment --comment "ns5/svc5:p80 cluster IP" -m tcp -p tcp -d 172.30.0.45 --dport 80 -j KUBE-SVC-NUKIZ6OKUXPJNT4C
-            -A KUBE-SERVICES -m comment --comment "ns5/svc5:p80 loadbalancer IP" -m tcp -p tcp -d 5.6.7.8 --dport 80 -j KUBE-FW-NUKIZ6OKUXPJNT4C
-            -A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
-            -A KUBE-EXT-4SW47YFZTEDKD3PK -m comment --comment "masquerade traffic for ns4/svc4:p80 external destinations" -j KUBE-MARK-MASQ
-            -A KUBE-EXT-4SW47YFZTEDKD3PK -j KUBE-SVC-4SW47YFZTEDKD3PK
-            -A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "pod traffic for ns2/svc2:p80 external destinations" -s 10.0.0.0/8 -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
-            -A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "masquerade LOCAL traffic for ns2/svc2:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ
-            -A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "route LOCAL traffic for ns2/svc2:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
-            -A KUBE-EXT-NUKIZ6OKUXPJNT4C -m comment --comment "masquerade traffic for ns5/svc5:p80 external destinations" -j KUBE-MARK-MASQ
-            -A KUBE-EXT-NUKIZ6OKUXPJNT4C -j KUBE-SVC-NUKIZ6OKUXPJNT4C
-            -A KUBE-EXT-X27LE4BHSL4DOUIK -m comment --comment "masquerade traffic for ns3/svc3:p80 external destinations" -j KUBE-MARK-MASQ
-            -A KUBE-EXT-X27LE4BHSL4DOUIK -j KUBE-SVC-X27LE4BHSL4DOUIK
-            -A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 loadbalancer IP" -s 203.0.113.0/25 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
-            -A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "other traffic to ns5/svc5:p80 will be dropped by KUBE-PROXY-FIREWALL"
-            -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
-            -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
-            -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
-            -A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE
-            -A KUBE-SEP-C6EBXVWJJZMIWKLZ -m comment --comment ns4/svc4:p80 -s 10.180.0.5 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-C6EBXVWJJZMIWKLZ -m comment --comment ns4/svc4:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.5:80
-            -A KUBE-SEP-I77PXRDZVX7PMWMN -m comment --comment ns5/svc5:p80 -s 10.180.0.3 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-I77PXRDZVX7PMWMN -m comment --comment ns5/svc5:p80 -m recent --name KUBE-SEP-I77PXRDZVX7PMWMN --set -m tcp -p tcp -j DNAT --to-destination 10.180.0.3:80
-            -A KUBE-SEP-OYPFS5VJICHGATKP -m comment --comment ns3/svc3:p80 -s 10.180.0.3 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-OYPFS5VJICHGATKP -m comment --comment ns3/svc3:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.3:80
-            -A KUBE-SEP-RS4RBKLTHTF2IUXJ -m comment --comment ns2/svc2:p80 -s 10.180.0.2 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-RS4RBKLTHTF2IUXJ -m comment --comment ns2/svc2:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.2:80
-            -A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -s 10.180.0.1 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.1:80
-            -A KUBE-SEP-UKSFD7AGPMPPLUHC -m comment --comment ns4/svc4:p80 -s 10.180.0.4 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-UKSFD7AGPMPPLUHC -m comment --comment ns4/svc4:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.4:80
-            -A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment "ns4/svc4:p80 cluster IP" -m tcp -p tcp -d 172.30.0.44 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
-            -A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment "ns4/svc4:p80 -> 10.180.0.4:80" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-UKSFD7AGPMPPLUHC
-            -A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment "ns4/svc4:p80 -> 10.180.0.5:80" -j KUBE-SEP-C6EBXVWJJZMIWKLZ
-            -A KUBE-SVC-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 cluster IP" -m tcp -p tcp -d 172.30.0.42 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
-            -A KUBE-SVC-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 -> 10.180.0.2:80" -j KUBE-SEP-RS4RBKLTHTF2IUXJ
-            -A KUBE-SVC-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 cluster IP" -m tcp -p tcp -d 172.30.0.45 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
-            -A KUBE-SVC-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 -> 10.180.0.3:80" -m recent --name KUBE-SEP-I77PXRDZVX7PMWMN --rcheck --seconds 10800 --reap -j KUBE-SEP-I77PXRDZVX7PMWMN
-            -A KUBE-SVC-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 -> 10.180.0.3:80" -j KUBE-SEP-I77PXRDZVX7PMWMN
-            -A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d 172.30.0.43 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
-            -A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 -> 10.180.0.3:80" -j KUBE-SEP-OYPFS5VJICHGATKP
-            -A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
-            -A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.1:80" -j KUBE-SEP-SXIVWICOYRO3J4NJ
-            COMMIT
-            "#,
-        );
-        assert_lines_eq(&sort_like_upstream(&got), &want);
+        // Upstream's expected text, in its test's order.
+        snapshot("iptables.upstream-overall", &sort_like_upstream(&got));
     }
 
     /// The rules of `chain` in `table` (restore data only: setup has no `-A` lines).
@@ -538,45 +321,6 @@ mod tests {
             nfacct: false,
             ..upstream_test_options()
         };
-        let static_part = dedent(
-            r#"
-            *filter
-            :KUBE-NODEPORTS - [0:0]
-            :KUBE-SERVICES - [0:0]
-            :KUBE-EXTERNAL-SERVICES - [0:0]
-            :KUBE-FIREWALL - [0:0]
-            :KUBE-FORWARD - [0:0]
-            :KUBE-PROXY-FIREWALL - [0:0]
-            -A KUBE-NODEPORTS -m comment --comment "ns1/svc1 health check node port" -m tcp -p tcp --dport 30000 -j ACCEPT
-            -A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
-            -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
-            -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
-            -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
-            COMMIT
-            *nat
-            :KUBE-NODEPORTS - [0:0]
-            :KUBE-SERVICES - [0:0]
-            :KUBE-EXT-AQI2S6QIMU7PVVRP - [0:0]
-            :KUBE-MARK-MASQ - [0:0]
-            :KUBE-POSTROUTING - [0:0]
-            "#,
-        );
-        let ext = dedent(
-            r#"
-            -A KUBE-SERVICES -m comment --comment "ns1/svc1 cluster IP" -m tcp -p tcp -d 172.30.1.1 --dport 80 -j KUBE-SVC-AQI2S6QIMU7PVVRP
-            -A KUBE-SERVICES -m comment --comment "ns1/svc1 loadbalancer IP" -m tcp -p tcp -d 1.2.3.4 --dport 80 -j KUBE-EXT-AQI2S6QIMU7PVVRP
-            -A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
-            -A KUBE-EXT-AQI2S6QIMU7PVVRP -m comment --comment "pod traffic for ns1/svc1 external destinations" -s 10.0.0.0/8 -j KUBE-SVC-AQI2S6QIMU7PVVRP
-            -A KUBE-EXT-AQI2S6QIMU7PVVRP -m comment --comment "masquerade LOCAL traffic for ns1/svc1 external destinations" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ
-            -A KUBE-EXT-AQI2S6QIMU7PVVRP -m comment --comment "route LOCAL traffic for ns1/svc1 external destinations" -m addrtype --src-type LOCAL -j KUBE-SVC-AQI2S6QIMU7PVVRP
-            -A KUBE-EXT-AQI2S6QIMU7PVVRP -j KUBE-SVL-AQI2S6QIMU7PVVRP
-            -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
-            -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
-            -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
-            -A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE
-            "#,
-        );
-
         let ready = lb(&[
             "10.0.1.1@test-node",
             "10.0.1.2@test-node",
@@ -584,42 +328,9 @@ mod tests {
             "10.0.1.4@test-node#terminating",
             "10.0.1.5@host-1",
         ]);
-        let want = static_part.clone()
-            + &dedent(
-                r#"
-            :KUBE-SEP-3JOIVZTXZZRGORX4 - [0:0]
-            :KUBE-SEP-EQCHZ7S2PJ72OHAY - [0:0]
-            :KUBE-SEP-IO5XOSKPAXIFQXAJ - [0:0]
-            :KUBE-SVC-AQI2S6QIMU7PVVRP - [0:0]
-            :KUBE-SVL-AQI2S6QIMU7PVVRP - [0:0]
-            "#,
-            )
-            + &ext
-            + &dedent(
-                r#"
-            -A KUBE-SEP-3JOIVZTXZZRGORX4 -m comment --comment ns1/svc1 -s 10.0.1.1 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-3JOIVZTXZZRGORX4 -m comment --comment ns1/svc1 -m recent --name KUBE-SEP-3JOIVZTXZZRGORX4 --set -m tcp -p tcp -j DNAT --to-destination 10.0.1.1:80
-            -A KUBE-SEP-EQCHZ7S2PJ72OHAY -m comment --comment ns1/svc1 -s 10.0.1.5 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-EQCHZ7S2PJ72OHAY -m comment --comment ns1/svc1 -m recent --name KUBE-SEP-EQCHZ7S2PJ72OHAY --set -m tcp -p tcp -j DNAT --to-destination 10.0.1.5:80
-            -A KUBE-SEP-IO5XOSKPAXIFQXAJ -m comment --comment ns1/svc1 -s 10.0.1.2 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-IO5XOSKPAXIFQXAJ -m comment --comment ns1/svc1 -m recent --name KUBE-SEP-IO5XOSKPAXIFQXAJ --set -m tcp -p tcp -j DNAT --to-destination 10.0.1.2:80
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 cluster IP" -m tcp -p tcp -d 172.30.1.1 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.1:80" -m recent --name KUBE-SEP-3JOIVZTXZZRGORX4 --rcheck --seconds 10800 --reap -j KUBE-SEP-3JOIVZTXZZRGORX4
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.2:80" -m recent --name KUBE-SEP-IO5XOSKPAXIFQXAJ --rcheck --seconds 10800 --reap -j KUBE-SEP-IO5XOSKPAXIFQXAJ
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.5:80" -m recent --name KUBE-SEP-EQCHZ7S2PJ72OHAY --rcheck --seconds 10800 --reap -j KUBE-SEP-EQCHZ7S2PJ72OHAY
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.1:80" -m statistic --mode random --probability 0.3333333333 -j KUBE-SEP-3JOIVZTXZZRGORX4
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.2:80" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-IO5XOSKPAXIFQXAJ
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.5:80" -j KUBE-SEP-EQCHZ7S2PJ72OHAY
-            -A KUBE-SVL-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.1:80" -m recent --name KUBE-SEP-3JOIVZTXZZRGORX4 --rcheck --seconds 10800 --reap -j KUBE-SEP-3JOIVZTXZZRGORX4
-            -A KUBE-SVL-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.2:80" -m recent --name KUBE-SEP-IO5XOSKPAXIFQXAJ --rcheck --seconds 10800 --reap -j KUBE-SEP-IO5XOSKPAXIFQXAJ
-            -A KUBE-SVL-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.1:80" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-3JOIVZTXZZRGORX4
-            -A KUBE-SVL-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.2:80" -j KUBE-SEP-IO5XOSKPAXIFQXAJ
-            COMMIT
-            "#,
-            );
-        assert_lines_eq(
+        snapshot(
+            "iptables.upstream-terminating-local-ready",
             &sort_like_upstream(&compile(&ready, IpFamily::IPv4, &opts)),
-            &want,
         );
 
         let terminating = lb(&[
@@ -628,38 +339,9 @@ mod tests {
             "10.0.1.4@test-node#terminating",
             "10.0.1.5@host-1",
         ]);
-        let want = static_part
-            + &dedent(
-                r#"
-            :KUBE-SEP-EQCHZ7S2PJ72OHAY - [0:0]
-            :KUBE-SEP-IO5XOSKPAXIFQXAJ - [0:0]
-            :KUBE-SEP-XGJFVO3L2O5SRFNT - [0:0]
-            :KUBE-SVC-AQI2S6QIMU7PVVRP - [0:0]
-            :KUBE-SVL-AQI2S6QIMU7PVVRP - [0:0]
-            "#,
-            )
-            + &ext
-            + &dedent(
-                r#"
-            -A KUBE-SEP-EQCHZ7S2PJ72OHAY -m comment --comment ns1/svc1 -s 10.0.1.5 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-EQCHZ7S2PJ72OHAY -m comment --comment ns1/svc1 -m recent --name KUBE-SEP-EQCHZ7S2PJ72OHAY --set -m tcp -p tcp -j DNAT --to-destination 10.0.1.5:80
-            -A KUBE-SEP-IO5XOSKPAXIFQXAJ -m comment --comment ns1/svc1 -s 10.0.1.2 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-IO5XOSKPAXIFQXAJ -m comment --comment ns1/svc1 -m recent --name KUBE-SEP-IO5XOSKPAXIFQXAJ --set -m tcp -p tcp -j DNAT --to-destination 10.0.1.2:80
-            -A KUBE-SEP-XGJFVO3L2O5SRFNT -m comment --comment ns1/svc1 -s 10.0.1.3 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-XGJFVO3L2O5SRFNT -m comment --comment ns1/svc1 -m recent --name KUBE-SEP-XGJFVO3L2O5SRFNT --set -m tcp -p tcp -j DNAT --to-destination 10.0.1.3:80
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 cluster IP" -m tcp -p tcp -d 172.30.1.1 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.5:80" -m recent --name KUBE-SEP-EQCHZ7S2PJ72OHAY --rcheck --seconds 10800 --reap -j KUBE-SEP-EQCHZ7S2PJ72OHAY
-            -A KUBE-SVC-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.5:80" -j KUBE-SEP-EQCHZ7S2PJ72OHAY
-            -A KUBE-SVL-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.2:80" -m recent --name KUBE-SEP-IO5XOSKPAXIFQXAJ --rcheck --seconds 10800 --reap -j KUBE-SEP-IO5XOSKPAXIFQXAJ
-            -A KUBE-SVL-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.3:80" -m recent --name KUBE-SEP-XGJFVO3L2O5SRFNT --rcheck --seconds 10800 --reap -j KUBE-SEP-XGJFVO3L2O5SRFNT
-            -A KUBE-SVL-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.2:80" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-IO5XOSKPAXIFQXAJ
-            -A KUBE-SVL-AQI2S6QIMU7PVVRP -m comment --comment "ns1/svc1 -> 10.0.1.3:80" -j KUBE-SEP-XGJFVO3L2O5SRFNT
-            COMMIT
-            "#,
-            );
-        assert_lines_eq(
+        snapshot(
+            "iptables.upstream-terminating-local-terminating",
             &sort_like_upstream(&compile(&terminating, IpFamily::IPv4, &opts)),
-            &want,
         );
     }
 
@@ -685,83 +367,7 @@ mod tests {
             IpFamily::IPv4,
             &Options::default(),
         );
-        let want = dedent(
-            r#"
-            # svc-compile: kube-proxy (iptables mode) rules for node test-node, IPv4; load with `iptables-restore --noflush`
-            # Set up outside the restore data: canary chains and jumps (iptables -N / -I).
-            *mangle
-            :KUBE-PROXY-CANARY - [0:0]
-            COMMIT
-            *filter
-            :KUBE-PROXY-CANARY - [0:0]
-            :KUBE-EXTERNAL-SERVICES - [0:0]
-            :KUBE-NODEPORTS - [0:0]
-            :KUBE-SERVICES - [0:0]
-            :KUBE-FORWARD - [0:0]
-            :KUBE-PROXY-FIREWALL - [0:0]
-            :KUBE-FIREWALL - [0:0]
-            -I INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES
-            -I FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES
-            -I INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS
-            -I FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
-            -I OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
-            -I FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
-            -I INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
-            -I OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
-            -I FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
-            -I INPUT -j KUBE-FIREWALL
-            -I OUTPUT -j KUBE-FIREWALL
-            COMMIT
-            *nat
-            :KUBE-PROXY-CANARY - [0:0]
-            :KUBE-SERVICES - [0:0]
-            :KUBE-POSTROUTING - [0:0]
-            -I OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
-            -I PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
-            -I POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
-            COMMIT
-            # The restore data of a full sync.
-            *filter
-            :KUBE-SERVICES - [0:0]
-            :KUBE-EXTERNAL-SERVICES - [0:0]
-            :KUBE-FORWARD - [0:0]
-            :KUBE-NODEPORTS - [0:0]
-            :KUBE-PROXY-FIREWALL - [0:0]
-            :KUBE-FIREWALL - [0:0]
-            -A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
-            -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
-            -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x00004000/0x00004000 -j ACCEPT
-            -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
-            COMMIT
-            *nat
-            :KUBE-SERVICES - [0:0]
-            :KUBE-NODEPORTS - [0:0]
-            :KUBE-POSTROUTING - [0:0]
-            :KUBE-MARK-MASQ - [0:0]
-            :KUBE-EXT-XPGD46QRK7WJZT7O - [0:0]
-            :KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]
-            :KUBE-SEP-SXIVWICOYRO3J4NJ - [0:0]
-            :KUBE-SEP-LXVODXWDISEETFEF - [0:0]
-            -A KUBE-POSTROUTING -m mark ! --mark 0x00004000/0x00004000 -j RETURN
-            -A KUBE-POSTROUTING -j MARK --xor-mark 0x00004000
-            -A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
-            -A KUBE-MARK-MASQ -j MARK --or-mark 0x00004000
-            -A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O
-            -A KUBE-NODEPORTS -m comment --comment ns1/svc1:p80 -m tcp -p tcp --dport 30080 -j KUBE-EXT-XPGD46QRK7WJZT7O
-            -A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
-            -A KUBE-EXT-XPGD46QRK7WJZT7O -m comment --comment "masquerade traffic for ns1/svc1:p80 external destinations" -j KUBE-MARK-MASQ
-            -A KUBE-EXT-XPGD46QRK7WJZT7O -j KUBE-SVC-XPGD46QRK7WJZT7O
-            -A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.1:80" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-SXIVWICOYRO3J4NJ
-            -A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.2:80" -j KUBE-SEP-LXVODXWDISEETFEF
-            -A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -s 10.180.0.1 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.1:80
-            -A KUBE-SEP-LXVODXWDISEETFEF -m comment --comment ns1/svc1:p80 -s 10.180.0.2 -j KUBE-MARK-MASQ
-            -A KUBE-SEP-LXVODXWDISEETFEF -m comment --comment ns1/svc1:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.2:80
-            -A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
-            COMMIT
-            "#,
-        );
-        assert_lines_eq(&got, &want);
+        snapshot("iptables.default-document", &got);
 
         // Without the setup, the document is exactly kube-proxy's restore data.
         let bare = compile(
@@ -772,8 +378,8 @@ mod tests {
                 ..Options::default()
             },
         );
-        let data = &want[want.find("*filter\n:KUBE-SERVICES").unwrap()..];
-        assert_eq!(bare, format!("{}\n{data}", want.lines().next().unwrap()));
+        let data = &got[got.find("*filter\n:KUBE-SERVICES").unwrap()..];
+        assert_eq!(bare, format!("{}\n{data}", got.lines().next().unwrap()));
     }
 
     #[test]
@@ -1291,7 +897,7 @@ mod tests {
         ] {
             let Some(ns) = Netns::new() else {
                 let why = "cannot create a network namespace (needs root and iproute2)";
-                crate::kernel_test::skip("documents_load_into_an_empty_namespace", why);
+                crate::testing::skip("documents_load_into_an_empty_namespace", why);
                 return;
             };
             let m = rich_module(family == IpFamily::IPv6);
