@@ -357,10 +357,22 @@ fn message(e: &clap::Error, targets: &[&'static Target]) -> String {
         Some(ContextValue::String(s)) => Some(s.clone()),
         _ => None,
     };
-    // `--format <FORMAT>` → `--format`.
-    let flag = get(ContextKind::InvalidArg)
-        .map(|a| a.split([' ', '=']).next().unwrap_or_default().to_string());
+    // `--format <FORMAT>` → `--format`; a positional `<SHELL>` → `shell`.
+    let name = |a: &str| {
+        let first = a.split([' ', '=']).next().unwrap_or_default();
+        match first.strip_prefix('<').and_then(|f| f.strip_suffix('>')) {
+            Some(positional) => positional.to_ascii_lowercase(),
+            None => first.to_string(),
+        }
+    };
+    let flag = get(ContextKind::InvalidArg).map(|a| name(&a));
     match (e.kind(), flag) {
+        (ErrorKind::MissingRequiredArgument, _) => match e.get(ContextKind::InvalidArg) {
+            Some(ContextValue::Strings(missing)) => {
+                format!("missing {}", one_of(missing.iter().map(|m| name(m))))
+            }
+            _ => "an argument is missing".into(),
+        },
         (ErrorKind::UnknownArgument, Some(f)) if APPLY_FLAGS.contains(&f.as_str()) => {
             format!("{f} belongs to `svc-compile apply`")
         }
@@ -376,10 +388,7 @@ fn message(e: &clap::Error, targets: &[&'static Target]) -> String {
             ),
             Some(v) => match e.get(ContextKind::ValidValue) {
                 Some(ContextValue::Strings(valid)) => {
-                    format!(
-                        "{f} `{v}`: use {}",
-                        one_of(valid.iter().map(String::as_str))
-                    )
+                    format!("{f} `{v}`: use {}", one_of(valid))
                 }
                 _ => format!("{f} `{v}` is not valid"),
             },
@@ -395,12 +404,15 @@ fn message(e: &clap::Error, targets: &[&'static Target]) -> String {
 }
 
 /// `a, b or c`.
-fn one_of<'a>(names: impl Iterator<Item = &'a str>) -> String {
-    let names: Vec<&str> = names.collect();
+fn one_of<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> String {
+    let names: Vec<S> = names.into_iter().collect();
     match names.split_last() {
         None => String::new(),
-        Some((last, [])) => last.to_string(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        Some((last, [])) => last.as_ref().to_string(),
+        Some((last, rest)) => {
+            let rest: Vec<&str> = rest.iter().map(AsRef::as_ref).collect();
+            format!("{} or {}", rest.join(", "), last.as_ref())
+        }
     }
 }
 
@@ -471,7 +483,7 @@ fn compile_command(
             return Err(format!(
                 "--{} belongs to --target {}",
                 f.name,
-                one_of(owners.into_iter())
+                one_of(owners)
             ));
         };
         if !own.repeatable && given.len() > 1 {
@@ -586,10 +598,7 @@ fn check_apply(
         if names.is_empty() {
             return Err("apply: no target can be applied".into());
         }
-        return Err(format!(
-            "apply needs {}",
-            one_of(names.iter().map(String::as_str))
-        ));
+        return Err(format!("apply needs {}", one_of(&names)));
     }
     let sources = [!cmd.paths.is_empty(), apply.from.is_some(), apply.rollback];
     match sources.iter().filter(|s| **s).count() {
@@ -689,6 +698,10 @@ mod tests {
             err(&["m/", "--target", "nope"]),
             "unknown target `nope`: use ir or fake"
         );
+        let Err(missing) = parse_with(&["completions".to_string()], TARGETS) else {
+            panic!("completions without a shell")
+        };
+        assert_eq!(missing, "missing shell");
         assert_eq!(
             err(&["apply", "--from", "x", "--target", "fake"]),
             "apply: no target can be applied"
