@@ -90,7 +90,29 @@ impl Params {
     }
 }
 
-/// The target named `name`.
-pub fn find(name: &str) -> Option<&'static Target> {
-    crate::TARGETS.iter().copied().find(|t| t.name == name)
+#[cfg(test)]
+mod tests {
+    use crate::TARGETS;
+
+    /// What the CLI relies on: names it can parse and tell apart, one-line help, and
+    /// planners only on per-node targets (apply loads one node's document).
+    #[test]
+    fn the_table_is_consistent() {
+        for (i, t) in TARGETS.iter().enumerate() {
+            assert!(
+                t.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{}",
+                t.name
+            );
+            assert!(TARGETS[..i].iter().all(|u| u.name != t.name), "{}", t.name);
+            assert!(!t.about.is_empty() && !t.about.contains('\n'), "{}", t.name);
+            assert!(!t.ext.is_empty() && !t.ext.contains('.'), "{}", t.name);
+            assert!(t.planner.is_none() || t.per_node(), "{}", t.name);
+            for (j, f) in t.flags.iter().enumerate() {
+                assert!(t.flags[..j].iter().all(|g| g.name != f.name), "{}", f.name);
+            }
+        }
+    }
 }
