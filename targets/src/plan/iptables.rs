@@ -15,7 +15,7 @@
 //!
 //! iptables-restore commits each `*table` block as one transaction (legacy: one table
 //! replace; nf_tables: one netlink batch per `COMMIT`, see iptables' `xtables-restore.c`),
-//! so a failed load can leave an earlier table committed: [`Owner::revert`] builds the
+//! so a failed load can leave an earlier table committed: [`Plan::revert`] builds the
 //! document that puts such tables back from the `iptables-save` text read before the load.
 //!
 //! Owned rules are compared in `iptables-save`'s spelling, learnt by loading the rewritten

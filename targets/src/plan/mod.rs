@@ -15,6 +15,10 @@
 //!    load, what the kernel's owned state must look like afterwards, and (iptables) the
 //!    document that undoes a partly committed load.
 //!
+//! A planner may live in its target's own module: it builds [`Prepared`] with its
+//! `Step` and [`Plan`] with its `Owned` (crate-visible), and may use `argv` and
+//! `scratch` for its [`Commands`].
+//!
 //! # What is owned
 //!
 //! iptables: the chains the compiled document declares (it flushes and rewrites them), the
@@ -43,7 +47,7 @@ use std::sync::Arc;
 
 /// One back end's side of `svc-compile apply`: its commands, how to recognise its
 /// documents, the programs it needs, and step one of planning. Step two belongs to what
-/// step one returns ([`Step`]), so the CLI never names a back end.
+/// step one returns (`Step`), so the CLI never names a back end.
 pub trait Planner: Sync {
     /// Its commands for one family.
     fn commands(&self, family: Family) -> Commands;
@@ -151,13 +155,13 @@ pub struct Commands {
     pub scratch: Vec<String>,
 }
 
-fn argv(words: &[&str]) -> Vec<String> {
+pub(crate) fn argv(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()
 }
 
 /// [`Commands::scratch`] for a shell `script` that loads the file `$1` and prints the
 /// state: run in a network namespace of its own, gone when it ends.
-fn scratch(script: &str) -> Vec<String> {
+pub(crate) fn scratch(script: &str) -> Vec<String> {
     argv(&[
         "unshare",
         "--net",
