@@ -178,8 +178,8 @@ fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
     let Render::Node(new) = cmd.target.render else {
         unreachable!("targets with a planner render per node")
     };
-    let params = target_params(cmd)?;
-    let (sources, mut comp) = compile_inputs(cmd)?;
+    let (mut sources, mut comp) = compile_inputs(cmd)?;
+    let params = target_params(cmd, &mut sources)?;
     let mut diags = std::mem::take(&mut comp.diags);
     let mut views: Vec<NodeView> = Vec::new();
     if !diags.has_errors() {

@@ -628,7 +628,12 @@ mod tests {
         name: "fake",
         about: "a target with flags",
         ext: "txt",
-        render: Render::Cluster(|_, _, params| Ok(format!("{params:?}"))),
+        render: Render::Cluster(|_, _, params| {
+            Ok(vec![svc_targets::File {
+                name: "params".into(),
+                text: format!("{params:?}"),
+            }])
+        }),
         flags: &[
             Flag {
                 name: "part",

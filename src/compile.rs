@@ -73,20 +73,32 @@ pub(crate) fn node_jobs(
         .collect()
 }
 
-/// The target's own flags, with the files they name read.
-pub(crate) fn target_params(cmd: &Command) -> Result<Params, Fail> {
+/// The target's own flags, with the files they name read and added to `sources` (so that
+/// a diagnostic of the target can point into them).
+pub(crate) fn target_params(cmd: &Command, sources: &mut SourceMap) -> Result<Params, Fail> {
     let mut params = Params::default();
     for flag in cmd.target.flags {
         for v in cmd.params.all(flag.name) {
-            let value = if flag.file {
-                read_file(Path::new(v))?
+            if flag.file {
+                let text = read_file(Path::new(v))?;
+                let id = sources.add(v.clone(), text.clone());
+                params.push_file(flag.name, v.clone(), id, text);
             } else {
-                v.clone()
-            };
-            params.push(flag.name, value);
+                params.push(flag.name, v.clone());
+            }
         }
     }
     Ok(params)
+}
+
+/// How many files of `sources` are target files (added by [`target_params`]), not inputs.
+pub(crate) fn target_file_count(cmd: &Command) -> usize {
+    cmd.target
+        .flags
+        .iter()
+        .filter(|f| f.file)
+        .map(|f| cmd.params.all(f.name).len())
+        .sum()
 }
 
 #[cfg(test)]
@@ -99,7 +111,7 @@ mod tests {
         name: "templates",
         about: "a target that reads a file",
         ext: "txt",
-        render: Render::Cluster(|_, _, _| Ok(String::new())),
+        render: Render::Cluster(|_, _, _| Ok(vec![])),
         flags: &[Flag {
             name: "template",
             value_name: "FILE",
@@ -134,8 +146,14 @@ mod tests {
             "--template",
             b.to_str().unwrap(),
         ]);
-        let params = target_params(&cmd).ok().expect("files read");
+        let mut sources = SourceMap::default();
+        let params = target_params(&cmd, &mut sources).ok().expect("files read");
         assert_eq!(params.all("template"), ["A {{x}}\n", "B\n"]);
+        // In the source map too, for diagnostics that point into them.
+        let files = params.files("template");
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[1].0, b.to_str().unwrap());
+        assert_eq!(sources.files[files[1].1 .0 as usize].text, "B\n");
         std::fs::remove_dir_all(&dir).unwrap();
         let missing = dir.join("missing.tmpl");
         let cmd = command(&[
@@ -145,7 +163,7 @@ mod tests {
             "--template",
             missing.to_str().unwrap(),
         ]);
-        let Err(Fail(msg)) = target_params(&cmd) else {
+        let Err(Fail(msg)) = target_params(&cmd, &mut SourceMap::default()) else {
             panic!("a missing file is read")
         };
         assert!(msg.starts_with("cannot read "), "{msg}");

@@ -50,7 +50,8 @@ pub(crate) fn print_diagnostics(cmd: &Command, diags: &diag::Diagnostics, source
                         std::io::stdout(),
                         "ok: {} file(s) checked, {} warning(s)",
                         sources.files.len()
-                            - cmd.lock.iter().filter(|p| Path::new(p).exists()).count(),
+                            - cmd.lock.iter().filter(|p| Path::new(p).exists()).count()
+                            - crate::compile::target_file_count(cmd),
                         diags.count(Severity::Warning)
                     );
                 }

@@ -10,7 +10,7 @@ use svc_compiler::net::IpFamily;
 use svc_compiler::passes::allocate::write_lock;
 use svc_compiler::passes::node::{check_selection, node_view, NodeSelection};
 use svc_compiler::source::{FileId, SourceMap};
-use svc_targets::{Params, Render, Sharing};
+use svc_targets::{File, Params, Render, RenderError, Sharing};
 
 /// `svc-compile check` and `svc-compile compile`.
 pub fn run(cmd: Command) -> u8 {
@@ -24,15 +24,15 @@ pub fn gen(cmd: GenCommand) -> u8 {
 }
 
 fn run_inner(cmd: &Command) -> Result<u8, Fail> {
-    let params = target_params(cmd)?;
-    let (sources, mut comp) = compile_inputs(cmd)?;
+    let (mut sources, mut comp) = compile_inputs(cmd)?;
+    let params = target_params(cmd, &mut sources)?;
     let mut diags = std::mem::take(&mut comp.diags);
 
     // Node views (per node and family), when the command asks for them: rendered into
     // `output`, or (with --out, for a per-node target) listed in `per_node` to be rendered
     // file by file.
     let target = cmd.target;
-    let mut output: Option<Result<String, String>> = None;
+    let mut output: Option<Result<Vec<File>, String>> = None;
     let mut per_node: Vec<(NodeSelection, IpFamily)> = Vec::new();
     if !cmd.check && !diags.has_errors() {
         let jobs = node_jobs(cmd, &comp, cmd.out_dir.is_some());
@@ -53,20 +53,31 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
                 }
             }
             if !diags.has_errors() {
-                output = Some(match target.render {
-                    Render::Cluster(render) => render(&comp.module, &views, &params),
+                output = match target.render {
+                    Render::Cluster(render) => match render(&comp.module, &views, &params) {
+                        Ok(files) => Some(Ok(files)),
+                        Err(RenderError::Usage(e)) => Some(Err(e)),
+                        // An error in a file the target read (a template): exit 1.
+                        Err(RenderError::Input(d)) => {
+                            diags.push(*d);
+                            None
+                        }
+                    },
                     Render::Node(new) => {
                         let renderer = new(&params, Sharing::One);
                         let mut text = String::new();
-                        Ok(views
+                        Some(Ok(views
                             .iter()
                             .map(|v| {
                                 renderer.render_into(v, &mut text);
-                                std::mem::take(&mut text)
+                                File {
+                                    name: String::new(),
+                                    text: std::mem::take(&mut text),
+                                }
                             })
-                            .collect())
+                            .collect()))
                     }
-                });
+                };
             }
         }
     }
@@ -83,20 +94,27 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
     if cmd.check {
         return Ok(0);
     }
+    let files = output
+        .transpose()
+        .map_err(|e| Fail(format!("--target {}: {e}", target.name)))?
+        .unwrap_or_default();
     match &cmd.out_dir {
-        Some(dir) if target.per_node() => {
+        Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| Fail(format!("cannot create {dir}: {e}")))?;
-            write_per_node(cmd, &params, &comp.module, &per_node, Path::new(dir))?;
+            if target.per_node() {
+                write_per_node(cmd, &params, &comp.module, &per_node, Path::new(dir))?;
+            } else {
+                // A cluster-wide target's files, each under its own name.
+                for f in &files {
+                    let p = Path::new(dir).join(&f.name);
+                    std::fs::write(&p, &f.text)
+                        .map_err(|e| Fail(format!("cannot write {}: {e}", p.display())))?;
+                }
+            }
         }
-        // A cluster-wide target prints its one document, --out or not.
-        _ => {
-            let text = output
-                .transpose()
-                .map_err(|e| Fail(format!("--target {}: {e}", target.name)))?;
-            write_output(
-                cmd.output.as_deref().filter(|s| !s.is_empty()),
-                text.as_deref().unwrap_or_default(),
-            )?
+        None => {
+            let text: String = files.iter().map(|f| f.text.as_str()).collect();
+            write_output(cmd.output.as_deref().filter(|s| !s.is_empty()), &text)?
         }
     }
     // The process ends here: freeing the IR piece by piece would only cost time.

@@ -8,7 +8,12 @@ pub const TARGET: Target = Target {
     name: "ir",
     about: "the resolved IR as JSON (with --node: plus that node's view)",
     ext: "json",
-    render: Render::Cluster(|module, views, _| Ok(write_string(module, views))),
+    render: Render::Cluster(|module, views, _| {
+        Ok(vec![crate::File {
+            name: "ir.json".into(),
+            text: write_string(module, views),
+        }])
+    }),
     flags: &[],
     planner: None,
 };

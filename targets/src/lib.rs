@@ -11,7 +11,7 @@ pub mod common;
 pub mod plan;
 pub mod registry;
 
-pub use registry::{Flag, NodeRenderer, Params, Render, Sharing, Target};
+pub use registry::{File, Flag, NodeRenderer, Params, Render, RenderError, Sharing, Target};
 
 // The targets: a module each, and one line each in `TARGETS`, in `--help` order.
 pub mod dns;

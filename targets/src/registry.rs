@@ -7,7 +7,9 @@
 
 use crate::plan::Planner;
 use std::collections::BTreeMap;
+use svc_compiler::diag::Diagnostic;
 use svc_compiler::ir::{Module, NodeView};
+use svc_compiler::source::FileId;
 
 /// One back end, as the CLI sees it.
 pub struct Target {
@@ -32,8 +34,37 @@ pub enum Render {
     /// renders the same on several).
     Node(fn(&Params, Sharing) -> Box<dyn NodeRenderer>),
     /// The whole cluster: `--node` is optional, and the views of the nodes it selects
-    /// (none without it) are handed over too. An `Err` is a usage error.
-    Cluster(fn(&Module, &[NodeView], &Params) -> Result<String, String>),
+    /// (none without it) are handed over too. It may give several files: on stdout (or
+    /// `-o FILE`) their texts follow one another in order, with `--out DIR` each is
+    /// written to `DIR/name`.
+    Cluster(ClusterRender),
+}
+
+/// [`Render::Cluster`]'s function.
+pub type ClusterRender = fn(&Module, &[NodeView], &Params) -> Result<Vec<File>, RenderError>;
+
+/// One file of a [`Render::Cluster`] target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct File {
+    /// Its name under `--out DIR` (no directories).
+    pub name: String,
+    pub text: String,
+}
+
+/// Why a [`Render::Cluster`] target gave no output.
+#[derive(Clone, Debug)]
+pub enum RenderError {
+    /// A usage error (exit 2), e.g. a flag's value out of range.
+    Usage(String),
+    /// An error in an input the target reads itself, e.g. a `--template` file (exit 1),
+    /// located with the [`FileId`] of [`Params::files`].
+    Input(Box<Diagnostic>),
+}
+
+impl From<String> for RenderError {
+    fn from(s: String) -> RenderError {
+        RenderError::Usage(s)
+    }
 }
 
 /// Whether a node-scoped renderer will see one node or many.
@@ -72,17 +103,37 @@ pub struct Flag {
 }
 
 /// The values of a target's flags, by flag name: as given, or for a [`Flag::file`] the
-/// file's text.
+/// file's text (and, in [`Params::files`], its path and where the CLI's `SourceMap` holds
+/// it, so that a diagnostic can point into it).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Params(BTreeMap<&'static str, Vec<String>>);
+pub struct Params(BTreeMap<&'static str, Values>);
+
+/// One flag's values, and for a file flag where each came from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Values {
+    given: Vec<String>,
+    files: Vec<(String, FileId)>,
+}
 
 impl Params {
     pub fn push(&mut self, flag: &'static str, value: String) {
-        self.0.entry(flag).or_default().push(value);
+        self.0.entry(flag).or_default().given.push(value);
+    }
+    /// A [`Flag::file`] value: the file's `text`, read from `path` into the source map as
+    /// `file`.
+    pub fn push_file(&mut self, flag: &'static str, path: String, file: FileId, text: String) {
+        let v = self.0.entry(flag).or_default();
+        v.given.push(text);
+        v.files.push((path, file));
     }
     /// Every value of `flag`, in command-line order.
     pub fn all(&self, flag: &str) -> &[String] {
-        self.0.get(flag).map_or(&[], Vec::as_slice)
+        self.0.get(flag).map_or(&[], |v| v.given.as_slice())
+    }
+    /// The path and source-map id of every file of a [`Flag::file`] `flag`, in the order
+    /// of [`Params::all`] (empty when the values were pushed as plain text).
+    pub fn files(&self, flag: &str) -> &[(String, FileId)] {
+        self.0.get(flag).map_or(&[], |v| v.files.as_slice())
     }
     /// The last value of `flag`.
     pub fn get(&self, flag: &str) -> Option<&str> {
