@@ -387,3 +387,220 @@ fn the_default_command_is_compile() {
     c.expect(0);
     assert_eq!(a.stdout, c.stdout);
 }
+
+/// The names in `dir`, sorted.
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `--target dns`: the three zones one after the other on stdout, or a file each with
+/// `--out DIR` (the same texts).
+#[test]
+fn dns_prints_the_zones_or_writes_a_file_each() {
+    let r = svc(&["examples/", "--target", "dns"], None, &root());
+    r.expect(0);
+    let origins: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("$ORIGIN "))
+        .collect();
+    assert_eq!(origins, ["cluster.local.", "in-addr.arpa.", "ip6.arpa."]);
+    for want in [
+        "my-service.default.svc.cluster.local. 5 IN A 10.0.202.231",
+        "my-service.prod.svc.cluster.local. 5 IN CNAME my.database.example.com.",
+        "231.202.0.10.in-addr.arpa. 5 IN PTR my-service.default.svc.cluster.local.",
+    ] {
+        assert!(r.stdout.lines().any(|l| l == want), "{want}: {}", r.stdout);
+    }
+    let t = TempDir::new("dns");
+    let out = t.path().join("zones");
+    let args = [
+        "examples/",
+        "--target",
+        "dns",
+        "--ttl",
+        "30",
+        "--cluster-domain",
+        "k8s.test",
+    ];
+    let w = svc(
+        &[&args[..], &["--out", out.to_str().unwrap()]].concat(),
+        None,
+        &root(),
+    );
+    w.expect(0);
+    assert_eq!(w.stdout, "");
+    assert_eq!(
+        listing(&out),
+        ["in-addr.arpa.zone", "ip6.arpa.zone", "k8s.test.zone"]
+    );
+    let printed = svc(&args, None, &root());
+    printed.expect(0);
+    let read = |n: &str| std::fs::read_to_string(out.join(n)).unwrap();
+    assert_eq!(
+        printed.stdout,
+        read("k8s.test.zone") + &read("in-addr.arpa.zone") + &read("ip6.arpa.zone")
+    );
+    assert!(read("k8s.test.zone").contains("my-service.default.svc.k8s.test. 30 IN A 10.0.202.231"));
+    let bad = svc(
+        &["examples/", "--target", "dns", "--ttl", "1h"],
+        None,
+        &root(),
+    );
+    bad.expect(2);
+    assert!(bad.stderr.contains("--ttl `1h`"), "{}", bad.stderr);
+}
+
+/// `--target env --namespace NS` prints NS's variables; without it, every namespace, and
+/// with `--out DIR` a file each; `env-json` is JSON.
+#[test]
+fn env_by_namespace_and_every_namespace() {
+    let r = svc(
+        &["examples/", "--target", "env", "--namespace", "default"],
+        None,
+        &root(),
+    );
+    r.expect(0);
+    assert!(
+        r.stdout.starts_with("# namespace default\n"),
+        "{}",
+        r.stdout
+    );
+    for want in [
+        "MY_SERVICE_SERVICE_HOST=10.0.202.231",
+        "MY_SERVICE_PORT=tcp://10.0.202.231:80",
+        "MY_MULTIPORT_SERVICE_SERVICE_PORT_HTTPS=443",
+    ] {
+        assert!(r.stdout.lines().any(|l| l == want), "{want}: {}", r.stdout);
+    }
+    let t = TempDir::new("env");
+    let out = t.path().join("env");
+    svc(
+        &[
+            "examples/",
+            "--target",
+            "env",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+        &root(),
+    )
+    .expect(0);
+    assert_eq!(listing(&out), ["default.env", "prod.env"]);
+    assert_eq!(
+        std::fs::read_to_string(out.join("default.env")).unwrap(),
+        r.stdout
+    );
+    let json = svc(
+        &[
+            "examples/",
+            "--target",
+            "env-json",
+            "--namespace",
+            "default",
+        ],
+        None,
+        &root(),
+    );
+    json.expect(0);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert!(v
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "MY_SERVICE_SERVICE_HOST" && e["value"] == "10.0.202.231"));
+    let all = svc(&["examples/", "--target", "env-json"], None, &root());
+    all.expect(0);
+    let all: serde_json::Value = serde_json::from_str(&all.stdout).unwrap();
+    assert_eq!(all["default"], v);
+}
+
+/// `--target template --template FILE`: the template rendered over the IR view; an error
+/// in it is SVC501 at the template's file:line:col, exit 1.
+#[test]
+fn template_renders_and_its_errors_are_diagnostics() {
+    let r = svc(
+        &[
+            "examples/",
+            "--target",
+            "template",
+            "--template",
+            "examples/templates/etc-hosts.j2",
+        ],
+        None,
+        &root(),
+    );
+    r.expect(0);
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l == "10.0.202.231\tmy-service.default.svc.cluster.local my-service.default"),
+        "{}",
+        r.stdout
+    );
+    let t = TempDir::new("template");
+    let bad = t.path().join("bad.j2");
+    std::fs::write(
+        &bad,
+        "{% for s in services %}\n{{ s.nmae }}\n{% endfor %}\n",
+    )
+    .unwrap();
+    let e = svc(
+        &[
+            "examples/",
+            "--target",
+            "template",
+            "--template",
+            bad.to_str().unwrap(),
+        ],
+        None,
+        &root(),
+    );
+    e.expect(1);
+    assert_eq!(e.stdout, "");
+    assert!(
+        e.stderr
+            .starts_with("error[SVC501]: template: undefined value"),
+        "{}",
+        e.stderr
+    );
+    assert!(
+        e.stderr.contains(&format!("--> {}:2:4\n", bad.display())),
+        "{}",
+        e.stderr
+    );
+    assert!(e.stderr.contains("2 | {{ s.nmae }}"), "{}", e.stderr);
+    let none = svc(&["examples/", "--target", "template"], None, &root());
+    none.expect(2);
+    assert!(
+        none.stderr.contains("needs --template FILE"),
+        "{}",
+        none.stderr
+    );
+    // With nodes and --out, one file per node.
+    let out = t.path().join("out");
+    svc(
+        &[
+            "golden/cases/dual-stack-ipv6",
+            "--service-cluster-ip-range",
+            "10.96.0.0/12,fd00:10:96::/112",
+            "--target",
+            "template",
+            "--template",
+            "examples/templates/haproxy.cfg.j2",
+            "--all-nodes",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+        &root(),
+    )
+    .expect(0);
+    assert_eq!(listing(&out), ["node-1.haproxy.cfg", "node-2.haproxy.cfg"]);
+}

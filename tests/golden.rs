@@ -64,12 +64,35 @@ pub fn case_args(case: &str) -> Vec<String> {
     }
 }
 
+/// Flags a target cannot render without, added to every case's `args` for that target
+/// (data: one line per such target). `template` renders every shipped example.
+const TARGET_ARGS: &[(&str, &[&str])] = &[(
+    "template",
+    &[
+        "--template",
+        "examples/templates/blackbox-targets.json.j2",
+        "--template",
+        "examples/templates/coredns-hosts.j2",
+        "--template",
+        "examples/templates/etc-hosts.j2",
+        "--template",
+        "examples/templates/haproxy.cfg.j2",
+        "--template",
+        "examples/templates/userspace-iptables.rules.j2",
+    ],
+)];
+
 /// Compile one case for one target through the CLI.
 pub fn compile_case(case: &str, target: &str) -> String {
     let dir = format!("golden/cases/{case}");
     let args = case_args(case);
     let mut a: Vec<&str> = vec![&dir, "--target", target];
     a.extend(args.iter().map(String::as_str));
+    for (t, extra) in TARGET_ARGS {
+        if *t == target {
+            a.extend(extra.iter());
+        }
+    }
     let r = svc(&a, None, &root());
     r.expect(0);
     r.stdout

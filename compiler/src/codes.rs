@@ -17,6 +17,11 @@
 //! | SVC352 | error    | the node-port range is full (a nodePort or a healthCheckNodePort) |
 //! | SVC360 | error    | the lock file cannot be read |
 //! | SVC401 | error    | the node to compile for is unknown (no Node manifest, no --node-ip) |
+//!
+//! The back ends' inputs of their own (crate `svc-targets`, so not in the table above,
+//! which lists this crate's codes):
+//! - SVC501, error: a `--template` file does not parse or render
+//!   (`svc_targets::template::TEMPLATE_ERROR_CODE`), at the template's line and column.
 
 #[cfg(test)]
 mod tests {

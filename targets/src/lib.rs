@@ -27,6 +27,10 @@ pub static TARGETS: &[&Target] = &[
     &iptables::TARGET,
     &nftables::TARGET,
     &nftables::JSON_TARGET,
+    &dns::TARGET,
+    &env::TARGET,
+    &env::JSON_TARGET,
+    &template::TARGET,
 ];
 
 #[cfg(test)]

@@ -79,6 +79,42 @@ impl Default for Options {
     }
 }
 
+/// `--target dns [--ttl SECONDS]`: the three zones as `<origin>zone` files (the domain is
+/// the module's, `--cluster-domain`).
+pub const TARGET: crate::Target = crate::Target {
+    name: "dns",
+    about: "zone files for the cluster domain and the reverse zones (Kubernetes DNS spec)",
+    ext: "zone",
+    render: crate::Render::Cluster(|module, _, params| render(module, params)),
+    flags: &[crate::Flag {
+        name: "ttl",
+        value_name: "SECONDS",
+        help: "dns: the TTL of every record, 0-3600 [default: 5]",
+        repeatable: false,
+        file: false,
+    }],
+    planner: None,
+};
+
+fn render(module: &Module, params: &crate::Params) -> Result<Vec<crate::File>, crate::RenderError> {
+    let mut opts = Options::default();
+    if let Some(t) = params.get("ttl") {
+        // CoreDNS's kubernetes plugin accepts 0..=3600.
+        opts.ttl = t
+            .parse()
+            .ok()
+            .filter(|t| *t <= 3600)
+            .ok_or_else(|| format!("--ttl `{t}`: give seconds from 0 to 3600"))?;
+    }
+    Ok(write_zones(module, &opts)
+        .into_iter()
+        .map(|z| crate::File {
+            name: format!("{}zone", z.origin),
+            text: z.text,
+        })
+        .collect())
+}
+
 /// One zone: its origin (absolute, with the trailing dot) and its zone-file text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Zone {

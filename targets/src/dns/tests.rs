@@ -218,3 +218,38 @@ fn zones_come_in_a_fixed_set() {
     assert_eq!(origins, ["cluster.local.", "in-addr.arpa.", "ip6.arpa."]);
     assert_eq!(z[0].text, write_zone(&m, &Options::default()));
 }
+
+/// `--target dns`: one file per zone, named after its origin; `--ttl` checked.
+#[test]
+fn the_target_gives_a_file_per_zone() {
+    let m = module(&format!("{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop}}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{{name: http, port: 80}}]\n"));
+    let crate::Render::Cluster(render) = TARGET.render else {
+        panic!("dns is cluster-scoped")
+    };
+    let files = render(&m, &[], &crate::Params::default()).unwrap();
+    let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["cluster.local.zone", "in-addr.arpa.zone", "ip6.arpa.zone"]
+    );
+    let zones = write_zones(&m, &Options::default());
+    assert!(files.iter().zip(&zones).all(|(f, z)| f.text == z.text));
+    let mut p = crate::Params::default();
+    p.push("ttl", "60".into());
+    let files = render(&m, &[], &p).unwrap();
+    assert!(
+        files[0]
+            .text
+            .contains("web.shop.svc.cluster.local. 60 IN A 10.96.0.10"),
+        "{}",
+        files[0].text
+    );
+    for bad in ["3601", "-1", "5s", ""] {
+        let mut p = crate::Params::default();
+        p.push("ttl", bad.into());
+        match render(&m, &[], &p) {
+            Err(crate::RenderError::Usage(e)) => assert!(e.starts_with("--ttl"), "{e}"),
+            other => panic!("--ttl {bad:?}: {other:?}"),
+        }
+    }
+}

@@ -41,6 +41,98 @@ impl Default for Options {
     }
 }
 
+/// `--target env [--namespace NS]`: one `NS.env` file per namespace (every namespace
+/// that has services, or NS), each headed by a `# namespace NS` comment.
+pub const TARGET: crate::Target = crate::Target {
+    name: "env",
+    about: "the service environment variables kubelet gives a pod, per namespace",
+    ext: "env",
+    render: crate::Render::Cluster(|module, _, params| Ok(render_env(module, params)?)),
+    flags: &[NAMESPACE],
+    planner: None,
+};
+
+/// `--target env-json [--namespace NS]`: with NS, `NS.json`, a container's `env` list;
+/// without, `env.json`, an object of those lists by namespace (one JSON document).
+pub const JSON_TARGET: crate::Target = crate::Target {
+    name: "env-json",
+    about: "the service environment variables as a container's env list (JSON)",
+    ext: "json",
+    render: crate::Render::Cluster(|module, _, params| Ok(render_json(module, params)?)),
+    flags: &[NAMESPACE],
+    planner: None,
+};
+
+const NAMESPACE: crate::Flag = crate::Flag {
+    name: "namespace",
+    value_name: "NS",
+    help: "env, env-json: the pod's namespace [default: every namespace with services]",
+    repeatable: false,
+    file: false,
+};
+
+/// The namespaces a run renders: `--namespace`, or every one that has services. A
+/// namespace is a DNS label, which also keeps `--out DIR/NS.env` inside DIR.
+fn chosen(module: &Module, params: &crate::Params) -> Result<Vec<String>, String> {
+    match params.get("namespace") {
+        Some(ns) => {
+            let label = !ns.is_empty()
+                && ns.len() <= 63
+                && ns
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !ns.starts_with('-')
+                && !ns.ends_with('-');
+            if !label {
+                return Err(format!(
+                    "--namespace `{ns}` is not a namespace name (a DNS label: a-z, 0-9, -)"
+                ));
+            }
+            Ok(vec![ns.to_string()])
+        }
+        None => Ok(namespaces(module)),
+    }
+}
+
+fn render_env(module: &Module, params: &crate::Params) -> Result<Vec<crate::File>, String> {
+    Ok(chosen(module, params)?
+        .into_iter()
+        .map(|ns| crate::File {
+            text: format!("# namespace {ns}\n{}", write_env(module, &ns)),
+            name: format!("{ns}.env"),
+        })
+        .collect())
+}
+
+fn render_json(module: &Module, params: &crate::Params) -> Result<Vec<crate::File>, String> {
+    if params.get("namespace").is_some() {
+        return Ok(chosen(module, params)?
+            .into_iter()
+            .map(|ns| crate::File {
+                text: write_json(module, &ns),
+                name: format!("{ns}.json"),
+            })
+            .collect());
+    }
+    let opts = Options::default();
+    let all: serde_json::Map<String, serde_json::Value> = namespaces(module)
+        .into_iter()
+        .map(|ns| {
+            let list = variables(module, &ns, &opts)
+                .into_iter()
+                .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
+                .collect();
+            (ns, serde_json::Value::Array(list))
+        })
+        .collect();
+    let mut text = serde_json::to_string_pretty(&all).unwrap_or_default();
+    text.push('\n');
+    Ok(vec![crate::File {
+        name: "env.json".into(),
+        text,
+    }])
+}
+
 /// The variables of a container in `namespace`, sorted by name.
 pub fn variables(module: &Module, namespace: &str, opts: &Options) -> Vec<(String, String)> {
     // Services by name, as kubelet's serviceMap.

@@ -227,3 +227,72 @@ fn env_file_and_json() {
     assert_eq!(arr[0]["name"], "KUBERNETES_PORT");
     assert_eq!(arr[0]["value"], "tcp://1.2.3.1:443");
 }
+
+fn run(t: &crate::Target, m: &Module, ns: Option<&str>) -> Result<Vec<crate::File>, String> {
+    let crate::Render::Cluster(render) = t.render else {
+        panic!("env is cluster-scoped")
+    };
+    let mut p = crate::Params::default();
+    if let Some(ns) = ns {
+        p.push("namespace", ns.into());
+    }
+    render(m, &[], &p).map_err(|e| match e {
+        crate::RenderError::Usage(e) => e,
+        crate::RenderError::Input(d) => panic!("{d:?}"),
+    })
+}
+
+/// `--target env`/`env-json`: `--namespace NS` gives NS's file; without it, every
+/// namespace that has services (env: a file each; env-json: one object by namespace).
+#[test]
+fn the_targets_by_namespace() {
+    let y = [
+        CLUSTER.to_string(),
+        svc(
+            "default",
+            "kubernetes",
+            "1.0.0.1",
+            "[{name: https, port: 443}]",
+        ),
+        svc("shop", "web", "1.0.0.2", "[{port: 80}]"),
+    ]
+    .concat();
+    let m = module(&y);
+    let files = run(&TARGET, &m, Some("shop")).unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].name, "shop.env");
+    assert_eq!(
+        files[0].text,
+        format!("# namespace shop\n{}", write_env(&m, "shop"))
+    );
+    assert!(files[0].text.contains("\nWEB_SERVICE_HOST=1.0.0.2\n"));
+    // A namespace without services still gets default/kubernetes.
+    let other = run(&TARGET, &m, Some("empty")).unwrap();
+    assert_eq!(other[0].name, "empty.env");
+    assert!(other[0].text.contains("KUBERNETES_SERVICE_HOST=1.0.0.1"));
+    assert!(!other[0].text.contains("WEB_"));
+    let all = run(&TARGET, &m, None).unwrap();
+    let names: Vec<&str> = all.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["default.env", "shop.env"]);
+    assert_eq!(all[1], files[0]);
+
+    let json = run(&JSON_TARGET, &m, Some("shop")).unwrap();
+    assert_eq!(json[0].name, "shop.json");
+    assert_eq!(json[0].text, write_json(&m, "shop"));
+    let all = run(&JSON_TARGET, &m, None).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].name, "env.json");
+    let v: serde_json::Value = serde_json::from_str(&all[0].text).unwrap();
+    let shop: serde_json::Value = serde_json::from_str(&write_json(&m, "shop")).unwrap();
+    assert_eq!(v["shop"], shop);
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["default", "shop"]);
+
+    // A namespace is a DNS label (and stays inside --out DIR).
+    for bad in ["../x", "Shop", "", "-a", "a/b"] {
+        for t in [&TARGET, &JSON_TARGET] {
+            let e = run(t, &m, Some(bad)).unwrap_err();
+            assert!(e.starts_with("--namespace"), "{e}");
+        }
+    }
+}

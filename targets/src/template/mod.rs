@@ -203,6 +203,80 @@ pub fn view<'a>(module: &'a Module, views: &'a [NodeView]) -> View<'a> {
     }
 }
 
+/// `--target template --template FILE...`: each template rendered once per node selected
+/// (its views of every family rendered together), or once without a node. A file is
+/// named after its template without `.j2`/`.jinja` (`haproxy.cfg.j2` → `haproxy.cfg`),
+/// prefixed with the node (`node-a.haproxy.cfg`) when there is one.
+pub const TARGET: crate::Target = crate::Target {
+    name: "template",
+    about: "your minijinja templates rendered over a versioned view of the IR",
+    ext: "txt",
+    render: crate::Render::Cluster(render_target),
+    flags: &[crate::Flag {
+        name: "template",
+        value_name: "FILE",
+        help: "template: a minijinja template to render (repeatable)",
+        repeatable: true,
+        file: true,
+    }],
+    planner: None,
+};
+
+fn render_target(
+    module: &Module,
+    views: &[NodeView],
+    params: &crate::Params,
+) -> Result<Vec<crate::File>, crate::RenderError> {
+    let texts = params.all("template");
+    if texts.is_empty() {
+        return Err("needs --template FILE (examples in examples/templates/)"
+            .to_string()
+            .into());
+    }
+    // The nodes in the order selected, each with its views (one per family).
+    let mut nodes: Vec<&[NodeView]> = Vec::new();
+    let mut rest = views;
+    while let Some(first) = rest.first() {
+        let n = rest
+            .iter()
+            .take_while(|v| v.node_name == first.node_name)
+            .count();
+        nodes.push(&rest[..n]);
+        rest = &rest[n..];
+    }
+    if nodes.is_empty() {
+        nodes.push(&[]);
+    }
+    let files = params.files("template");
+    let mut out: Vec<crate::File> = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        let (path, id) = match files.get(i) {
+            Some((path, id)) => (path.as_str(), Some(*id)),
+            None => ("template", None),
+        };
+        let base = path.rsplit('/').next().unwrap_or(path);
+        let base = base
+            .strip_suffix(".j2")
+            .or_else(|| base.strip_suffix(".jinja"))
+            .unwrap_or(base);
+        for node in &nodes {
+            let name = match node.first() {
+                Some(v) => format!("{}.{base}", v.node_name),
+                None => base.to_string(),
+            };
+            if out.iter().any(|f| f.name == name) {
+                return Err(format!("two templates would both write {name}: rename one").into());
+            }
+            let text = render(module, node, path, text).map_err(|e| match id {
+                Some(id) => crate::RenderError::Input(Box::new(e.diagnostic(id))),
+                None => crate::RenderError::Usage(e.to_string()),
+            })?;
+            out.push(crate::File { name, text });
+        }
+    }
+    Ok(out)
+}
+
 /// The diagnostic code of a template that failed to parse or render.
 pub const TEMPLATE_ERROR_CODE: &str = "SVC501";
 

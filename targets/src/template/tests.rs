@@ -173,3 +173,88 @@ fn blackbox_example_is_a_file_sd_list_with_one_probe_per_tcp_port() {
     );
     assert_eq!(v[0]["labels"]["module"], "tcp_connect");
 }
+
+fn run_target(
+    m: &Module,
+    views: &[NodeView],
+    templates: &[(&str, &str)],
+) -> Result<Vec<crate::File>, crate::RenderError> {
+    let crate::Render::Cluster(render) = TARGET.render else {
+        panic!("template is cluster-scoped")
+    };
+    let mut p = crate::Params::default();
+    for (i, (path, text)) in templates.iter().enumerate() {
+        p.push_file(
+            "template",
+            path.to_string(),
+            svc_compiler::source::FileId(i as u32 + 7),
+            text.to_string(),
+        );
+    }
+    render(m, views, &p)
+}
+
+/// `--target template`: a file per template (per node with nodes), named after the
+/// template; errors point into the template's file.
+#[test]
+fn the_target_names_files_after_templates_and_nodes() {
+    use svc_compiler::net::IpFamily;
+    use svc_compiler::passes::node::{node_view, NodeSelection};
+    let m = shop();
+    let t = [("dir/hosts.j2", HOSTS), ("x/blackbox.json.jinja", BLACKBOX)];
+    let files = run_target(&m, &[], &t).unwrap();
+    let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["hosts", "blackbox.json"]);
+    assert_eq!(
+        files[0].text,
+        render(&m, &[], "dir/hosts.j2", HOSTS).unwrap()
+    );
+
+    let view = |node: &str, family| {
+        let sel = NodeSelection {
+            name: node.into(),
+            ips: vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()],
+        };
+        node_view(&m, &sel, family).unwrap()
+    };
+    let views = [
+        view("a", IpFamily::IPv4),
+        view("a", IpFamily::IPv6),
+        view("b", IpFamily::IPv4),
+    ];
+    let node = (
+        "n.j2",
+        "{{ node }}:{% for v in views %} {{ v.family }}{% endfor %}.\n",
+    );
+    let files = run_target(&m, &views, &[node]).unwrap();
+    let got: Vec<(&str, &str)> = files
+        .iter()
+        .map(|f| (f.name.as_str(), f.text.as_str()))
+        .collect();
+    assert_eq!(got, [("a.n", "a: IPv4 IPv6.\n"), ("b.n", "b: IPv4.\n")]);
+
+    match run_target(&m, &[], &[("bad.j2", "ok\n{{ nope }}\n")]) {
+        Err(crate::RenderError::Input(d)) => {
+            assert_eq!(d.code, TEMPLATE_ERROR_CODE);
+            let span = d.span.expect("located");
+            assert_eq!(span.file, svc_compiler::source::FileId(7));
+            assert_eq!(span.line, 2);
+        }
+        other => panic!("{other:?}"),
+    }
+    match run_target(&m, &[], &[("a/h.j2", HOSTS), ("b/h.j2", HOSTS)]) {
+        Err(crate::RenderError::Usage(e)) => assert!(e.contains("both write h"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    match run_target(&m, &[], &[]) {
+        Err(crate::RenderError::Usage(e)) => assert!(e.contains("--template FILE"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The code is listed with the others (compiler/src/codes.rs).
+#[test]
+fn the_code_is_documented() {
+    let codes = include_str!("../../../compiler/src/codes.rs");
+    assert!(codes.contains(&format!("//! - {TEMPLATE_ERROR_CODE}, error:")));
+}
