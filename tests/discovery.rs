@@ -8,7 +8,7 @@
 use crate::kernel::lab::NODE;
 use crate::kernel::sys::run_bounded;
 use crate::kernel::{Lab, LabSpec, Outcome, Proto};
-use crate::support::{example_manifests, root, TempDir};
+use crate::support::{example_manifests, root, svc, TempDir};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -492,18 +492,19 @@ fn dns_zones_are_served_by_knot_as_the_spec_says() {
         )),
         Some(&Answer::NxDomain)
     );
-    let n = serve_and_check(&lab, &m, &dns::Options::default(), hand);
+    let n = serve_and_check(&lab, &files, &m, &dns::Options::default(), hand);
 
     // Round 2: the dual-stack golden case (AAAA and ip6.arpa PTR of cluster IPs), with
     // another domain and TTL.
     let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
-    let m = compile(&[
+    let files = [
         (
             "range.yaml".into(),
             "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\nserviceClusterIPRange: 10.96.0.0/12,fd00:10:96::/112\n".into(),
         ),
         ("svc.yaml".into(), read("golden/cases/dual-stack-ipv6/svc.yaml")),
-    ]);
+    ];
+    let m = compile(&files);
     let opts = dns::Options {
         domain: Some("k8s.test".into()),
         ttl: 30,
@@ -542,23 +543,46 @@ fn dns_zones_are_served_by_knot_as_the_spec_says() {
         ),
         (("web.shop.svc.cluster.local.", "A"), Answer::Refused),
     ];
-    let n2 = serve_and_check(&lab, &m, &opts, hand);
+    let n2 = serve_and_check(&lab, &files, &m, &opts, hand);
     println!("dns: {n} + {n2} queries answered as the spec says");
 }
 
-/// Loads the zones of `m` into a fresh knotd in the lab's node and checks every name the
-/// spec implies, plus `hand` (which must agree with the spec table where both speak).
-/// Returns the number of queries.
+/// Loads the zones that `svc-compile FILES --target dns --out DIR` writes (`m` is `files`
+/// compiled; the zones must be those of `opts`) into a fresh knotd in the lab's node and
+/// checks every name the spec implies, plus `hand` (which must agree with the spec table
+/// where both speak). Returns the number of queries.
 fn serve_and_check(
     lab: &Lab,
+    files: &[(String, String)],
     m: &Module,
     opts: &dns::Options,
     hand: Vec<((&str, &str), Answer)>,
 ) -> usize {
     let zones = dns::write_zones(m, opts);
     let dir = TempDir::new("dns-knot");
+    // The CLI writes the zone files knot loads.
+    let input = dir.path().join("manifests");
+    std::fs::create_dir_all(&input).unwrap();
+    for (i, (_, text)) in files.iter().enumerate() {
+        std::fs::write(input.join(format!("{i:03}.yaml")), text).unwrap();
+    }
+    let ttl = opts.ttl.to_string();
+    let mut args = vec![
+        input.to_str().unwrap(),
+        "--target",
+        "dns",
+        "--ttl",
+        &ttl,
+        "--out",
+        dir.path().to_str().unwrap(),
+    ];
+    if let Some(d) = &opts.domain {
+        args.extend(["--cluster-domain", d]);
+    }
+    svc(&args, None, &root()).expect(0);
     for z in &zones {
-        std::fs::write(dir.path().join(format!("{}zone", z.origin)), &z.text).unwrap();
+        let written = std::fs::read_to_string(dir.path().join(format!("{}zone", z.origin)));
+        assert_eq!(written.unwrap(), z.text, "{}", z.origin);
     }
     std::fs::create_dir_all(dir.path().join("db")).unwrap();
     let conf = dir.path().join("knot.conf");
