@@ -2,9 +2,11 @@
 //!
 //! A [`Span`] names a file by [`FileId`] and a 1-based line and column (columns count
 //! characters, as editors do). Line text for code frames is looked up only when a
-//! diagnostic is rendered.
+//! diagnostic is rendered, through a per-file line index built on the first lookup, so
+//! rendering n diagnostics costs one pass over the file plus n lookups.
 
 use serde::Serialize;
+use std::sync::OnceLock;
 
 /// Index into [`SourceMap::files`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -36,6 +38,25 @@ impl Span {
 pub struct SourceFile {
     pub name: String,
     pub text: String,
+    /// Byte offset of the start of each line; built on the first [`SourceMap::line_text`].
+    line_starts: OnceLock<Vec<usize>>,
+}
+
+impl SourceFile {
+    fn line_starts(&self) -> &[usize] {
+        self.line_starts.get_or_init(|| {
+            std::iter::once(0)
+                .chain(after_newlines(&self.text))
+                .collect()
+        })
+    }
+}
+
+fn after_newlines(text: &str) -> impl Iterator<Item = usize> + '_ {
+    text.bytes()
+        .enumerate()
+        .filter(|(_, b)| *b == b'\n')
+        .map(|(i, _)| i + 1)
 }
 
 /// Every input file of one compilation. Files keep the order they were added in, but
@@ -50,6 +71,7 @@ impl SourceMap {
         self.files.push(SourceFile {
             name: name.into(),
             text: text.into(),
+            line_starts: OnceLock::new(),
         });
         FileId(self.files.len() as u32 - 1)
     }
@@ -64,14 +86,40 @@ impl SourceMap {
 
     /// The text of 1-based line `line` of a file, without its line break.
     pub fn line_text(&self, id: FileId, line: u32) -> Option<&str> {
-        let text = &self.file(id).text;
-        text.split('\n')
-            .nth(line.checked_sub(1)? as usize)
-            .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        let file = self.file(id);
+        let starts = file.line_starts();
+        let i = line.checked_sub(1)? as usize;
+        let start = *starts.get(i)?;
+        let end = starts.get(i + 1).map_or(file.text.len(), |e| e - 1);
+        let l = &file.text[start..end];
+        Some(l.strip_suffix('\r').unwrap_or(l))
     }
 
     /// `file:line:col` of a span.
     pub fn location(&self, span: Span) -> String {
         format!("{}:{}:{}", self.name(span.file), span.line, span.col)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_text_matches_splitting_the_text() {
+        for text in ["", "a", "a\n", "a\r\nbb\n\nccc", "\n\n", "x\ny"] {
+            let mut m = SourceMap::default();
+            let f = m.add("f", text);
+            let want: Vec<&str> = text
+                .split('\n')
+                .map(|l| l.strip_suffix('\r').unwrap_or(l))
+                .collect();
+            for line in 0..want.len() as u32 + 2 {
+                let expect = line
+                    .checked_sub(1)
+                    .and_then(|i| want.get(i as usize).copied());
+                assert_eq!(m.line_text(f, line), expect, "{text:?} line {line}");
+            }
+        }
     }
 }
