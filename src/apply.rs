@@ -26,7 +26,8 @@
 //! two writes) counts as no record, so the next apply loads everything.
 
 use crate::cli::{ApplyArgs, Command, Target};
-use crate::run::{compile_inputs, print_diagnostics, read_file, Fail};
+use crate::inputs::read_file;
+use crate::run::{compile_inputs, print_diagnostics, Fail};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;

@@ -31,12 +31,16 @@ OPTIONS:
     --all-nodes                        compile for every Node manifest (needs --out)
     --out DIR                          write one file per node and family into DIR
     -o, --output FILE                  write the output to FILE instead of stdout
-    --service-cluster-ip-range CIDRS   comma-separated, one per family (default 10.96.0.0/12)
+    --service-cluster-ip-range CIDRS   comma-separated, one per family (default 10.96.0.0/12,
+                                       kubeadm's; with --no-allocate: inferred from the input)
     --service-node-port-range RANGE    default 30000-32767
     --cluster-domain DOMAIN            default cluster.local
     --no-allocate                      compile objects exactly as given (a live-cluster dump)
     --lock FILE                        keep allocations stable across commits (read if present)
     --write-lock                       write the allocations back to the --lock file
+    --exclude GLOB                     leave out files and directories the glob matches
+                                       (repeatable; `*`, `?`, `**`; e.g. 'templates/**')
+    --include GLOB                     read only the files a glob matches (repeatable)
     --format text|json|sarif           how diagnostics are printed (default: text;
                                        sarif for code-scanning in CI)
     -h, --help                         this text
@@ -96,6 +100,9 @@ pub struct Command {
     pub lock: Option<String>,
     pub write_lock: bool,
     pub format: Format,
+    /// `--exclude GLOB` / `--include GLOB` (repeatable): which files are read.
+    pub exclude: Vec<String>,
+    pub include: Vec<String>,
     /// `svc-compile apply ...`.
     pub apply: Option<Box<ApplyArgs>>,
 }
@@ -190,6 +197,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         lock: None,
         write_lock: false,
         format: Format::Text,
+        exclude: vec![],
+        include: vec![],
         apply: None,
     };
     let mut it = args.iter().peekable();
@@ -272,6 +281,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             }
             "--cluster-domain" => cmd.cluster_domain = Some(v(flag)?),
             "--no-allocate" => cmd.allocate = false,
+            "--exclude" => cmd.exclude.push(v(flag)?),
+            "--include" => cmd.include.push(v(flag)?),
             "--lock" => cmd.lock = Some(v(flag)?),
             "--write-lock" => cmd.write_lock = true,
             "--format" => {

@@ -4,6 +4,7 @@
 mod alloc;
 mod apply;
 mod cli;
+mod inputs;
 mod run;
 
 use std::process::ExitCode;

@@ -1,14 +1,14 @@
 //! Running a command: the only place that reads files, writes files and prints.
 
 use crate::cli::{Command, Format, GenCommand, Target};
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 use svc_compiler::diag::{self, Severity};
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::allocate::write_lock;
 use svc_compiler::passes::node::{check_selection, node_view, NodeSelection};
-use svc_compiler::source::{FileId, SourceMap};
+use svc_compiler::source::SourceMap;
 
 /// A tool failure (exit 2): one line that says what to do.
 pub(crate) struct Fail(pub(crate) String);
@@ -43,9 +43,15 @@ pub(crate) fn compile_inputs(
     cmd: &Command,
 ) -> Result<(SourceMap, svc_compiler::Compilation), Fail> {
     let mut sources = SourceMap::default();
-    let inputs = read_inputs(&cmd.paths, &mut sources)?;
+    let filters = crate::inputs::Filters {
+        exclude: &cmd.exclude,
+        include: &cmd.include,
+    };
+    let inputs = crate::inputs::read_inputs(&cmd.paths, &filters, &mut sources)?;
     let lock = match &cmd.lock {
-        Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
+        Some(p) if Path::new(p).exists() => {
+            Some(sources.add(p.clone(), crate::inputs::read_file(Path::new(p))?))
+        }
         _ => None,
     };
     let opts = svc_compiler::Options {
@@ -55,7 +61,11 @@ pub(crate) fn compile_inputs(
         allocate: cmd.allocate,
         lock,
     };
-    let comp = svc_compiler::compile(&sources, &inputs, &opts);
+    let mut comp = svc_compiler::compile(&sources, &inputs.files, &opts);
+    if !inputs.diags.items.is_empty() {
+        comp.diags.extend(inputs.diags);
+        comp.diags.sort(&sources);
+    }
     Ok((sources, comp))
 }
 
@@ -334,65 +344,4 @@ fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {
             }
         }
     }
-}
-
-pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {
-    std::fs::read_to_string(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
-}
-
-/// Files, directories (recursive, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
-/// Files are added in name order, whatever the order of the arguments, so that even
-/// "first defined here" in a diagnostic does not depend on how the command was typed.
-fn read_inputs(paths: &[String], sources: &mut SourceMap) -> Result<Vec<FileId>, Fail> {
-    let mut files: Vec<(String, String)> = Vec::new();
-    for p in paths {
-        if p == "-" {
-            let mut text = String::new();
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .map_err(|e| Fail(format!("cannot read standard input: {e}")))?;
-            files.push(("<stdin>".into(), text));
-            continue;
-        }
-        let path = Path::new(p);
-        let meta = std::fs::metadata(path)
-            .map_err(|e| Fail(format!("cannot read {p}: {e}; check the path")))?;
-        if meta.is_dir() {
-            let mut found = Vec::new();
-            walk(path, &mut found)?;
-            for f in found {
-                let text = read_file(&f)?;
-                files.push((f.display().to_string(), text));
-            }
-        } else {
-            files.push((p.clone(), read_file(path)?));
-        }
-    }
-    files.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(files
-        .into_iter()
-        .map(|(name, text)| sources.add(name, text))
-        .collect())
-}
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Fail> {
-    let rd = std::fs::read_dir(dir)
-        .map_err(|e| Fail(format!("cannot read directory {}: {e}", dir.display())))?;
-    for entry in rd {
-        let entry =
-            entry.map_err(|e| Fail(format!("cannot read directory {}: {e}", dir.display())))?;
-        let p = entry.path();
-        if entry.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        if p.is_dir() {
-            walk(&p, out)?;
-        } else if matches!(
-            p.extension().and_then(|e| e.to_str()),
-            Some("yaml" | "yml" | "json")
-        ) {
-            out.push(p);
-        }
-    }
-    Ok(())
 }

@@ -190,6 +190,14 @@ pub struct ClusterConfigDoc {
     pub cluster_domain: Option<Sp<String>>,
 }
 
+/// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
+#[derive(Clone, Debug)]
+pub struct ServiceCidrObj {
+    pub span: Span,
+    pub name: String,
+    pub cidrs: Vec<Sp<String>>,
+}
+
 pub const CLUSTER_CONFIG_API: &str = "svc-compile/v1alpha1";
 
 #[derive(Clone, Debug, Default)]
@@ -201,6 +209,7 @@ pub struct Objects {
     pub pods: Vec<Pod>,
     pub proxy_configs: Vec<ProxyConfigDoc>,
     pub cluster_configs: Vec<ClusterConfigDoc>,
+    pub service_cidrs: Vec<ServiceCidrObj>,
 }
 
 impl Objects {
@@ -212,6 +221,7 @@ impl Objects {
         self.pods.extend(o.pods);
         self.proxy_configs.extend(o.proxy_configs);
         self.cluster_configs.extend(o.cluster_configs);
+        self.service_cidrs.extend(o.service_cidrs);
     }
 }
 
@@ -266,7 +276,14 @@ fn is_list(kind: &str, root: &Node) -> bool {
 }
 
 fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
+    // Only top-level documents may be something else than an object (a kustomization,
+    // Helm's Chart.yaml or values.yaml, a dashboard): a `List`'s items must be objects.
+    let top = matches!(path, Path::Root(_));
     let Value::Map(_) = &root.value else {
+        if top && matches!(root.value, Value::Seq(_)) {
+            d.diags.push(not_an_object(root, "a list"));
+            return;
+        }
         d.diags.push(
             Diagnostic::error(
                 "SVC006",
@@ -280,13 +297,39 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
         );
         return;
     };
+    // A mapping without `kind` and without `metadata` does not claim to be an object.
+    if top && root.get("kind").is_none() && root.get("metadata").is_none() {
+        d.diags.push(not_an_object(
+            root,
+            "a mapping without `kind` or `metadata`",
+        ));
+        return;
+    }
     let api = d.str_(root.get("apiVersion"), &path.key("apiVersion"));
     let kind = d.str_(root.get("kind"), &path.key("kind"));
     let (Some(api), Some(kind)) = (api, kind) else {
+        // kubectl: "apiVersion not set" / "Object 'Kind' is missing".
+        let (message, hint) = match (
+            root.get("apiVersion"),
+            root.get("kind").and_then(Node::as_str),
+        ) {
+            (None, Some(k)) => (
+                format!("object of kind `{k}` without `apiVersion`"),
+                "add its apiVersion (`v1` for Service, Endpoints, Node and Pod)",
+            ),
+            (Some(_), None) => (
+                "object without `kind`".to_string(),
+                "add the kind this object is, e.g. `kind: Service`",
+            ),
+            _ => (
+                "object without `apiVersion` and `kind`".to_string(),
+                "add `apiVersion: v1` and `kind: Service` (or the kind this object is)",
+            ),
+        };
         d.diags.push(
-            Diagnostic::error("SVC006", "object without `apiVersion` and `kind`")
+            Diagnostic::error("SVC006", message)
                 .at(root.span)
-                .hint("add `apiVersion: v1` and `kind: Service` (or the kind this object is)"),
+                .hint(hint),
         );
         return;
     };
@@ -309,6 +352,17 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
             }
         }
         "EndpointSlice" if a == "discovery.k8s.io/v1" || a == "discovery.k8s.io/v1beta1" => {
+            if a.ends_with("v1beta1") {
+                d.diags.push(
+                    Diagnostic::warning(
+                        "SVC013",
+                        "discovery.k8s.io/v1beta1 EndpointSlices were removed in Kubernetes 1.25",
+                    )
+                    .at(api.span)
+                    .path(path.key("apiVersion").to_string())
+                    .hint("use discovery.k8s.io/v1 (topology.kubernetes.io/zone becomes `zone`); API servers since 1.25 reject v1beta1"),
+                );
+            }
             if let Some(s) = endpoint_slice(root, path, a.ends_with("v1beta1"), d) {
                 out.slices.push(s)
             }
@@ -328,6 +382,19 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
         }
         "ConfigMap" if a == "v1" && is_kube_proxy_configmap(root) => {
             kube_proxy_configmap(root, path, d, out);
+        }
+        "ServiceCIDR" if a.starts_with("networking.k8s.io/") => {
+            let sp = path.key("spec");
+            let cidrs = root
+                .get("spec")
+                .and_then(|n| d.map(n, &sp, "ServiceCIDR spec", Some(&["cidrs"])))
+                .map(|f| d.str_list(f.get("cidrs"), &sp.key("cidrs")))
+                .unwrap_or_default();
+            out.service_cidrs.push(ServiceCidrObj {
+                span: root.span,
+                name: object_name(root),
+                cidrs,
+            });
         }
         // Our own lock file may sit among the manifests: nothing to read here.
         "AllocationLock" if a == CLUSTER_CONFIG_API => {}
@@ -356,6 +423,20 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
                 }),
             );
         }
+        k if KINDS.iter().any(|known| known.eq_ignore_ascii_case(k)) => {
+            // The API server's kinds are case-sensitive: kubectl answers "no matches for
+            // kind" for `kind: service`.
+            let known = KINDS.iter().find(|known| known.eq_ignore_ascii_case(k));
+            d.diags.push(
+                Diagnostic::error("SVC011", format!("unknown kind `{k}`"))
+                    .at(kind.span)
+                    .path(path.key("kind").to_string())
+                    .hint(format!(
+                        "did you mean `{}`? Kinds are case-sensitive",
+                        known.expect("matched above")
+                    )),
+            );
+        }
         k => {
             d.diags.push(
                 Diagnostic::note(
@@ -370,6 +451,34 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
             );
         }
     }
+}
+
+/// The kinds svc-compile reads, for "did you mean" on a wrongly cased kind.
+const KINDS: &[&str] = &[
+    "Service",
+    "Endpoints",
+    "EndpointSlice",
+    "Node",
+    "Pod",
+    "List",
+    "ServiceList",
+    "EndpointsList",
+    "EndpointSliceList",
+    "NodeList",
+    "PodList",
+    "KubeProxyConfiguration",
+    "ClusterConfig",
+];
+
+/// A top-level document that is not a Kubernetes object: skipped with a note, as unknown
+/// kinds are, so that `check` can run over a whole repository.
+fn not_an_object(root: &Node, what: &str) -> Diagnostic {
+    Diagnostic::note(
+        "SVC012",
+        format!("skipped a document that is not a Kubernetes object ({what})"),
+    )
+    .at(Span { len: 1, ..root.span })
+    .hint("kustomization.yaml, Chart.yaml, values.yaml and dashboards are not read; leave such files out with --exclude GLOB")
 }
 
 fn object_name(root: &Node) -> String {

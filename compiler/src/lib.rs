@@ -52,7 +52,19 @@ pub struct Compilation {
 /// diagnostics; the module is built from whatever was valid.
 pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compilation {
     let (objects, mut diags) = read(sources, inputs);
-    let settings = settings(&objects, opts);
+    let mut settings = settings(&objects, opts);
+    let range_given = opts.service_cidrs.is_some()
+        || objects
+            .cluster_configs
+            .first()
+            .is_some_and(|c| c.service_cluster_ip_range.is_some());
+    // A dump's own range beats a default that is only right for some clusters.
+    if !opts.allocate && !range_given {
+        if let Some((cidrs, note)) = passes::infer::service_cidrs(&objects) {
+            settings.service_cidrs = cidrs;
+            diags.push(note);
+        }
+    }
     passes::validate::validate(&objects, &settings, &mut diags);
     let lock = match opts.lock {
         Some(f) => {
@@ -68,6 +80,7 @@ pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compil
     let (allocs, new_lock) =
         passes::allocate::allocate(&objects, &settings, &lock, opts.allocate, &mut diags);
     let module = passes::lower::lower(&objects, &settings, resolved, allocs);
+    template_notes(sources, inputs, &mut diags);
     diags.sort(sources);
     Compilation {
         module,
@@ -104,6 +117,32 @@ pub fn read(sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
         }
     }
     (objects, diags)
+}
+
+/// A file with errors that holds `{{` or `${NAME` was most likely never rendered: say so
+/// once, at the first marker, so the errors it caused are read in that light.
+fn template_notes(sources: &SourceMap, inputs: &[FileId], diags: &mut Diagnostics) {
+    let with_errors: std::collections::HashSet<FileId> = diags
+        .items
+        .iter()
+        .filter(|d| d.severity == diag::Severity::Error)
+        .filter_map(|d| d.span.map(|s| s.file))
+        .collect();
+    for &f in inputs.iter().filter(|f| with_errors.contains(f)) {
+        if let Some((span, what)) = tree::template_marker(f, &sources.file(f).text) {
+            diags.push(
+                diag::Diagnostic::note(
+                    "SVC014",
+                    format!("this file looks like an unrendered {what} template"),
+                )
+                .at(span)
+                .hint(match what {
+                    "Helm" => "check what `helm template` renders, or leave the chart's templates out with --exclude GLOB",
+                    _ => "check the file after `envsubst` (or your templating tool), or leave it out with --exclude GLOB",
+                }),
+            );
+        }
+    }
 }
 
 /// Merge the ClusterConfig document (if any) with the flags; flags win. Invalid values in

@@ -80,6 +80,33 @@ pub fn is_plain_number(t: &str) -> bool {
             || (t.parse::<f64>().is_ok() && t.bytes().any(|b| b.is_ascii_digit())))
 }
 
+/// The first template marker of a text, outside comments: `{{` (Helm, Go templates) or
+/// `${NAME` (envsubst, shell), with which kind of template it suggests.
+pub fn template_marker(file: FileId, text: &str) -> Option<(Span, &'static str)> {
+    for (i, line) in text.split('\n').enumerate() {
+        let code = match line.trim_start().starts_with('#') {
+            true => continue,
+            false => line,
+        };
+        let helm = code.find("{{");
+        let env = code.match_indices("${").map(|(j, _)| j).find(|&j| {
+            code[j + 2..]
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        });
+        let (at, what, len) = match (helm, env) {
+            (Some(h), Some(e)) if e < h => (e, "envsubst", 2),
+            (Some(h), _) => (h, "Helm", 2),
+            (None, Some(e)) => (e, "envsubst", 2),
+            (None, None) => continue,
+        };
+        let col = code[..at].chars().count() as u32 + 1;
+        return Some((Span::new(file, i as u32 + 1, col, len), what));
+    }
+    None
+}
+
 /// One document of one file.
 #[derive(Clone, Debug)]
 pub struct Document {
