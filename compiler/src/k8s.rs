@@ -58,6 +58,9 @@ pub struct Service {
     pub publish_not_ready_addresses: bool,
     /// `allocateLoadBalancerNodePorts` (a LoadBalancer gets node ports unless false).
     pub allocate_lb_node_ports: bool,
+    /// Where `allocateLoadBalancerNodePorts` was written, if it was.
+    pub allocate_lb_node_ports_span: Option<Span>,
+    pub load_balancer_class: Option<Sp<String>>,
     pub topology_keys: Vec<Sp<String>>,
     pub topology_keys_span: Option<Span>,
     pub traffic_distribution: Option<Sp<String>>,
@@ -72,6 +75,7 @@ pub struct Port {
     pub port: Option<Sp<i64>>,
     pub target_port: Option<Sp<IntOrString>>,
     pub node_port: Option<Sp<i64>>,
+    pub app_protocol: Option<Sp<String>>,
 }
 
 #[derive(Clone, Debug)]
@@ -101,6 +105,9 @@ pub struct SliceEndpoint {
     pub zone: Option<Sp<String>>,
     pub hint_zones: Vec<String>,
     pub hint_nodes: Vec<String>,
+    pub hostname: Option<Sp<String>>,
+    /// The hints as written, for validation: (`forZones` or `forNodes`, name).
+    pub hints_written: Vec<(&'static str, Sp<String>)>,
 }
 
 #[derive(Clone, Debug)]
@@ -109,6 +116,7 @@ pub struct SlicePort {
     pub name: Option<Sp<String>>,
     pub protocol: Option<Sp<String>>,
     pub port: Option<Sp<i64>>,
+    pub app_protocol: Option<Sp<String>>,
 }
 
 #[derive(Clone, Debug)]
@@ -129,6 +137,7 @@ pub struct Subset {
 pub struct EpAddress {
     pub ip: Sp<String>,
     pub node_name: Option<Sp<String>>,
+    pub hostname: Option<Sp<String>>,
 }
 
 #[derive(Clone, Debug)]
@@ -571,7 +580,6 @@ const SERVICE_SPEC: &[&str] = &[
     "internalTrafficPolicy",
     "topologyKeys",
     "trafficDistribution",
-    "ipFamily",
 ];
 const SERVICE_PORT: &[&str] = &[
     "name",
@@ -607,6 +615,7 @@ fn service(root: &Node, path: &Path, d: &mut Decoder) -> Option<Service> {
             port: d.int(pf.get("port"), &ip.key("port")),
             target_port: d.int_or_string(pf.get("targetPort"), &ip.key("targetPort")),
             node_port: d.int(pf.get("nodePort"), &ip.key("nodePort")),
+            app_protocol: d.str_(pf.get("appProtocol"), &ip.key("appProtocol")),
         });
     }
     let (affinity_timeout, _) = {
@@ -662,13 +671,9 @@ fn service(root: &Node, path: &Path, d: &mut Decoder) -> Option<Service> {
     let selector = s
         .get("selector")
         .map(|n| d.str_map(Some(n), &p("selector")));
-    let mut ip_families = d.str_list(s.get("ipFamilies"), &p("ipFamilies"));
-    // `ipFamily` was the pre-1.20 single-family field (seed 001); read it as ipFamilies.
-    if ip_families.is_empty() {
-        if let Some(f) = d.str_(s.get("ipFamily"), &p("ipFamily")) {
-            ip_families.push(f);
-        }
-    }
+    let ip_families = d.str_list(s.get("ipFamilies"), &p("ipFamilies"));
+    // `ipFamily` (pre-1.20 alpha) is gone: the API server drops it as an unknown field
+    // (SVC003 above) and it does not choose the family.
     Some(Service {
         span: root.span,
         type_: d.str_(s.get("type"), &p("type")),
@@ -706,6 +711,8 @@ fn service(root: &Node, path: &Path, d: &mut Decoder) -> Option<Service> {
                 &p("allocateLoadBalancerNodePorts"),
             )
             .is_none_or(|b| b.v),
+        allocate_lb_node_ports_span: s.get("allocateLoadBalancerNodePorts").map(|n| n.span),
+        load_balancer_class: d.str_(s.get("loadBalancerClass"), &p("loadBalancerClass")),
         topology_keys_span: s.get("topologyKeys").map(|n| n.span),
         topology_keys: d.str_list(s.get("topologyKeys"), &p("topologyKeys")),
         traffic_distribution: d.str_(s.get("trafficDistribution"), &p("trafficDistribution")),
@@ -742,6 +749,7 @@ fn slice_ports(items: &[Node], path: &Path, d: &mut Decoder) -> Vec<SlicePort> {
                 name: d.str_(f.get("name"), &pp.key("name")),
                 protocol: d.str_(f.get("protocol"), &pp.key("protocol")),
                 port: d.int(f.get("port"), &pp.key("port")),
+                app_protocol: d.str_(f.get("appProtocol"), &pp.key("appProtocol")),
             });
         }
     }
@@ -775,6 +783,7 @@ fn endpoint_slice(root: &Node, path: &Path, beta: bool, d: &mut Decoder) -> Opti
                 .map(|b| b.v);
         }
         let (mut hint_zones, mut hint_nodes) = (Vec::new(), Vec::new());
+        let mut hints_written = Vec::new();
         let hp = p.key("hints");
         if let Some(h) = e
             .get("hints")
@@ -786,7 +795,8 @@ fn endpoint_slice(root: &Node, path: &Path, beta: bool, d: &mut Decoder) -> Opti
                     let zp = kp.index(j);
                     if let Some(zf) = d.map(z, &zp, "hint", Some(&["name"])) {
                         if let Some(name) = d.str_(zf.get("name"), &zp.key("name")) {
-                            out.push(name.v);
+                            out.push(name.v.clone());
+                            hints_written.push((key, name));
                         }
                     }
                 }
@@ -819,6 +829,8 @@ fn endpoint_slice(root: &Node, path: &Path, beta: bool, d: &mut Decoder) -> Opti
             zone,
             hint_zones,
             hint_nodes,
+            hostname: d.str_(e.get("hostname"), &p.key("hostname")),
+            hints_written,
         });
     }
     let pp = path.key("ports");
@@ -862,6 +874,7 @@ fn endpoints(root: &Node, path: &Path, d: &mut Decoder) -> Option<Endpoints> {
                         Some(ip) => out.push(EpAddress {
                             ip,
                             node_name: d.str_(af.get("nodeName"), &aap.key("nodeName")),
+                            hostname: d.str_(af.get("hostname"), &aap.key("hostname")),
                         }),
                         None => d.diags.push(
                             Diagnostic::error("SVC010", "endpoint address without `ip`")
