@@ -80,13 +80,16 @@ impl std::fmt::Display for Path<'_> {
 }
 
 fn type_error(n: &Node, want: &str, path: &Path) -> Diagnostic {
-    let found = n.kind_name();
-    let d = Diagnostic::error(
-        "SVC004",
-        format!("`{path}` must be {want}, found a {found}"),
-    )
-    .at(n.span)
-    .path(path.to_string());
+    let found = match (&n.value, n.kind_name()) {
+        // `1e23`, `8.5`: a number, but not the integer asked for.
+        (Value::Scalar { text, .. }, "number") if want.contains("integer") => {
+            format!("`{text}`")
+        }
+        (_, kind) => format!("a {kind}"),
+    };
+    let d = Diagnostic::error("SVC004", format!("`{path}` must be {want}, found {found}"))
+        .at(n.span)
+        .path(path.to_string());
     match (&n.value, want) {
         (Value::Scalar { plain: false, text }, w)
             if w.contains("integer") && text.parse::<i64>().is_ok() =>

@@ -76,6 +76,8 @@ pub struct Port {
     pub target_port: Option<Sp<IntOrString>>,
     pub node_port: Option<Sp<i64>>,
     pub app_protocol: Option<Sp<String>>,
+    /// `port` was written (a value of the wrong type is SVC004, not also "missing").
+    pub port_written: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -117,6 +119,8 @@ pub struct SlicePort {
     pub protocol: Option<Sp<String>>,
     pub port: Option<Sp<i64>>,
     pub app_protocol: Option<Sp<String>>,
+    /// `port` was written (a value of the wrong type is SVC004, not also "missing").
+    pub port_written: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -616,6 +620,7 @@ fn service(root: &Node, path: &Path, d: &mut Decoder) -> Option<Service> {
             target_port: d.int_or_string(pf.get("targetPort"), &ip.key("targetPort")),
             node_port: d.int(pf.get("nodePort"), &ip.key("nodePort")),
             app_protocol: d.str_(pf.get("appProtocol"), &ip.key("appProtocol")),
+            port_written: pf.get("port").is_some(),
         });
     }
     let (affinity_timeout, _) = {
@@ -750,6 +755,7 @@ fn slice_ports(items: &[Node], path: &Path, d: &mut Decoder) -> Vec<SlicePort> {
                 protocol: d.str_(f.get("protocol"), &pp.key("protocol")),
                 port: d.int(f.get("port"), &pp.key("port")),
                 app_protocol: d.str_(f.get("appProtocol"), &pp.key("appProtocol")),
+                port_written: f.get("port").is_some(),
             });
         }
     }

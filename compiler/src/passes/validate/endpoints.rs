@@ -328,7 +328,7 @@ fn ports(cx: &mut Cx, ports: &[SlicePort], prefix: &str, legacy: bool) {
         }
         match &p.port {
             // A slice port without a number means "all ports"; Endpoints need one.
-            None if legacy => cx.push(
+            None if legacy && !p.port_written => cx.push(
                 Diagnostic::error("SVC205", "Endpoints port without `port`")
                     .at(p.span)
                     .path(path("port"))

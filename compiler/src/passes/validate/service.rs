@@ -221,6 +221,8 @@ fn ports(cx: &mut Cx, s: &Service, ty: Type, headless: bool) {
             }
         }
         match &p.port {
+            // Written with the wrong type: decoding reported it (SVC004).
+            None if p.port_written => {}
             None => cx.push(
                 Diagnostic::error("SVC110", "port without `port`")
                     .at(p.span)
