@@ -70,13 +70,19 @@ pub fn read_inputs(
         }
     }
     found.sort();
+    let patches = kustomize_patches(&found);
     let mut seen: HashSet<PathBuf> = HashSet::new();
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut skipped: Vec<(String, Vec<u8>, String)> = Vec::new();
     for (name, path) in found {
         // A file reached by two names (a symlink, or named twice) is one file.
         let real = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
-        if seen.insert(real) {
-            files.push((name, read_bytes(&path)?));
+        if !seen.insert(real.clone()) {
+            continue;
+        }
+        match patches.iter().find(|(p, _)| *p == real) {
+            Some((_, by)) => skipped.push((name, read_bytes(&path)?, by.clone())),
+            None => files.push((name, read_bytes(&path)?)),
         }
     }
     if let Some(bytes) = stdin {
@@ -93,7 +99,38 @@ pub fn read_inputs(
             (_, Some(d)) => out.diags.push(d),
         }
     }
+    // Patches are in the source map (for the note's location) but are not compiled.
+    for (name, bytes, by) in skipped {
+        let (id, _) = sources.add_bytes(name, bytes);
+        out.diags.push(svc_compiler::kustomize::patch_note(id, &by));
+    }
     Ok(out)
+}
+
+/// The real paths of the files that the kustomizations among `found` name as patches,
+/// each with the kustomization that names it. A kustomization that cannot be read names
+/// nothing (it is reported when it is read as an input).
+fn kustomize_patches(found: &[(String, PathBuf)]) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    for (name, path) in found {
+        let is_kustomization = path
+            .file_name()
+            .and_then(|f| f.to_str())
+            .is_some_and(|f| svc_compiler::kustomize::FILE_NAMES.contains(&f));
+        let Some(text) = is_kustomization
+            .then(|| std::fs::read_to_string(path).ok())
+            .flatten()
+        else {
+            continue;
+        };
+        let dir = path.parent().unwrap_or(Path::new("."));
+        for p in svc_compiler::kustomize::patch_paths(&text) {
+            if let Ok(real) = std::fs::canonicalize(dir.join(p)) {
+                out.push((real, name.clone()));
+            }
+        }
+    }
+    out
 }
 
 pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {

@@ -227,3 +227,27 @@ fn no_allocate_infers_the_range_from_the_dump() {
         r.stdout
     );
 }
+
+#[test]
+fn kustomize_patches_are_not_read_as_objects() {
+    let t = TempDir::new("kpatch");
+    write(t.path(), "base/svc.yaml", SVC);
+    write(
+        t.path(),
+        "prod/lb.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  type: LoadBalancer\n",
+    );
+    let dir = t.path().to_str().unwrap();
+    // Read as an object, the partial Service has no ports and repeats `web`.
+    let r = svc(&["check", dir], None, &root());
+    r.expect(1);
+    assert!(r.stdout.contains("error[SVC106]"), "{}", r.stdout);
+    write(
+        t.path(),
+        "prod/kustomization.yaml",
+        "resources: [../base]\npatchesStrategicMerge: [lb.yaml]\n",
+    );
+    let r = svc(&["check", dir], None, &root());
+    r.expect(0);
+    assert!(r.stdout.contains("note[SVC017]"), "{}", r.stdout);
+}

@@ -19,6 +19,7 @@
 //! | SVC014 | note     | a file with errors looks like an unrendered template (`{{`, `${VAR}`) |
 //! | SVC015 | error    | a file is neither UTF-8 nor UTF-16 with a BOM; it was not read |
 //! | SVC016 | note     | `--no-allocate` without a range: the service range inferred from the input |
+//! | SVC017 | note     | a file a kustomization names as a patch was not read as manifests |
 //! | SVC351 | error    | the service IP range is full |
 //! | SVC352 | error    | the node-port range is full |
 //! | SVC360 | error    | the lock file cannot be read |
@@ -31,6 +32,7 @@ mod tests {
         include_str!("tree.rs"),
         include_str!("decode.rs"),
         include_str!("k8s.rs"),
+        include_str!("kustomize.rs"),
         include_str!("lib.rs"),
         include_str!("passes/infer.rs"),
         include_str!("passes/resolve.rs"),

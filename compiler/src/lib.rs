@@ -12,6 +12,7 @@ pub mod decode;
 pub mod diag;
 pub mod ir;
 pub mod k8s;
+pub mod kustomize;
 pub mod net;
 pub mod passes;
 pub mod source;
