@@ -251,3 +251,31 @@ fn kustomize_patches_are_not_read_as_objects() {
     r.expect(0);
     assert!(r.stdout.contains("note[SVC017]"), "{}", r.stdout);
 }
+
+#[test]
+fn template_note_only_where_a_marker_explains_an_error() {
+    let t = TempDir::new("tmpl");
+    write(
+        t.path(),
+        "envsubst.yaml",
+        SVC.replace("name: web", "name: ${APP_NAME}"),
+    );
+    // A dashboard's `{{instance}}` is a valid value; the error is elsewhere.
+    write(
+        t.path(),
+        "dashboard.yaml",
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: dash}}\ndata:\n  legend: \"{{{{instance}}}}\"\n---\n{}",
+            SVC.replace("port: 80", "port: 80\n    protocol: tcp")
+        ),
+    );
+    let r = svc(&["check", t.path().to_str().unwrap()], None, &root());
+    r.expect(1);
+    assert_eq!(r.stdout.matches("note[SVC014]").count(), 1, "{}", r.stdout);
+    let at = format!("{}:4:9", t.path().join("envsubst.yaml").display());
+    assert!(
+        r.stdout.contains("unrendered envsubst template") && r.stdout.contains(&at),
+        "wanted the note at {at}:\n{}",
+        r.stdout
+    );
+}

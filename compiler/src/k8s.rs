@@ -290,8 +290,9 @@ fn is_list(kind: &str, root: &Node) -> bool {
 
 fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
     // Only top-level documents may be something else than an object (a kustomization,
-    // Helm's Chart.yaml or values.yaml, a dashboard): a `List`'s items must be objects.
-    let top = matches!(path, Path::Root(_));
+    // Helm's Chart.yaml or values.yaml, a dashboard): a `List`'s items and kube-proxy's
+    // embedded config.conf must be objects.
+    let top = matches!(path, Path::Root(""));
     let Value::Map(_) = &root.value else {
         if top && matches!(root.value, Value::Seq(_)) {
             d.diags.push(not_an_object(root, "a list"));

@@ -24,7 +24,7 @@ use k8s::Objects;
 use net::Cidr;
 use passes::allocate::Lock;
 use passes::Settings;
-use source::{FileId, SourceMap};
+use source::{FileId, SourceMap, Span};
 
 /// Settings that come from the command line. `None` = not given (the ClusterConfig
 /// document, then the default, applies).
@@ -120,17 +120,38 @@ pub fn read(sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
     (objects, diags)
 }
 
-/// A file with errors that holds `{{` or `${NAME` was most likely never rendered: say so
-/// once, at the first marker, so the errors it caused are read in that light.
+/// A file that holds `{{` or `${NAME` and does not parse, or has an error on a line with
+/// such a marker, was most likely never rendered: say so once, at that marker, so the
+/// errors it caused are read in that light. (Markers in valid values, such as a
+/// dashboard's `{{instance}}`, say nothing.)
 fn template_notes(sources: &SourceMap, inputs: &[FileId], diags: &mut Diagnostics) {
-    let with_errors: std::collections::HashSet<FileId> = diags
+    // Per file: whether it failed to parse, and the lines with errors.
+    let mut errors: std::collections::HashMap<FileId, (bool, Vec<u32>)> = Default::default();
+    for d in diags
         .items
         .iter()
         .filter(|d| d.severity == diag::Severity::Error)
-        .filter_map(|d| d.span.map(|s| s.file))
-        .collect();
-    for &f in inputs.iter().filter(|f| with_errors.contains(f)) {
-        if let Some((span, what)) = tree::template_marker(f, &sources.file(f).text) {
+    {
+        if let Some(s) = d.span {
+            let e = errors.entry(s.file).or_default();
+            e.0 |= matches!(d.code, "SVC001" | "SVC002");
+            e.1.push(s.line);
+        }
+    }
+    for &f in inputs {
+        let Some((unparsed, lines)) = errors.get_mut(&f) else {
+            continue;
+        };
+        let marker = if *unparsed {
+            tree::template_marker(f, &sources.file(f).text)
+        } else {
+            lines.sort_unstable();
+            lines.iter().find_map(|&l| {
+                let (span, what) = tree::template_marker(f, sources.line_text(f, l)?)?;
+                Some((Span { line: l, ..span }, what))
+            })
+        };
+        if let Some((span, what)) = marker {
             diags.push(
                 diag::Diagnostic::note(
                     "SVC014",
