@@ -170,6 +170,8 @@ fn leading_zeros(cx: &mut Cx, o: &Objects) {
                 .iter()
                 .map(|c| (c, "spec.loadBalancerIP".to_string())),
         );
+        let ranges = s.load_balancer_source_ranges.iter().enumerate();
+        ips.extend(ranges.map(|(i, c)| (c, format!("spec.loadBalancerSourceRanges[{i}]"))));
         for (i, g) in s.lb_ingress.iter().enumerate() {
             let p = format!("status.loadBalancer.ingress[{i}].ip");
             ips.extend(g.ip.iter().map(|c| (c, p.clone())));
@@ -193,6 +195,8 @@ fn leading_zeros(cx: &mut Cx, o: &Objects) {
         }
     }
     for n in &o.nodes {
+        let c = n.pod_cidrs.iter().enumerate();
+        ips.extend(c.map(|(i, c)| (c, format!("spec.podCIDRs[{i}]"))));
         let a = n.addresses.iter().enumerate();
         ips.extend(a.map(|(i, (_, c))| (c, format!("status.addresses[{i}].address"))));
     }
@@ -201,8 +205,13 @@ fn leading_zeros(cx: &mut Cx, o: &Objects) {
         ips.extend(a.map(|(i, c)| (c, format!("status.podIPs[{i}].ip"))));
     }
     for (ip, path) in ips {
-        if crate::net::has_leading_zeros(&ip.v) {
-            let read = crate::net::parse_ip(&ip.v).map_or(String::new(), |a| a.to_string());
+        // A CIDR's address part counts too.
+        let (addr, prefix) = match ip.v.split_once('/') {
+            Some((a, p)) => (a, format!("/{p}")),
+            None => (ip.v.as_str(), String::new()),
+        };
+        if crate::net::has_leading_zeros(addr) {
+            let read = crate::net::parse_ip(addr).map_or(String::new(), |a| format!("{a}{prefix}"));
             cx.push(
                 Diagnostic::warning(
                     "SVC153",
