@@ -40,7 +40,8 @@ OPTIONS:
     --write-lock                       write the allocations back to the --lock file
     --exclude GLOB                     leave out files and directories the glob matches
                                        (repeatable; `*`, `?`, `**`; e.g. 'templates/**')
-    --include GLOB                     read only the files a glob matches (repeatable)
+    --include GLOB                     read only the files a glob matches (repeatable;
+                                       both also filter files named on the command line)
     --format text|json|sarif           how diagnostics are printed (default: text;
                                        sarif for code-scanning in CI)
     -h, --help                         this text

@@ -60,7 +60,9 @@ pub fn read_inputs(
         let path = Path::new(p);
         let meta = std::fs::metadata(path)
             .map_err(|e| Fail(format!("cannot read {p}: {e}; check the path")))?;
-        if filters.excluded(p) {
+        // Filters apply to files named on the command line too: a pre-commit hook passes
+        // every changed file.
+        if filters.excluded(p) || (!meta.is_dir() && !filters.included(p)) {
             continue;
         }
         if meta.is_dir() {

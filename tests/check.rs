@@ -145,6 +145,23 @@ fn helm_charts_need_exclude_or_include() {
     let r = svc(&["check", dir, "--include", "**/Chart.yaml"], None, &root());
     r.expect(0);
     assert!(r.stdout.contains("ok: 1 file(s) checked"), "{}", r.stdout);
+    // As a pre-commit hook runs it: changed files named one by one.
+    let template = chart.join("templates/service.yaml");
+    let values = chart.join("values.yaml");
+    let files = [template.to_str().unwrap(), values.to_str().unwrap()];
+    let r = svc(
+        &["check", files[0], files[1], "--exclude", "templates/**"],
+        None,
+        &root(),
+    );
+    r.expect(0);
+    assert!(r.stdout.contains("ok: 1 file(s) checked"), "{}", r.stdout);
+    let r = svc(
+        &["check", files[0], files[1], "--include", "templates/*"],
+        None,
+        &root(),
+    );
+    r.expect(1);
 }
 
 /// `kubectl get svc -A -o yaml` of a k3s cluster (service range 10.43.0.0/16).
