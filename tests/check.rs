@@ -296,3 +296,31 @@ fn template_note_only_where_a_marker_explains_an_error() {
         r.stdout
     );
 }
+
+#[test]
+fn no_allocate_widens_the_node_port_range_to_the_dump() {
+    let t = TempDir::new("npdump");
+    let dump = format!(
+        "{K3S_DUMP}- apiVersion: v1\n  kind: Service\n  metadata: {{name: ingress, namespace: default}}\n  spec:\n    type: NodePort\n    clusterIP: 10.43.9.9\n    ports: [{{port: 80, nodePort: 20080, protocol: TCP, targetPort: 80}}]\n"
+    );
+    write(t.path(), "dump.yaml", dump);
+    let f = t.path().join("dump.yaml");
+    let f = f.to_str().unwrap();
+    let r = svc(&["check", f, "--no-allocate"], None, &root());
+    r.expect(0);
+    assert!(r.stdout.contains("using 20080-32767"), "{}", r.stdout);
+    // A given range is checked as given.
+    let r = svc(
+        &[
+            "check",
+            f,
+            "--no-allocate",
+            "--service-node-port-range",
+            "30000-32767",
+        ],
+        None,
+        &root(),
+    );
+    r.expect(1);
+    assert!(r.stdout.contains("error[SVC116]"), "{}", r.stdout);
+}

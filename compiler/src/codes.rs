@@ -18,7 +18,7 @@
 //! | SVC013 | warning  | EndpointSlice in `discovery.k8s.io/v1beta1` (removed in 1.25) |
 //! | SVC014 | note     | a file with errors looks like an unrendered template (`{{`, `${VAR}`) |
 //! | SVC015 | error    | a file is neither UTF-8 nor UTF-16 with a BOM; it was not read |
-//! | SVC016 | note     | `--no-allocate` without a range: the service range inferred from the input |
+//! | SVC016 | note     | `--no-allocate` without ranges: the service (or node-port) range inferred from the input |
 //! | SVC017 | note     | a file a kustomization names as a patch was not read as manifests |
 //! | SVC351 | error    | the service IP range is full |
 //! | SVC352 | error    | the node-port range is full |

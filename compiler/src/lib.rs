@@ -54,15 +54,22 @@ pub struct Compilation {
 pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compilation {
     let (objects, mut diags) = read(sources, inputs);
     let mut settings = settings(&objects, opts);
+    let config = objects.cluster_configs.first();
     let range_given = opts.service_cidrs.is_some()
-        || objects
-            .cluster_configs
-            .first()
-            .is_some_and(|c| c.service_cluster_ip_range.is_some());
-    // A dump's own range beats a default that is only right for some clusters.
+        || config.is_some_and(|c| c.service_cluster_ip_range.is_some());
+    let ports_given = opts.node_port_range.is_some()
+        || config.is_some_and(|c| c.service_node_port_range.is_some());
+    // A dump's own ranges beat defaults that are only right for some clusters.
     if !opts.allocate && !range_given {
         if let Some((cidrs, note)) = passes::infer::service_cidrs(&objects) {
             settings.service_cidrs = cidrs;
+            diags.push(note);
+        }
+    }
+    if !opts.allocate && !ports_given {
+        let default = settings.node_port_range;
+        if let Some((range, note)) = passes::infer::node_port_range(&objects, default) {
+            settings.node_port_range = range;
             diags.push(note);
         }
     }

@@ -1,4 +1,5 @@
-//! The service range of a live dump (`--no-allocate`) when none was configured.
+//! The service range and node-port range of a live dump (`--no-allocate`) when none was
+//! configured.
 //!
 //! A dump carries the range itself: ServiceCIDR objects (networking.k8s.io, 1.29+) name
 //! it, and failing those, every cluster IP lies in it and `default/kubernetes` holds its
@@ -92,6 +93,35 @@ pub fn service_cidrs(objects: &Objects) -> Option<(Vec<Cidr>, Diagnostic)> {
     }
     let note = note(&out, "the cluster IPs in the input", first);
     Some((out, note))
+}
+
+/// The node-port range, when a dump holds node ports outside the default 30000-32767: the
+/// default widened to hold them all (the cluster's real range is not in the dump).
+pub fn node_port_range(objects: &Objects, default: (u16, u16)) -> Option<((u16, u16), Diagnostic)> {
+    let ports = objects.services.iter().flat_map(|s| {
+        let np = s.ports.iter().filter_map(|p| p.node_port.as_ref());
+        np.chain(s.health_check_node_port.as_ref())
+    });
+    let mut range = default;
+    let mut first: Option<Span> = None;
+    for p in ports.filter(|p| (1..=65535).contains(&p.v)) {
+        let v = p.v as u16;
+        if !(default.0..=default.1).contains(&v) {
+            first.get_or_insert(p.span);
+            range = (range.0.min(v), range.1.max(v));
+        }
+    }
+    let at = first?;
+    let note = Diagnostic::note(
+        "SVC016",
+        format!(
+            "no node-port range was given: using {}-{}, which holds every node port in the input",
+            range.0, range.1
+        ),
+    )
+    .at(at)
+    .hint("pass the cluster's --service-node-port-range (kube-apiserver's flag) to check against its real range");
+    Some((range, note))
 }
 
 fn note(cidrs: &[Cidr], from: &str, at: Span) -> Diagnostic {
