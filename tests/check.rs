@@ -2,7 +2,7 @@
 //! encodings, symlinks, `--exclude`/`--include`, and the `golden/real-world/` sets, which
 //! must check clean.
 
-use crate::support::{root, svc, TempDir};
+use crate::support::{root, subdirs, svc, TempDir};
 use std::path::Path;
 
 const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  selector: {app: web}\n  ports:\n  - port: 80\n";
@@ -15,14 +15,7 @@ fn write(dir: &Path, rel: &str, bytes: impl AsRef<[u8]>) {
 
 #[test]
 fn real_world_repositories_check_clean() {
-    let base = root().join("golden/real-world");
-    let mut sets: Vec<String> = std::fs::read_dir(&base)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    sets.sort();
+    let sets = subdirs(&root().join("golden/real-world"));
     assert!(sets.len() >= 3, "{sets:?}");
     for set in sets {
         let dir = format!("golden/real-world/{set}");
