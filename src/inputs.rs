@@ -7,7 +7,7 @@
 //! typed. A file that is not text is a located diagnostic for that file; the others are
 //! still read.
 
-use crate::run::Fail;
+use crate::report::Fail;
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};

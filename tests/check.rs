@@ -317,3 +317,41 @@ fn no_allocate_widens_the_node_port_range_to_the_dump() {
     r.expect(1);
     assert!(r.stdout.contains("error[SVC116]"), "{}", r.stdout);
 }
+
+#[test]
+fn check_help_shows_the_filters_and_the_default_range() {
+    let r = svc(&["check", "--help"], None, &root());
+    r.expect(0);
+    for want in [
+        "--exclude <GLOB>",
+        "--include <GLOB>",
+        "10.96.0.0/12, kubeadm's",
+        "10.0.0.0/24",
+    ] {
+        assert!(r.stdout.contains(want), "no {want} in\n{}", r.stdout);
+    }
+}
+
+#[test]
+fn exclude_and_include_repeat() {
+    // clap's args_override_self must not make the last --exclude/--include win.
+    let t = TempDir::new("repeat");
+    for d in ["a", "b", "c"] {
+        write(t.path(), &format!("{d}/svc.yaml"), SVC.replace("web", d));
+    }
+    let dir = t.path().to_str().unwrap();
+    let r = svc(
+        &["check", dir, "--exclude", "a", "--exclude", "b"],
+        None,
+        &root(),
+    );
+    r.expect(0);
+    assert!(r.stdout.contains("ok: 1 file(s) checked"), "{}", r.stdout);
+    let r = svc(
+        &["check", dir, "--include", "a/*", "--include", "c/*"],
+        None,
+        &root(),
+    );
+    r.expect(0);
+    assert!(r.stdout.contains("ok: 2 file(s) checked"), "{}", r.stdout);
+}

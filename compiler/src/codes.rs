@@ -21,7 +21,7 @@
 //! | SVC016 | note     | `--no-allocate` without ranges: the service (or node-port) range inferred from the input |
 //! | SVC017 | note     | a file a kustomization names as a patch was not read as manifests |
 //! | SVC351 | error    | the service IP range is full |
-//! | SVC352 | error    | the node-port range is full |
+//! | SVC352 | error    | the node-port range is full (a nodePort or a healthCheckNodePort) |
 //! | SVC360 | error    | the lock file cannot be read |
 //! | SVC401 | error    | the node to compile for is unknown (no Node manifest, no --node-ip) |
 
