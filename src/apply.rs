@@ -26,7 +26,7 @@
 //! two writes) counts as no record, so the next apply loads everything.
 
 use crate::cli::{ApplyArgs, Command};
-use crate::compile::{compile_inputs, node_jobs, target_params};
+use crate::compile::{compile_inputs, node_jobs, target_params, Compiled};
 use crate::inputs::read_file;
 use crate::report::{exit_code, print_diagnostics, Fail};
 use std::fs::{self, File, OpenOptions};
@@ -179,7 +179,11 @@ fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
         unreachable!("targets with a planner render per node")
     };
     let params = target_params(cmd)?;
-    let (sources, mut comp) = compile_inputs(cmd)?;
+    let Compiled {
+        sources,
+        mut comp,
+        checked,
+    } = compile_inputs(cmd)?;
     let mut diags = std::mem::take(&mut comp.diags);
     let mut views: Vec<NodeView> = Vec::new();
     if !diags.has_errors() {
@@ -190,7 +194,7 @@ fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
             }
         }
     }
-    print_diagnostics(cmd, &diags, &sources);
+    print_diagnostics(cmd, &diags, &sources, checked);
     if diags.has_errors() {
         return Ok(Err(1));
     }

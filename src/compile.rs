@@ -10,10 +10,18 @@ use svc_compiler::passes::node::NodeSelection;
 use svc_compiler::source::SourceMap;
 use svc_targets::Params;
 
+/// What [`compile_inputs`] read and made of it.
+pub(crate) struct Compiled {
+    pub sources: SourceMap,
+    pub comp: svc_compiler::Compilation,
+    /// The input files that were checked (`ok: N file(s) checked`): those read as manifests,
+    /// including the ones found not to be Kubernetes objects (each has its note); not the
+    /// lock file, nor kustomize patches, which are skipped without being checked.
+    pub checked: usize,
+}
+
 /// Read the inputs (and the lock file, if it exists) and compile them.
-pub(crate) fn compile_inputs(
-    cmd: &Command,
-) -> Result<(SourceMap, svc_compiler::Compilation), Fail> {
+pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
     let mut sources = SourceMap::default();
     let filters = Filters {
         exclude: &cmd.exclude,
@@ -32,13 +40,18 @@ pub(crate) fn compile_inputs(
         lock,
     };
     let mut comp = svc_compiler::compile(&sources, &inputs.files, &opts);
+    let checked = inputs.files.len();
     // Files that could not be read as text, and skipped kustomize patches, report among
     // the others in file order.
     if !inputs.diags.items.is_empty() {
         comp.diags.extend(inputs.diags);
         comp.diags.sort(&sources);
     }
-    Ok((sources, comp))
+    Ok(Compiled {
+        sources,
+        comp,
+        checked,
+    })
 }
 
 /// The node views a command asks for, as (node, family) pairs: `--node`, or every Node

@@ -1,7 +1,7 @@
 //! Running a command: the only place that reads files, writes files and prints.
 
 use crate::cli::{Command, GenCommand};
-use crate::compile::{compile_inputs, node_jobs, target_params};
+use crate::compile::{compile_inputs, node_jobs, target_params, Compiled};
 use crate::report::{exit_code, print_diagnostics, Fail};
 use std::io::Write;
 use std::path::Path;
@@ -24,7 +24,11 @@ pub fn gen(cmd: GenCommand) -> u8 {
 
 fn run_inner(cmd: &Command) -> Result<u8, Fail> {
     let params = target_params(cmd)?;
-    let (sources, mut comp) = compile_inputs(cmd)?;
+    let Compiled {
+        sources,
+        mut comp,
+        checked,
+    } = compile_inputs(cmd)?;
     let mut diags = std::mem::take(&mut comp.diags);
 
     // Node views (per node and family), when the command asks for them: rendered into
@@ -70,7 +74,7 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
         }
     }
 
-    print_diagnostics(cmd, &diags, &sources);
+    print_diagnostics(cmd, &diags, &sources, checked);
     if diags.has_errors() {
         return Ok(1);
     }

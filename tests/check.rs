@@ -260,6 +260,29 @@ fn kustomize_patches_are_not_read_as_objects() {
     let r = svc(&["check", dir], None, &root());
     r.expect(0);
     assert!(r.stdout.contains("note[SVC017]"), "{}", r.stdout);
+    // The patch is skipped, not checked: the Service and the kustomization (a non-object,
+    // read and skipped with its note) are.
+    assert!(r.stdout.contains("ok: 2 file(s) checked"), "{}", r.stdout);
+}
+
+#[test]
+fn the_lock_file_is_not_counted_as_checked() {
+    let t = TempDir::new("lockcount");
+    write(t.path(), "m/svc.yaml", SVC);
+    let dir = t.path().join("m");
+    let lock = t.path().join("lock.yaml");
+    let (dir, lock) = (dir.to_str().unwrap(), lock.to_str().unwrap());
+    let r = svc(
+        &["check", dir, "--lock", lock, "--write-lock"],
+        None,
+        &root(),
+    );
+    r.expect(0);
+    assert!(std::fs::metadata(lock).is_ok(), "no lock written");
+    // Now the lock exists and is read, but it is not an input.
+    let r = svc(&["check", dir, "--lock", lock], None, &root());
+    r.expect(0);
+    assert!(r.stdout.contains("ok: 1 file(s) checked"), "{}", r.stdout);
 }
 
 #[test]
