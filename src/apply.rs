@@ -26,9 +26,9 @@
 //! two writes) counts as no record, so the next apply loads everything.
 
 use crate::cli::{ApplyArgs, Command};
-use crate::compile::{compile_inputs, node_jobs, target_params};
+use crate::compile::{compile_inputs, node_jobs, target_params, Compiled};
+use crate::inputs::read_file;
 use crate::report::{exit_code, print_diagnostics, Fail};
-use crate::run::read_file;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -178,7 +178,11 @@ fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
     let Render::Node(new) = cmd.target.render else {
         unreachable!("targets with a planner render per node")
     };
-    let (mut sources, mut comp) = compile_inputs(cmd)?;
+    let Compiled {
+        mut sources,
+        mut comp,
+        checked,
+    } = compile_inputs(cmd)?;
     let params = target_params(cmd, &mut sources)?;
     let mut diags = std::mem::take(&mut comp.diags);
     let mut views: Vec<NodeView> = Vec::new();
@@ -190,7 +194,7 @@ fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
             }
         }
     }
-    print_diagnostics(cmd, &diags, &sources);
+    print_diagnostics(cmd, &diags, &sources, checked);
     if diags.has_errors() {
         return Ok(Err(1));
     }

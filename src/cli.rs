@@ -95,7 +95,8 @@ struct CompileFlags {
     /// Write the output to FILE instead of stdout
     #[arg(short = 'o', long, value_name = "FILE")]
     output: Option<String>,
-    /// Comma-separated, one per family [default: 10.96.0.0/12]
+    /// Comma-separated, one per family [default: 10.96.0.0/12, kubeadm's; kube-apiserver's
+    /// own is 10.0.0.0/24; with --no-allocate: inferred from the input]
     #[arg(long, value_name = "CIDRS")]
     service_cluster_ip_range: Option<String>,
     /// [default: 30000-32767]
@@ -116,6 +117,14 @@ struct CompileFlags {
     /// How diagnostics are printed (sarif: for code scanning in CI)
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "sarif"])]
     format: String,
+    /// Leave out files and directories the glob matches (repeatable; `*`, `?`, `**`;
+    /// e.g. 'templates/**')
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Read only the files a glob matches (repeatable; both also filter files named on the
+    /// command line)
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
 }
 
 #[derive(Args)]
@@ -192,6 +201,9 @@ pub struct Command {
     pub lock: Option<String>,
     pub write_lock: bool,
     pub format: Format,
+    /// `--exclude GLOB` / `--include GLOB` (repeatable): which files are read.
+    pub exclude: Vec<String>,
+    pub include: Vec<String>,
     /// `svc-compile apply ...`.
     pub apply: Option<Box<ApplyArgs>>,
 }
@@ -211,7 +223,8 @@ pub struct ApplyArgs {
 pub enum Parsed {
     /// Text to print on stdout, then exit 0 (help, version, completions, man page).
     Print(String),
-    Run(Command),
+    /// Boxed: a `Command` is several times the size of the other variants.
+    Run(Box<Command>),
     Gen(GenCommand),
 }
 
@@ -539,11 +552,13 @@ fn compile_command(
         lock: c.lock,
         write_lock: c.write_lock,
         format,
+        exclude: c.exclude,
+        include: c.include,
         apply,
     };
     if let Some(apply) = &cmd.apply {
         check_apply(&cmd, apply, targets)?;
-        return Ok(Parsed::Run(cmd));
+        return Ok(Parsed::Run(Box::new(cmd)));
     }
     if cmd.paths.is_empty() {
         return Err("no input: give files, directories or `-` for stdin".into());
@@ -560,7 +575,7 @@ fn compile_command(
     if !cmd.check && cmd.target.per_node() && cmd.node.is_none() && !cmd.all_nodes {
         return Err("this target needs --node NAME (or --all-nodes --out DIR)".into());
     }
-    Ok(Parsed::Run(cmd))
+    Ok(Parsed::Run(Box::new(cmd)))
 }
 
 fn apply_args(a: ApplyFlags) -> Result<ApplyArgs, String> {
@@ -657,7 +672,7 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Command, String> {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         match parse_with(&args, TARGETS)? {
-            Parsed::Run(cmd) => Ok(cmd),
+            Parsed::Run(cmd) => Ok(*cmd),
             _ => panic!("not a run"),
         }
     }

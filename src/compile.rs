@@ -2,20 +2,32 @@
 //! `apply` share.
 
 use crate::cli::Command;
+use crate::inputs::{read_file, read_inputs, Filters};
 use crate::report::Fail;
-use crate::run::{read_file, read_inputs};
 use std::path::Path;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::NodeSelection;
 use svc_compiler::source::SourceMap;
 use svc_targets::Params;
 
+/// What [`compile_inputs`] read and made of it.
+pub(crate) struct Compiled {
+    pub sources: SourceMap,
+    pub comp: svc_compiler::Compilation,
+    /// The input files that were checked (`ok: N file(s) checked`): those read as manifests,
+    /// including the ones found not to be Kubernetes objects (each has its note); not the
+    /// lock file, nor kustomize patches, which are skipped without being checked.
+    pub checked: usize,
+}
+
 /// Read the inputs (and the lock file, if it exists) and compile them.
-pub(crate) fn compile_inputs(
-    cmd: &Command,
-) -> Result<(SourceMap, svc_compiler::Compilation), Fail> {
+pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
     let mut sources = SourceMap::default();
-    let inputs = read_inputs(&cmd.paths, &mut sources)?;
+    let filters = Filters {
+        exclude: &cmd.exclude,
+        include: &cmd.include,
+    };
+    let inputs = read_inputs(&cmd.paths, &filters, &mut sources)?;
     let lock = match &cmd.lock {
         Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
         _ => None,
@@ -27,8 +39,19 @@ pub(crate) fn compile_inputs(
         allocate: cmd.allocate,
         lock,
     };
-    let comp = svc_compiler::compile(&sources, &inputs, &opts);
-    Ok((sources, comp))
+    let mut comp = svc_compiler::compile(&sources, &inputs.files, &opts);
+    let checked = inputs.files.len();
+    // Files that could not be read as text, and skipped kustomize patches, report among
+    // the others in file order.
+    if !inputs.diags.items.is_empty() {
+        comp.diags.extend(inputs.diags);
+        comp.diags.sort(&sources);
+    }
+    Ok(Compiled {
+        sources,
+        comp,
+        checked,
+    })
 }
 
 /// The node views a command asks for, as (node, family) pairs: `--node`, or every Node
@@ -91,16 +114,6 @@ pub(crate) fn target_params(cmd: &Command, sources: &mut SourceMap) -> Result<Pa
     Ok(params)
 }
 
-/// How many files of `sources` are target files (added by [`target_params`]), not inputs.
-pub(crate) fn target_file_count(cmd: &Command) -> usize {
-    cmd.target
-        .flags
-        .iter()
-        .filter(|f| f.file)
-        .map(|f| cmd.params.all(f.name).len())
-        .sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,7 +138,7 @@ mod tests {
     fn command(args: &[&str]) -> Command {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         match parse_with(&args, &[&TEMPLATES]) {
-            Ok(Parsed::Run(cmd)) => cmd,
+            Ok(Parsed::Run(cmd)) => *cmd,
             _ => panic!("not a run"),
         }
     }

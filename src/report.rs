@@ -2,7 +2,6 @@
 
 use crate::cli::{Command, Format};
 use std::io::Write;
-use std::path::Path;
 use svc_compiler::diag::{self, Severity};
 use svc_compiler::source::SourceMap;
 
@@ -20,7 +19,13 @@ pub(crate) fn exit_code(r: Result<u8, Fail>) -> u8 {
     }
 }
 
-pub(crate) fn print_diagnostics(cmd: &Command, diags: &diag::Diagnostics, sources: &SourceMap) {
+/// Prints `diags`; `check` ends a run without errors with `ok: {checked} file(s) checked`.
+pub(crate) fn print_diagnostics(
+    cmd: &Command,
+    diags: &diag::Diagnostics,
+    sources: &SourceMap,
+    checked: usize,
+) {
     match cmd.format {
         Format::Json | Format::Sarif => {
             let items: Vec<_> = diags
@@ -49,9 +54,7 @@ pub(crate) fn print_diagnostics(cmd: &Command, diags: &diag::Diagnostics, source
                     let _ = writeln!(
                         std::io::stdout(),
                         "ok: {} file(s) checked, {} warning(s)",
-                        sources.files.len()
-                            - cmd.lock.iter().filter(|p| Path::new(p).exists()).count()
-                            - crate::compile::target_file_count(cmd),
+                        checked,
                         diags.count(Severity::Warning)
                     );
                 }

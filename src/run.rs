@@ -1,15 +1,14 @@
 //! Running a command: the only place that reads files, writes files and prints.
 
 use crate::cli::{Command, GenCommand};
-use crate::compile::{compile_inputs, node_jobs, target_params};
+use crate::compile::{compile_inputs, node_jobs, target_params, Compiled};
 use crate::report::{exit_code, print_diagnostics, Fail};
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::allocate::write_lock;
 use svc_compiler::passes::node::{check_selection, node_view, NodeSelection};
-use svc_compiler::source::{FileId, SourceMap};
 use svc_targets::{File, Params, Render, RenderError, Sharing};
 
 /// `svc-compile check` and `svc-compile compile`.
@@ -24,7 +23,11 @@ pub fn gen(cmd: GenCommand) -> u8 {
 }
 
 fn run_inner(cmd: &Command) -> Result<u8, Fail> {
-    let (mut sources, mut comp) = compile_inputs(cmd)?;
+    let Compiled {
+        mut sources,
+        mut comp,
+        checked,
+    } = compile_inputs(cmd)?;
     let params = target_params(cmd, &mut sources)?;
     let mut diags = std::mem::take(&mut comp.diags);
 
@@ -82,7 +85,7 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
         }
     }
 
-    print_diagnostics(cmd, &diags, &sources);
+    print_diagnostics(cmd, &diags, &sources, checked);
     if diags.has_errors() {
         return Ok(1);
     }
@@ -169,65 +172,4 @@ fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {
             }
         }
     }
-}
-
-pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {
-    std::fs::read_to_string(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
-}
-
-/// Files, directories (recursive, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
-/// Files are added in name order, whatever the order of the arguments, so that even
-/// "first defined here" in a diagnostic does not depend on how the command was typed.
-pub(crate) fn read_inputs(paths: &[String], sources: &mut SourceMap) -> Result<Vec<FileId>, Fail> {
-    let mut files: Vec<(String, String)> = Vec::new();
-    for p in paths {
-        if p == "-" {
-            let mut text = String::new();
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .map_err(|e| Fail(format!("cannot read standard input: {e}")))?;
-            files.push(("<stdin>".into(), text));
-            continue;
-        }
-        let path = Path::new(p);
-        let meta = std::fs::metadata(path)
-            .map_err(|e| Fail(format!("cannot read {p}: {e}; check the path")))?;
-        if meta.is_dir() {
-            let mut found = Vec::new();
-            walk(path, &mut found)?;
-            for f in found {
-                let text = read_file(&f)?;
-                files.push((f.display().to_string(), text));
-            }
-        } else {
-            files.push((p.clone(), read_file(path)?));
-        }
-    }
-    files.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(files
-        .into_iter()
-        .map(|(name, text)| sources.add(name, text))
-        .collect())
-}
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Fail> {
-    let rd = std::fs::read_dir(dir)
-        .map_err(|e| Fail(format!("cannot read directory {}: {e}", dir.display())))?;
-    for entry in rd {
-        let entry =
-            entry.map_err(|e| Fail(format!("cannot read directory {}: {e}", dir.display())))?;
-        let p = entry.path();
-        if entry.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        if p.is_dir() {
-            walk(&p, out)?;
-        } else if matches!(
-            p.extension().and_then(|e| e.to_str()),
-            Some("yaml" | "yml" | "json")
-        ) {
-            out.push(p);
-        }
-    }
-    Ok(())
 }

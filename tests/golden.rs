@@ -10,7 +10,7 @@
 //!
 //! Review changes with `cargo insta review` (or `INSTA_UPDATE=always cargo test` and git diff).
 
-use crate::support::{root, svc};
+use crate::support::{root, subdirs, svc};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
@@ -41,14 +41,7 @@ fn settings() -> insta::Settings {
 }
 
 pub fn case_dirs() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(root().join("golden/cases"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
+    subdirs(&root().join("golden/cases"))
 }
 
 /// The extra flags of a case (`args` file), default `--node node-a`.

@@ -1,6 +1,7 @@
 //! The one integration-test binary: CLI behaviour, golden snapshots, properties and
 //! real-kernel tests.
 
+mod check;
 mod cli;
 mod discovery;
 mod golden;

@@ -46,6 +46,18 @@ pub fn example_manifests() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The names of the directories in `dir`, sorted.
+pub fn subdirs(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
 pub fn svc(args: &[&str], stdin: Option<&str>, cwd: &Path) -> Run {
     let exe = env!("CARGO_BIN_EXE_svc-compile");
     let mut child = Command::new(exe)

@@ -8,11 +8,18 @@
 //! | SVC003 | warning  | unknown field in a known kind (with "did you mean") |
 //! | SVC004 | error    | a field has the wrong type (e.g. a quoted number) |
 //! | SVC005 | error    | a mapping repeats a key |
-//! | SVC006 | error    | a document is not an object with apiVersion and kind |
+//! | SVC006 | error    | an object without apiVersion or kind, or a document that is no mapping |
 //! | SVC007 | error    | unsupported apiVersion for a known kind |
 //! | SVC008 | note     | a kind svc-compile does not read was skipped |
 //! | SVC009 | error    | object without metadata.name |
 //! | SVC010 | error    | Endpoints address without `ip` |
+//! | SVC011 | error    | a kind svc-compile reads, written in the wrong case (`kind: service`) |
+//! | SVC012 | note     | a top-level document that is not a Kubernetes object was skipped |
+//! | SVC013 | warning  | EndpointSlice in `discovery.k8s.io/v1beta1` (removed in 1.25) |
+//! | SVC014 | note     | a file that fails where `{{` or `${VAR}` is written looks like an unrendered template |
+//! | SVC015 | error    | a file is neither UTF-8 nor UTF-16 with a BOM; it was not read |
+//! | SVC016 | note     | `--no-allocate` without ranges: the service (or node-port) range inferred from the input |
+//! | SVC017 | note     | a file a kustomization names as a patch was not read as manifests |
 //! | SVC351 | error    | the service IP range is full |
 //! | SVC352 | error    | the node-port range is full (a nodePort or a healthCheckNodePort) |
 //! | SVC360 | error    | the lock file cannot be read |
@@ -26,10 +33,13 @@
 #[cfg(test)]
 mod tests {
     const SOURCES: &[&str] = &[
+        include_str!("source.rs"),
         include_str!("tree.rs"),
         include_str!("decode.rs"),
         include_str!("k8s.rs"),
+        include_str!("kustomize.rs"),
         include_str!("lib.rs"),
+        include_str!("passes/infer.rs"),
         include_str!("passes/resolve.rs"),
         include_str!("passes/allocate.rs"),
         include_str!("passes/lower.rs"),

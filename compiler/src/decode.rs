@@ -80,13 +80,16 @@ impl std::fmt::Display for Path<'_> {
 }
 
 fn type_error(n: &Node, want: &str, path: &Path) -> Diagnostic {
-    let found = n.kind_name();
-    let d = Diagnostic::error(
-        "SVC004",
-        format!("`{path}` must be {want}, found a {found}"),
-    )
-    .at(n.span)
-    .path(path.to_string());
+    let found = match (&n.value, n.kind_name()) {
+        // `1e23`, `8.5`: a number, but not the integer asked for.
+        (Value::Scalar { text, .. }, "number") if want.contains("integer") => {
+            format!("`{text}`")
+        }
+        (_, kind) => format!("a {kind}"),
+    };
+    let d = Diagnostic::error("SVC004", format!("`{path}` must be {want}, found {found}"))
+        .at(n.span)
+        .path(path.to_string());
     match (&n.value, want) {
         (Value::Scalar { plain: false, text }, w)
             if w.contains("integer") && text.parse::<i64>().is_ok() =>
@@ -185,8 +188,9 @@ impl Decoder<'_> {
         let n = n?;
         match &n.value {
             Value::Null => None,
-            Value::Scalar { text, plain: true } if crate::tree::is_plain_bool(text) => {
-                Some(Sp::new(text.eq_ignore_ascii_case("true"), n.span))
+            Value::Scalar { text, plain: true } if crate::tree::is_yaml11_bool(text) => {
+                let v = crate::tree::yaml11_bool(text).unwrap_or(text.eq_ignore_ascii_case("true"));
+                Some(Sp::new(v, n.span))
             }
             _ => {
                 self.diags
@@ -246,6 +250,18 @@ impl Decoder<'_> {
             let p = path.key(&e.key);
             let v = match &e.value.value {
                 Value::Null => Some(Sp::new(String::new(), e.value.span)),
+                // kubectl reads these as numbers and booleans, which a map of strings
+                // refuses ("cannot unmarshal number into ... of type string").
+                Value::Scalar { text, plain: true }
+                    if crate::tree::is_plain_number(text) || crate::tree::is_yaml11_bool(text) =>
+                {
+                    self.diags
+                        .push(type_error(&e.value, "a string", &p).hint(format!(
+                            "quote it: `\"{text}\"`; kubectl rejects an unquoted {}",
+                            e.value.kind_name()
+                        )));
+                    None
+                }
                 _ => self.str_(Some(&e.value), &p),
             };
             if let Some(v) = v {
@@ -287,7 +303,27 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::Path;
+    use super::{Decoder, Path};
+    use crate::diag::Diagnostics;
+    use crate::source::FileId;
+
+    #[test]
+    fn booleans_are_read_as_yaml_1_1_spells_them() {
+        let (docs, _) = crate::tree::parse_file(FileId(0), "[yes, No, off, ON, y, true, maybe]");
+        let crate::tree::Value::Seq(items) = &docs[0].root.value else {
+            panic!()
+        };
+        let mut diags = Diagnostics::default();
+        let mut d = Decoder { diags: &mut diags };
+        let got: Vec<Option<bool>> = items
+            .iter()
+            .map(|n| d.bool_(Some(n), &Path::ROOT).map(|b| b.v))
+            .collect();
+        let want = [true, false, false, true, true, true].map(Some);
+        assert_eq!(got[..6], want);
+        assert_eq!(got[6], None);
+        assert_eq!(diags.items.len(), 1);
+    }
 
     #[test]
     fn paths_are_written_as_field_paths() {

@@ -58,6 +58,9 @@ pub struct Service {
     pub publish_not_ready_addresses: bool,
     /// `allocateLoadBalancerNodePorts` (a LoadBalancer gets node ports unless false).
     pub allocate_lb_node_ports: bool,
+    /// Where `allocateLoadBalancerNodePorts` was written, if it was.
+    pub allocate_lb_node_ports_span: Option<Span>,
+    pub load_balancer_class: Option<Sp<String>>,
     pub topology_keys: Vec<Sp<String>>,
     pub topology_keys_span: Option<Span>,
     pub traffic_distribution: Option<Sp<String>>,
@@ -72,6 +75,9 @@ pub struct Port {
     pub port: Option<Sp<i64>>,
     pub target_port: Option<Sp<IntOrString>>,
     pub node_port: Option<Sp<i64>>,
+    pub app_protocol: Option<Sp<String>>,
+    /// `port` was written (a value of the wrong type is SVC004, not also "missing").
+    pub port_written: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -103,6 +109,8 @@ pub struct SliceEndpoint {
     pub hostname: Option<Sp<String>>,
     pub hint_zones: Vec<String>,
     pub hint_nodes: Vec<String>,
+    /// The hints as written, for validation: (`forZones` or `forNodes`, name).
+    pub hints_written: Vec<(&'static str, Sp<String>)>,
 }
 
 #[derive(Clone, Debug)]
@@ -111,6 +119,9 @@ pub struct SlicePort {
     pub name: Option<Sp<String>>,
     pub protocol: Option<Sp<String>>,
     pub port: Option<Sp<i64>>,
+    pub app_protocol: Option<Sp<String>>,
+    /// `port` was written (a value of the wrong type is SVC004, not also "missing").
+    pub port_written: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -197,6 +208,14 @@ pub struct ClusterConfigDoc {
     pub cluster_domain: Option<Sp<String>>,
 }
 
+/// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
+#[derive(Clone, Debug)]
+pub struct ServiceCidrObj {
+    pub span: Span,
+    pub name: String,
+    pub cidrs: Vec<Sp<String>>,
+}
+
 pub const CLUSTER_CONFIG_API: &str = "svc-compile/v1alpha1";
 
 #[derive(Clone, Debug, Default)]
@@ -208,6 +227,7 @@ pub struct Objects {
     pub pods: Vec<Pod>,
     pub proxy_configs: Vec<ProxyConfigDoc>,
     pub cluster_configs: Vec<ClusterConfigDoc>,
+    pub service_cidrs: Vec<ServiceCidrObj>,
 }
 
 impl Objects {
@@ -219,6 +239,7 @@ impl Objects {
         self.pods.extend(o.pods);
         self.proxy_configs.extend(o.proxy_configs);
         self.cluster_configs.extend(o.cluster_configs);
+        self.service_cidrs.extend(o.service_cidrs);
     }
 }
 
@@ -273,7 +294,15 @@ fn is_list(kind: &str, root: &Node) -> bool {
 }
 
 fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
+    // Only top-level documents may be something else than an object (a kustomization,
+    // Helm's Chart.yaml or values.yaml, a dashboard): a `List`'s items and kube-proxy's
+    // embedded config.conf must be objects.
+    let top = matches!(path, Path::Root(""));
     let Value::Map(_) = &root.value else {
+        if top && matches!(root.value, Value::Seq(_)) {
+            d.diags.push(not_an_object(root, "a list"));
+            return;
+        }
         d.diags.push(
             Diagnostic::error(
                 "SVC006",
@@ -287,13 +316,39 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
         );
         return;
     };
+    // A mapping without `kind` and without `metadata` does not claim to be an object.
+    if top && root.get("kind").is_none() && root.get("metadata").is_none() {
+        d.diags.push(not_an_object(
+            root,
+            "a mapping without `kind` or `metadata`",
+        ));
+        return;
+    }
     let api = d.str_(root.get("apiVersion"), &path.key("apiVersion"));
     let kind = d.str_(root.get("kind"), &path.key("kind"));
     let (Some(api), Some(kind)) = (api, kind) else {
+        // kubectl: "apiVersion not set" / "Object 'Kind' is missing".
+        let (message, hint) = match (
+            root.get("apiVersion"),
+            root.get("kind").and_then(Node::as_str),
+        ) {
+            (None, Some(k)) => (
+                format!("object of kind `{k}` without `apiVersion`"),
+                "add its apiVersion (`v1` for Service, Endpoints, Node and Pod)",
+            ),
+            (Some(_), None) => (
+                "object without `kind`".to_string(),
+                "add the kind this object is, e.g. `kind: Service`",
+            ),
+            _ => (
+                "object without `apiVersion` and `kind`".to_string(),
+                "add `apiVersion: v1` and `kind: Service` (or the kind this object is)",
+            ),
+        };
         d.diags.push(
-            Diagnostic::error("SVC006", "object without `apiVersion` and `kind`")
+            Diagnostic::error("SVC006", message)
                 .at(root.span)
-                .hint("add `apiVersion: v1` and `kind: Service` (or the kind this object is)"),
+                .hint(hint),
         );
         return;
     };
@@ -316,6 +371,17 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
             }
         }
         "EndpointSlice" if a == "discovery.k8s.io/v1" || a == "discovery.k8s.io/v1beta1" => {
+            if a.ends_with("v1beta1") {
+                d.diags.push(
+                    Diagnostic::warning(
+                        "SVC013",
+                        "discovery.k8s.io/v1beta1 EndpointSlices were removed in Kubernetes 1.25",
+                    )
+                    .at(api.span)
+                    .path(path.key("apiVersion").to_string())
+                    .hint("use discovery.k8s.io/v1 (topology.kubernetes.io/zone becomes `zone`); API servers since 1.25 reject v1beta1"),
+                );
+            }
             if let Some(s) = endpoint_slice(root, path, a.ends_with("v1beta1"), d) {
                 out.slices.push(s)
             }
@@ -335,6 +401,19 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
         }
         "ConfigMap" if a == "v1" && is_kube_proxy_configmap(root) => {
             kube_proxy_configmap(root, path, d, out);
+        }
+        "ServiceCIDR" if a.starts_with("networking.k8s.io/") => {
+            let sp = path.key("spec");
+            let cidrs = root
+                .get("spec")
+                .and_then(|n| d.map(n, &sp, "ServiceCIDR spec", Some(&["cidrs"])))
+                .map(|f| d.str_list(f.get("cidrs"), &sp.key("cidrs")))
+                .unwrap_or_default();
+            out.service_cidrs.push(ServiceCidrObj {
+                span: root.span,
+                name: object_name(root),
+                cidrs,
+            });
         }
         // Our own lock file may sit among the manifests: nothing to read here.
         "AllocationLock" if a == CLUSTER_CONFIG_API => {}
@@ -363,6 +442,20 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
                 }),
             );
         }
+        k if KINDS.iter().any(|known| known.eq_ignore_ascii_case(k)) => {
+            // The API server's kinds are case-sensitive: kubectl answers "no matches for
+            // kind" for `kind: service`.
+            let known = KINDS.iter().find(|known| known.eq_ignore_ascii_case(k));
+            d.diags.push(
+                Diagnostic::error("SVC011", format!("unknown kind `{k}`"))
+                    .at(kind.span)
+                    .path(path.key("kind").to_string())
+                    .hint(format!(
+                        "did you mean `{}`? Kinds are case-sensitive",
+                        known.expect("matched above")
+                    )),
+            );
+        }
         k => {
             d.diags.push(
                 Diagnostic::note(
@@ -377,6 +470,34 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
             );
         }
     }
+}
+
+/// The kinds svc-compile reads, for "did you mean" on a wrongly cased kind.
+const KINDS: &[&str] = &[
+    "Service",
+    "Endpoints",
+    "EndpointSlice",
+    "Node",
+    "Pod",
+    "List",
+    "ServiceList",
+    "EndpointsList",
+    "EndpointSliceList",
+    "NodeList",
+    "PodList",
+    "KubeProxyConfiguration",
+    "ClusterConfig",
+];
+
+/// A top-level document that is not a Kubernetes object: skipped with a note, as unknown
+/// kinds are, so that `check` can run over a whole repository.
+fn not_an_object(root: &Node, what: &str) -> Diagnostic {
+    Diagnostic::note(
+        "SVC012",
+        format!("skipped a document that is not a Kubernetes object ({what})"),
+    )
+    .at(Span { len: 1, ..root.span })
+    .hint("kustomization.yaml, Chart.yaml, values.yaml and dashboards are not read; leave such files out with --exclude GLOB")
 }
 
 fn object_name(root: &Node) -> String {
@@ -469,7 +590,6 @@ const SERVICE_SPEC: &[&str] = &[
     "internalTrafficPolicy",
     "topologyKeys",
     "trafficDistribution",
-    "ipFamily",
 ];
 const SERVICE_PORT: &[&str] = &[
     "name",
@@ -505,6 +625,8 @@ fn service(root: &Node, path: &Path, d: &mut Decoder) -> Option<Service> {
             port: d.int(pf.get("port"), &ip.key("port")),
             target_port: d.int_or_string(pf.get("targetPort"), &ip.key("targetPort")),
             node_port: d.int(pf.get("nodePort"), &ip.key("nodePort")),
+            app_protocol: d.str_(pf.get("appProtocol"), &ip.key("appProtocol")),
+            port_written: pf.get("port").is_some(),
         });
     }
     let (affinity_timeout, _) = {
@@ -560,13 +682,9 @@ fn service(root: &Node, path: &Path, d: &mut Decoder) -> Option<Service> {
     let selector = s
         .get("selector")
         .map(|n| d.str_map(Some(n), &p("selector")));
-    let mut ip_families = d.str_list(s.get("ipFamilies"), &p("ipFamilies"));
-    // `ipFamily` was the pre-1.20 single-family field (seed 001); read it as ipFamilies.
-    if ip_families.is_empty() {
-        if let Some(f) = d.str_(s.get("ipFamily"), &p("ipFamily")) {
-            ip_families.push(f);
-        }
-    }
+    let ip_families = d.str_list(s.get("ipFamilies"), &p("ipFamilies"));
+    // `ipFamily` (pre-1.20 alpha) is gone: the API server drops it as an unknown field
+    // (SVC003 above) and it does not choose the family.
     Some(Service {
         span: root.span,
         type_: d.str_(s.get("type"), &p("type")),
@@ -604,6 +722,8 @@ fn service(root: &Node, path: &Path, d: &mut Decoder) -> Option<Service> {
                 &p("allocateLoadBalancerNodePorts"),
             )
             .is_none_or(|b| b.v),
+        allocate_lb_node_ports_span: s.get("allocateLoadBalancerNodePorts").map(|n| n.span),
+        load_balancer_class: d.str_(s.get("loadBalancerClass"), &p("loadBalancerClass")),
         topology_keys_span: s.get("topologyKeys").map(|n| n.span),
         topology_keys: d.str_list(s.get("topologyKeys"), &p("topologyKeys")),
         traffic_distribution: d.str_(s.get("trafficDistribution"), &p("trafficDistribution")),
@@ -640,6 +760,8 @@ fn slice_ports(items: &[Node], path: &Path, d: &mut Decoder) -> Vec<SlicePort> {
                 name: d.str_(f.get("name"), &pp.key("name")),
                 protocol: d.str_(f.get("protocol"), &pp.key("protocol")),
                 port: d.int(f.get("port"), &pp.key("port")),
+                app_protocol: d.str_(f.get("appProtocol"), &pp.key("appProtocol")),
+                port_written: f.get("port").is_some(),
             });
         }
     }
@@ -673,6 +795,7 @@ fn endpoint_slice(root: &Node, path: &Path, beta: bool, d: &mut Decoder) -> Opti
                 .map(|b| b.v);
         }
         let (mut hint_zones, mut hint_nodes) = (Vec::new(), Vec::new());
+        let mut hints_written = Vec::new();
         let hp = p.key("hints");
         if let Some(h) = e
             .get("hints")
@@ -684,7 +807,8 @@ fn endpoint_slice(root: &Node, path: &Path, beta: bool, d: &mut Decoder) -> Opti
                     let zp = kp.index(j);
                     if let Some(zf) = d.map(z, &zp, "hint", Some(&["name"])) {
                         if let Some(name) = d.str_(zf.get("name"), &zp.key("name")) {
-                            out.push(name.v);
+                            out.push(name.v.clone());
+                            hints_written.push((key, name));
                         }
                     }
                 }
@@ -718,6 +842,7 @@ fn endpoint_slice(root: &Node, path: &Path, beta: bool, d: &mut Decoder) -> Opti
             hostname: d.str_(e.get("hostname"), &p.key("hostname")),
             hint_zones,
             hint_nodes,
+            hints_written,
         });
     }
     let pp = path.key("ports");

@@ -12,6 +12,7 @@ pub mod decode;
 pub mod diag;
 pub mod ir;
 pub mod k8s;
+pub mod kustomize;
 pub mod net;
 pub mod passes;
 pub mod source;
@@ -26,7 +27,7 @@ use k8s::Objects;
 use net::Cidr;
 use passes::allocate::Lock;
 use passes::Settings;
-use source::{FileId, SourceMap};
+use source::{FileId, SourceMap, Span};
 
 /// Settings that come from the command line. `None` = not given (the ClusterConfig
 /// document, then the default, applies).
@@ -55,7 +56,26 @@ pub struct Compilation {
 /// diagnostics; the module is built from whatever was valid.
 pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compilation {
     let (objects, mut diags) = read(sources, inputs);
-    let settings = settings(&objects, opts);
+    let mut settings = settings(&objects, opts);
+    let config = objects.cluster_configs.first();
+    let range_given = opts.service_cidrs.is_some()
+        || config.is_some_and(|c| c.service_cluster_ip_range.is_some());
+    let ports_given = opts.node_port_range.is_some()
+        || config.is_some_and(|c| c.service_node_port_range.is_some());
+    // A dump's own ranges beat defaults that are only right for some clusters.
+    if !opts.allocate && !range_given {
+        if let Some((cidrs, note)) = passes::infer::service_cidrs(&objects) {
+            settings.service_cidrs = cidrs;
+            diags.push(note);
+        }
+    }
+    if !opts.allocate && !ports_given {
+        let default = settings.node_port_range;
+        if let Some((range, note)) = passes::infer::node_port_range(&objects, default) {
+            settings.node_port_range = range;
+            diags.push(note);
+        }
+    }
     passes::validate::validate(&objects, &settings, &mut diags);
     let lock = match opts.lock {
         Some(f) => {
@@ -71,6 +91,7 @@ pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compil
     let (allocs, new_lock) =
         passes::allocate::allocate(&objects, &settings, &lock, opts.allocate, &mut diags);
     let module = passes::lower::lower(&objects, &settings, resolved, allocs);
+    template_notes(sources, inputs, &mut diags);
     diags.sort(sources);
     Compilation {
         module,
@@ -107,6 +128,53 @@ pub fn read(sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
         }
     }
     (objects, diags)
+}
+
+/// A file that holds `{{` or `${NAME` and does not parse, or has an error on a line with
+/// such a marker, was most likely never rendered: say so once, at that marker, so the
+/// errors it caused are read in that light. (Markers in valid values, such as a
+/// dashboard's `{{instance}}`, say nothing.)
+fn template_notes(sources: &SourceMap, inputs: &[FileId], diags: &mut Diagnostics) {
+    // Per file: whether it failed to parse, and the lines with errors.
+    let mut errors: std::collections::HashMap<FileId, (bool, Vec<u32>)> = Default::default();
+    for d in diags
+        .items
+        .iter()
+        .filter(|d| d.severity == diag::Severity::Error)
+    {
+        if let Some(s) = d.span {
+            let e = errors.entry(s.file).or_default();
+            e.0 |= matches!(d.code, "SVC001" | "SVC002");
+            e.1.push(s.line);
+        }
+    }
+    for &f in inputs {
+        let Some((unparsed, lines)) = errors.get_mut(&f) else {
+            continue;
+        };
+        let marker = if *unparsed {
+            tree::template_marker(f, &sources.file(f).text)
+        } else {
+            lines.sort_unstable();
+            lines.iter().find_map(|&l| {
+                let (span, what) = tree::template_marker(f, sources.line_text(f, l)?)?;
+                Some((Span { line: l, ..span }, what))
+            })
+        };
+        if let Some((span, what)) = marker {
+            diags.push(
+                diag::Diagnostic::note(
+                    "SVC014",
+                    format!("this file looks like an unrendered {what} template"),
+                )
+                .at(span)
+                .hint(match what {
+                    "Helm" => "check what `helm template` renders, or leave the chart's templates out with --exclude GLOB",
+                    _ => "check the file after `envsubst` (or your templating tool), or leave it out with --exclude GLOB",
+                }),
+            );
+        }
+    }
 }
 
 /// Merge the ClusterConfig document (if any) with the flags; flags win. Invalid values in

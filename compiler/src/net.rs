@@ -144,18 +144,42 @@ impl Serialize for Cidr {
     }
 }
 
-/// Parse an IP the way the API server's strict validation does: no leading zeros in IPv4
-/// octets, no zone suffix.
+/// Parse an IP the way the API server does: no zone suffix; IPv4 octets with leading
+/// zeros are read as decimal (`010.0.0.1` is 10.0.0.1), as its `ParseIPSloppy` and
+/// kube-proxy read them (validation warns about them, SVC153).
 /// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is the IPv4 address, as Go's
 /// `net.ParseIP` and so the API server and kube-proxy read it.
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
     if s.contains('%') {
         return None;
     }
-    match s.parse().ok()? {
+    match s.parse().ok().or_else(|| sloppy_v4(s))? {
         IpAddr::V6(a) => Some(a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)),
         v4 => Some(v4),
     }
+}
+
+/// A dotted quad with leading zeros in some octet, read as decimal.
+fn sloppy_v4(s: &str) -> Option<IpAddr> {
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for o in &mut octets {
+        let p = parts.next()?;
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *o = p
+            .trim_start_matches('0')
+            .parse::<u8>()
+            .ok()
+            .or((p.bytes().all(|b| b == b'0')).then_some(0))?;
+    }
+    parts.next().is_none().then_some(IpAddr::from(octets))
+}
+
+/// Does an IPv4 address written as text have an octet with a leading zero?
+pub fn has_leading_zeros(s: &str) -> bool {
+    sloppy_v4(s).is_some() && s.split('.').any(|o| o.len() > 1 && o.starts_with('0'))
 }
 
 /// `ip:port`, with brackets for IPv6, as Go's `net.JoinHostPort` writes it.

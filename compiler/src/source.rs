@@ -2,9 +2,12 @@
 //!
 //! A [`Span`] names a file by [`FileId`] and a 1-based line and column (columns count
 //! characters, as editors do). Line text for code frames is looked up only when a
-//! diagnostic is rendered.
+//! diagnostic is rendered, through a per-file line index built on the first lookup, so
+//! rendering n diagnostics costs one pass over the file plus n lookups.
 
+use crate::diag::Diagnostic;
 use serde::Serialize;
+use std::sync::OnceLock;
 
 /// Index into [`SourceMap::files`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -36,6 +39,25 @@ impl Span {
 pub struct SourceFile {
     pub name: String,
     pub text: String,
+    /// Byte offset of the start of each line; built on the first [`SourceMap::line_text`].
+    line_starts: OnceLock<Vec<usize>>,
+}
+
+impl SourceFile {
+    fn line_starts(&self) -> &[usize] {
+        self.line_starts.get_or_init(|| {
+            std::iter::once(0)
+                .chain(after_newlines(&self.text))
+                .collect()
+        })
+    }
+}
+
+fn after_newlines(text: &str) -> impl Iterator<Item = usize> + '_ {
+    text.bytes()
+        .enumerate()
+        .filter(|(_, b)| *b == b'\n')
+        .map(|(i, _)| i + 1)
 }
 
 /// Every input file of one compilation. Files keep the order they were added in, but
@@ -50,8 +72,30 @@ impl SourceMap {
         self.files.push(SourceFile {
             name: name.into(),
             text: text.into(),
+            line_starts: OnceLock::new(),
         });
         FileId(self.files.len() as u32 - 1)
+    }
+
+    /// Add a file read as bytes. UTF-8 (a BOM is dropped) and UTF-16 with a BOM (as
+    /// kubectl's file reader decodes it) are text; anything else is an error located at the
+    /// first bad byte, and the file holds the text with U+FFFD in its place, for the code frame.
+    pub fn add_bytes(
+        &mut self,
+        name: impl Into<String>,
+        bytes: Vec<u8>,
+    ) -> (FileId, Option<Diagnostic>) {
+        let (text, bad) = decode(bytes);
+        let id = self.add(name, text);
+        let diag = bad.map(|(at, what)| {
+            let before = &self.file(id).text[..at];
+            let line = before.matches('\n').count() as u32 + 1;
+            let col = before.rsplit('\n').next().unwrap_or("").chars().count() as u32 + 1;
+            Diagnostic::error("SVC015", format!("{what}: the file was not read"))
+                .at(Span::new(id, line, col, 1))
+                .hint("save the file as UTF-8")
+        });
+        (id, diag)
     }
 
     pub fn file(&self, id: FileId) -> &SourceFile {
@@ -64,14 +108,105 @@ impl SourceMap {
 
     /// The text of 1-based line `line` of a file, without its line break.
     pub fn line_text(&self, id: FileId, line: u32) -> Option<&str> {
-        let text = &self.file(id).text;
-        text.split('\n')
-            .nth(line.checked_sub(1)? as usize)
-            .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        let file = self.file(id);
+        let starts = file.line_starts();
+        let i = line.checked_sub(1)? as usize;
+        let start = *starts.get(i)?;
+        let end = starts.get(i + 1).map_or(file.text.len(), |e| e - 1);
+        let l = &file.text[start..end];
+        Some(l.strip_suffix('\r').unwrap_or(l))
     }
 
     /// `file:line:col` of a span.
     pub fn location(&self, span: Span) -> String {
         format!("{}:{}:{}", self.name(span.file), span.line, span.col)
+    }
+}
+
+/// Bytes to text: the text and, when they are not valid, the byte offset in the text of the
+/// first replacement character and what was wrong.
+fn decode(bytes: Vec<u8>) -> (String, Option<(usize, &'static str)>) {
+    let utf16 = match bytes.get(..2) {
+        Some([0xFF, 0xFE]) => Some(u16::from_le_bytes as fn([u8; 2]) -> u16),
+        Some([0xFE, 0xFF]) => Some(u16::from_be_bytes as fn([u8; 2]) -> u16),
+        _ => None,
+    };
+    if let Some(unit) = utf16 {
+        let units: Vec<u16> = bytes[2..]
+            .chunks(2)
+            .map(|c| unit([c[0], c.get(1).copied().unwrap_or(0)]))
+            .collect();
+        let mut text = String::with_capacity(units.len());
+        let mut bad = (bytes.len() % 2 == 1).then_some("a UTF-16 file of an odd number of bytes");
+        let mut at = None;
+        for c in char::decode_utf16(units) {
+            match c {
+                Ok(c) => text.push(c),
+                Err(_) => {
+                    at.get_or_insert(text.len());
+                    bad.get_or_insert("invalid UTF-16 (an unpaired surrogate)");
+                    text.push(char::REPLACEMENT_CHARACTER);
+                }
+            }
+        }
+        let at = at.unwrap_or(text.len().saturating_sub(1));
+        return (text, bad.map(|b| (at, b)));
+    }
+    let bytes = match bytes.strip_prefix(b"\xEF\xBB\xBF") {
+        Some(rest) => rest.to_vec(),
+        None => bytes,
+    };
+    match String::from_utf8(bytes) {
+        Ok(text) => (text, None),
+        Err(e) => {
+            let at = e.utf8_error().valid_up_to();
+            let text = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            (text, Some((at, "invalid UTF-8")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_text_matches_splitting_the_text() {
+        for text in ["", "a", "a\n", "a\r\nbb\n\nccc", "\n\n", "x\ny"] {
+            let mut m = SourceMap::default();
+            let f = m.add("f", text);
+            let want: Vec<&str> = text
+                .split('\n')
+                .map(|l| l.strip_suffix('\r').unwrap_or(l))
+                .collect();
+            for line in 0..want.len() as u32 + 2 {
+                let expect = line
+                    .checked_sub(1)
+                    .and_then(|i| want.get(i as usize).copied());
+                assert_eq!(m.line_text(f, line), expect, "{text:?} line {line}");
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_become_text_or_a_located_error() {
+        let mut m = SourceMap::default();
+        let (f, d) = m.add_bytes("ok", b"\xEF\xBB\xBFa: 1\n".to_vec());
+        assert_eq!((m.file(f).text.as_str(), d), ("a: 1\n", None));
+        let utf16: Vec<u8> = [0xFF, 0xFE]
+            .into_iter()
+            .chain("k: \u{e9}\n".encode_utf16().flat_map(u16::to_le_bytes))
+            .collect();
+        let (f, d) = m.add_bytes("le", utf16);
+        assert_eq!((m.file(f).text.as_str(), d), ("k: \u{e9}\n", None));
+        let (f, d) = m.add_bytes("bad", b"a: 1\nbb: x\xFFy\n".to_vec());
+        let d = d.expect("invalid UTF-8");
+        assert_eq!((d.code, d.span), ("SVC015", Some(Span::new(f, 2, 6, 1))));
+        let odd = vec![0xFE, 0xFF, 0, b'a', 0];
+        let (_, d) = m.add_bytes("odd", odd);
+        assert_eq!(
+            d.expect("odd UTF-16").span.map(|s| (s.line, s.col)),
+            Some((1, 2))
+        );
     }
 }

@@ -43,7 +43,7 @@ impl Node {
         match &self.value {
             Value::Null => "null",
             Value::Scalar { plain: true, text } if is_plain_number(text) => "number",
-            Value::Scalar { plain: true, text } if is_plain_bool(text) => "boolean",
+            Value::Scalar { plain: true, text } if is_yaml11_bool(text) => "boolean",
             Value::Scalar { .. } => "string",
             Value::Seq(_) => "list",
             Value::Map(_) => "mapping",
@@ -73,11 +73,53 @@ pub fn is_plain_bool(t: &str) -> bool {
     matches!(t, "true" | "false" | "True" | "False" | "TRUE" | "FALSE")
 }
 
+/// A plain scalar kubectl reads as a boolean: its YAML library (go-yaml v2) follows YAML
+/// 1.1, where `yes`, `no`, `on`, `off`, `y` and `n` are booleans too.
+pub fn is_yaml11_bool(t: &str) -> bool {
+    is_plain_bool(t) || yaml11_bool(t).is_some()
+}
+
+/// The value of a YAML 1.1 boolean spelled otherwise than true/false.
+pub fn yaml11_bool(t: &str) -> Option<bool> {
+    match t {
+        "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Some(true),
+        "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Some(false),
+        _ => None,
+    }
+}
+
 pub fn is_plain_number(t: &str) -> bool {
     let t = t.strip_prefix(['-', '+']).unwrap_or(t);
     !t.is_empty()
         && (t.bytes().all(|b| b.is_ascii_digit())
             || (t.parse::<f64>().is_ok() && t.bytes().any(|b| b.is_ascii_digit())))
+}
+
+/// The first template marker of a text, outside comments: `{{` (Helm, Go templates) or
+/// `${NAME` (envsubst, shell), with which kind of template it suggests.
+pub fn template_marker(file: FileId, text: &str) -> Option<(Span, &'static str)> {
+    for (i, line) in text.split('\n').enumerate() {
+        let code = match line.trim_start().starts_with('#') {
+            true => continue,
+            false => line,
+        };
+        let helm = code.find("{{");
+        let env = code.match_indices("${").map(|(j, _)| j).find(|&j| {
+            code[j + 2..]
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        });
+        let (at, what, len) = match (helm, env) {
+            (Some(h), Some(e)) if e < h => (e, "envsubst", 2),
+            (Some(h), _) => (h, "Helm", 2),
+            (None, Some(e)) => (e, "envsubst", 2),
+            (None, None) => continue,
+        };
+        let col = code[..at].chars().count() as u32 + 1;
+        return Some((Span::new(file, i as u32 + 1, col, len), what));
+    }
+    None
 }
 
 /// One document of one file.
@@ -529,7 +571,152 @@ enum Frame {
     Map(Span, Vec<Entry>, Option<(String, Span)>, usize),
 }
 
+/// Parse a piece of YAML; where saphyr stops at a flow collection's line written at or
+/// left of its block's indentation (a closing `]` under its key: PyYAML and kubectl's
+/// go-yaml accept it, YAML 1.2 does not), indent that line and parse again. The nodes and
+/// diagnostics on re-indented lines get their written columns back.
 fn parse_yaml_piece(
+    file: FileId,
+    text: &str,
+    line0: u32,
+    budget: usize,
+) -> (Vec<Document>, Diagnostics) {
+    let mut out = parse_yaml_strict(file, text, line0, budget);
+    let mut fixed: Option<String> = None;
+    let mut shifts: HashMap<u32, u32> = HashMap::new();
+    for _ in 0..MAX_REINDENTS {
+        let Some(line) = indentation_error(&out.1, line0) else {
+            break;
+        };
+        let current = fixed.as_deref().unwrap_or(text);
+        let Some((at, add)) = flow_reindent(current, line) else {
+            break;
+        };
+        let mut next = String::with_capacity(current.len() + add);
+        next.push_str(&current[..at]);
+        next.extend(std::iter::repeat_n(' ', add));
+        next.push_str(&current[at..]);
+        *shifts.entry(line0 + line + 1).or_default() += add as u32;
+        out = parse_yaml_strict(file, &next, line0, budget);
+        fixed = Some(next);
+    }
+    if !shifts.is_empty() {
+        let back = |s: &mut Span| {
+            if let Some(&add) = shifts.get(&s.line) {
+                s.col = s.col.saturating_sub(add).max(1);
+            }
+        };
+        for d in &mut out.0 {
+            unshift(&mut d.root, &back);
+        }
+        for d in &mut out.1.items {
+            d.span.as_mut().map(back);
+            d.related.iter_mut().for_each(|r| back(&mut r.span));
+        }
+    }
+    out
+}
+
+/// At most this many lines of one piece are re-indented.
+const MAX_REINDENTS: usize = 64;
+
+/// The 0-based line (in the piece) of an "invalid indentation" stop, if that is how the
+/// parse ended.
+fn indentation_error(diags: &Diagnostics, line0: u32) -> Option<u32> {
+    diags
+        .items
+        .iter()
+        .find(|d| d.code == "SVC001" && d.message.starts_with("invalid YAML: invalid indentation"))
+        .and_then(|d| d.span)
+        .map(|s| s.line - 1 - line0)
+}
+
+/// If 0-based `line` of `text` lies inside a flow collection (`[`/`{` still open), the
+/// byte offset of its start and how many spaces put it two columns right of the line that
+/// opened the innermost collection. A rough scan: quoted strings, comments and block
+/// scalars are skipped; it only decides whether a parse that failed is tried again.
+fn flow_reindent(text: &str, line: u32) -> Option<(usize, usize)> {
+    let mut open: Vec<usize> = Vec::new(); // indentation of the line of each open bracket
+    let mut block_scalar: Option<usize> = None;
+    let mut offset = 0;
+    for (i, l) in text.split_inclusive('\n').enumerate() {
+        let indent = l.len() - l.trim_start_matches(' ').len();
+        let content = l.trim();
+        if i as u32 == line {
+            let want = open.last()? + 2;
+            return (want > indent).then_some((offset, want - indent));
+        }
+        offset += l.len();
+        if let Some(b) = block_scalar {
+            if content.is_empty() || indent > b {
+                continue;
+            }
+            block_scalar = None;
+        }
+        if is_document_marker(l) {
+            open.clear();
+            continue;
+        }
+        let mut quote: Option<char> = None;
+        let mut prev = ' ';
+        let mut chars = content.chars().peekable();
+        while let Some(c) = chars.next() {
+            match quote {
+                Some('"') if c == '\\' => {
+                    chars.next();
+                }
+                Some(q) if c == q => {
+                    if q == '\'' && chars.peek() == Some(&'\'') {
+                        chars.next();
+                    } else {
+                        quote = None;
+                    }
+                }
+                Some(_) => {}
+                None => match c {
+                    '#' if prev == ' ' => break,
+                    '\'' | '"' if matches!(prev, ' ' | ':' | '-' | '[' | '{' | ',') => {
+                        quote = Some(c)
+                    }
+                    '[' | '{' => open.push(indent),
+                    ']' | '}' => {
+                        open.pop();
+                    }
+                    _ => {}
+                },
+            }
+            prev = c;
+        }
+        let value = content
+            .rsplit_once(": ")
+            .map(|(_, v)| v)
+            .or_else(|| content.strip_prefix("- "))
+            .unwrap_or(content);
+        if open.is_empty()
+            && (value.starts_with('|') || value.starts_with('>'))
+            && value[1..]
+                .chars()
+                .all(|c| matches!(c, '+' | '-' | '0'..='9'))
+        {
+            block_scalar = Some(indent);
+        }
+    }
+    None
+}
+
+fn unshift(n: &mut Node, back: &impl Fn(&mut Span)) {
+    back(&mut n.span);
+    match &mut n.value {
+        Value::Seq(items) => items.iter_mut().for_each(|i| unshift(i, back)),
+        Value::Map(es) => es.iter_mut().for_each(|e| {
+            back(&mut e.key_span);
+            unshift(&mut e.value, back)
+        }),
+        _ => {}
+    }
+}
+
+fn parse_yaml_strict(
     file: FileId,
     text: &str,
     line0: u32,
@@ -666,7 +853,7 @@ fn parse_yaml_piece(
                     Some(Frame::Map(s, entries, _, a)) => (
                         Node {
                             span: s,
-                            value: Value::Map(entries),
+                            value: Value::Map(merge_keys(entries)),
                         },
                         a,
                     ),
@@ -706,6 +893,43 @@ fn parse_yaml_piece(
         }
     }
     (docs, diags)
+}
+
+/// YAML 1.1 merge keys (`<<: *base`, `<<: [*a, *b]`), which kubectl's go-yaml applies:
+/// the merged mappings' entries are added unless the mapping writes the key itself (or an
+/// earlier merged mapping has it). A `<<` whose value is no mapping stays an entry.
+fn merge_keys(entries: Vec<Entry>) -> Vec<Entry> {
+    if !entries.iter().any(|e| e.key == "<<") {
+        return entries;
+    }
+    let mut own: Vec<Entry> = Vec::with_capacity(entries.len());
+    let mut merged: Vec<Entry> = Vec::new();
+    for e in entries {
+        match (e.key == "<<", e.value.value) {
+            (true, Value::Map(es)) => merged.extend(es),
+            (true, Value::Seq(items)) if items.iter().all(|i| matches!(i.value, Value::Map(_))) => {
+                for i in items {
+                    if let Value::Map(es) = i.value {
+                        merged.extend(es);
+                    }
+                }
+            }
+            (_, value) => own.push(Entry {
+                value: Node {
+                    span: e.value.span,
+                    value,
+                },
+                ..e
+            }),
+        }
+    }
+    let mut keys: std::collections::HashSet<String> = own.iter().map(|e| e.key.clone()).collect();
+    for e in merged {
+        if keys.insert(e.key.clone()) {
+            own.push(e);
+        }
+    }
+    own
 }
 
 fn count_nodes(n: &Node) -> usize {
@@ -1222,6 +1446,51 @@ mod tests {
         assert_eq!(docs.len(), 2);
         assert_eq!(docs[1].root.get("b").unwrap().kind_name(), "number");
         assert_eq!(docs[0].root.get("a").unwrap().kind_name(), "string");
+    }
+
+    #[test]
+    fn merge_keys_add_what_the_mapping_does_not_write() {
+        let n = one("a: &a {x: 1, y: 2}\nb: &b {y: 3, z: 4}\nc:\n  <<: [*a, *b]\n  x: 0\n");
+        let c = n.get("c").unwrap();
+        let keys: Vec<(&str, &str)> = match &c.value {
+            Value::Map(es) => es
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str().unwrap()))
+                .collect(),
+            _ => panic!("{c:?}"),
+        };
+        assert_eq!(keys, [("x", "0"), ("y", "2"), ("z", "4")]);
+        // A merged entry keeps the span where it was written (line 1).
+        match &c.value {
+            Value::Map(es) => assert_eq!(es[1].key_span.line, 1),
+            _ => unreachable!(),
+        }
+        let single = one("base: &b {p: 1}\nd:\n  <<: *b\n");
+        assert_eq!(
+            single.get("d").unwrap().get("p").unwrap().as_str(),
+            Some("1")
+        );
+    }
+
+    #[test]
+    fn flow_lines_left_of_their_key_are_read_as_kubectl_does() {
+        let text = "a:\n  b: [\n    1,\n  ]\n  c: [x,\ny]\nd: 2\n";
+        let (docs, d) = parse_yaml_piece(FileId(0), text, 0, usize::MAX);
+        assert!(d.items.is_empty(), "{d:?}");
+        let a = docs[0].root.get("a").unwrap();
+        let c = a.get("c").unwrap();
+        match &c.value {
+            Value::Seq(items) => {
+                assert_eq!(items[1].as_str(), Some("y"));
+                // Written at line 6, column 1; read at a shifted column.
+                assert_eq!((items[1].span.line, items[1].span.col), (6, 1));
+            }
+            _ => panic!("{c:?}"),
+        }
+        assert_eq!(docs[0].root.get("d").unwrap().as_str(), Some("2"));
+        // A block mapping written left of its place is still an error.
+        let (_, d) = parse_yaml_piece(FileId(0), "a:\n    b: 1\n  c: 2\n", 0, usize::MAX);
+        assert_eq!(d.items.len(), 1, "{d:?}");
     }
 
     #[test]

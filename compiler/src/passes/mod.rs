@@ -2,6 +2,7 @@
 //! lower; then, per node and family, `node`.
 
 pub mod allocate;
+pub mod infer;
 pub mod lower;
 pub mod node;
 pub mod resolve;
@@ -13,7 +14,9 @@ use crate::net::Cidr;
 /// were merged (flags win).
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// `--service-cluster-ip-range`: one CIDR per family, primary first. Default 10.96.0.0/12.
+    /// `--service-cluster-ip-range`: one CIDR per family, primary first. Default 10.96.0.0/12,
+    /// kubeadm's (kube-apiserver's own is 10.0.0.0/24, deprecated; README "The service
+    /// range"); under `--no-allocate` without a range, inferred from the input.
     pub service_cidrs: Vec<Cidr>,
     /// `--service-node-port-range`, inclusive. Default 30000-32767.
     pub node_port_range: (u16, u16),

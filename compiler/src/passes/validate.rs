@@ -69,6 +69,10 @@
 //! | SVC147 | error    | `"*"` in `topologyKeys` is not the last entry |
 //! | SVC148 | error    | `topologyKeys` together with `externalTrafficPolicy: Local` |
 //! | SVC149 | error    | unsupported `trafficDistribution` (PreferClose, PreferSameZone, PreferSameNode) |
+//! | SVC150 | error    | Service port `appProtocol` is not a qualified name |
+//! | SVC151 | error    | `loadBalancerClass` or `allocateLoadBalancerNodePorts` on a Service that is not a LoadBalancer, or a class that is not a qualified name |
+//! | SVC152 | error    | annotations larger than 256 KiB in total (any kind) |
+//! | SVC153 | warning  | IPv4 address with leading zeros (read as decimal; any kind) |
 //! | SVC201 | error    | Endpoints, EndpointSlice, Node or Pod name is not a DNS-1123 subdomain |
 //! | SVC202 | error    | EndpointSlice `addressType` missing or unsupported (IPv4, IPv6, FQDN) |
 //! | SVC203 | error    | endpoint address is not an IP of the slice's type (or not an FQDN) |
@@ -85,6 +89,9 @@
 //! | SVC214 | error    | Node InternalIP/ExternalIP address is not an IP address |
 //! | SVC215 | error    | Pod IP is not an IP address |
 //! | SVC216 | error    | Pod IPs: more than one per family, or duplicated |
+//! | SVC217 | error    | endpoint port `appProtocol` is not a qualified name |
+//! | SVC218 | error    | endpoint `hostname` is not a DNS-1123 label |
+//! | SVC219 | error    | endpoint hints: more than 8, a zone that is no label value, or a repeated one |
 //! | SVC301 | error    | two objects of the same kind, namespace and name |
 //! | SVC302 | error    | node port used by two Services (or as a Service's health-check port too) |
 //! | SVC303 | error    | cluster IP written on two Services |
@@ -142,6 +149,80 @@ pub fn validate(objects: &Objects, settings: &Settings, diags: &mut Diagnostics)
     }
     config::check(&mut cx, objects);
     cross::check(&mut cx, objects);
+    leading_zeros(&mut cx, objects);
+}
+
+/// The API server reads `010.0.0.1` as 10.0.0.1 and answers with a warning (its strict
+/// parsing is for new fields only); so do we, for every IP field we read.
+fn leading_zeros(cx: &mut Cx, o: &Objects) {
+    let mut ips: Vec<(&Sp<String>, String)> = Vec::new();
+    for s in &o.services {
+        let one = s
+            .cluster_ip
+            .iter()
+            .map(|c| (c, "spec.clusterIP".to_string()));
+        let list = s.cluster_ips.iter().enumerate();
+        ips.extend(one.chain(list.map(|(i, c)| (c, format!("spec.clusterIPs[{i}]")))));
+        let ext = s.external_ips.iter().enumerate();
+        ips.extend(ext.map(|(i, c)| (c, format!("spec.externalIPs[{i}]"))));
+        ips.extend(
+            s.load_balancer_ip
+                .iter()
+                .map(|c| (c, "spec.loadBalancerIP".to_string())),
+        );
+        let ranges = s.load_balancer_source_ranges.iter().enumerate();
+        ips.extend(ranges.map(|(i, c)| (c, format!("spec.loadBalancerSourceRanges[{i}]"))));
+        for (i, g) in s.lb_ingress.iter().enumerate() {
+            let p = format!("status.loadBalancer.ingress[{i}].ip");
+            ips.extend(g.ip.iter().map(|c| (c, p.clone())));
+        }
+    }
+    for sl in &o.slices {
+        for (i, e) in sl.endpoints.iter().enumerate() {
+            let a = e.addresses.iter().enumerate();
+            ips.extend(a.map(|(j, c)| (c, format!("endpoints[{i}].addresses[{j}]"))));
+        }
+    }
+    for e in &o.endpoints {
+        for (i, ss) in e.subsets.iter().enumerate() {
+            for (key, list) in [
+                ("addresses", &ss.addresses),
+                ("notReadyAddresses", &ss.not_ready),
+            ] {
+                let a = list.iter().enumerate();
+                ips.extend(a.map(|(j, a)| (&a.ip, format!("subsets[{i}].{key}[{j}].ip"))));
+            }
+        }
+    }
+    for n in &o.nodes {
+        let c = n.pod_cidrs.iter().enumerate();
+        ips.extend(c.map(|(i, c)| (c, format!("spec.podCIDRs[{i}]"))));
+        let a = n.addresses.iter().enumerate();
+        ips.extend(a.map(|(i, (_, c))| (c, format!("status.addresses[{i}].address"))));
+    }
+    for p in &o.pods {
+        let a = p.pod_ips.iter().enumerate();
+        ips.extend(a.map(|(i, c)| (c, format!("status.podIPs[{i}].ip"))));
+    }
+    for (ip, path) in ips {
+        // A CIDR's address part counts too.
+        let (addr, prefix) = match ip.v.split_once('/') {
+            Some((a, p)) => (a, format!("/{p}")),
+            None => (ip.v.as_str(), String::new()),
+        };
+        if crate::net::has_leading_zeros(addr) {
+            let read = crate::net::parse_ip(addr).map_or(String::new(), |a| format!("{a}{prefix}"));
+            cx.push(
+                Diagnostic::warning(
+                    "SVC153",
+                    format!("IP address `{}` has leading zeros: it is read as {read}", ip.v),
+                )
+                .at(ip.span)
+                .path(path)
+                .hint(format!("write `{read}`; the API server warns, and some tools read a leading zero as octal")),
+            );
+        }
+    }
 }
 
 struct Cx<'a> {
@@ -253,6 +334,24 @@ fn check_meta(cx: &mut Cx, m: &Meta, kind: &str, namespaced: bool) {
         }
     }
     check_labels(cx, &m.labels, "metadata.labels", "label");
+    // ValidateAnnotationsSize: keys and values together.
+    let size: usize = m
+        .annotations
+        .iter()
+        .map(|(k, v)| k.v.len() + v.v.len())
+        .sum();
+    if size > ANNOTATIONS_MAX {
+        let first = m.annotations.first().map_or(m.name.span, |(k, _)| k.span);
+        cx.push(
+            Diagnostic::error(
+                "SVC152",
+                format!("annotations take {size} bytes: at most {ANNOTATIONS_MAX} (256 KiB) are allowed"),
+            )
+            .at(first)
+            .path("metadata.annotations")
+            .hint("keep large data in a ConfigMap; kubectl apply's last-applied-configuration annotation counts too"),
+        );
+    }
     for (k, _) in &m.annotations {
         if let Err(e) = names::qualified_name(&k.v) {
             cx.push(
@@ -263,6 +362,9 @@ fn check_meta(cx: &mut Cx, m: &Meta, kind: &str, namespaced: bool) {
         }
     }
 }
+
+/// The API server's limit on all annotations of an object (keys and values).
+const ANNOTATIONS_MAX: usize = 256 * 1024;
 
 /// Label keys and values (also used for selectors).
 fn check_labels(cx: &mut Cx, labels: &[(Sp<String>, Sp<String>)], path: &str, what: &str) {

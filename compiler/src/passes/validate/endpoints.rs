@@ -10,6 +10,7 @@ use std::collections::HashMap;
 const MAX_ENDPOINTS: usize = 1000;
 const MAX_ADDRESSES: usize = 100;
 const MAX_PORTS: usize = 100;
+const MAX_HINTS: usize = 8;
 pub(super) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 pub(super) fn check_endpoints(cx: &mut Cx, e: &Endpoints) {
@@ -35,6 +36,9 @@ pub(super) fn check_endpoints(cx: &mut Cx, e: &Endpoints) {
                 ip_address(cx, &a.ip, None, || format!("{sp}.{key}[{j}].ip"));
                 if let Some(n) = &a.node_name {
                     node_name(cx, n, || format!("{sp}.{key}[{j}].nodeName"));
+                }
+                if let Some(h) = &a.hostname {
+                    hostname(cx, h, format!("{sp}.{key}[{j}].hostname"));
                 }
             }
         }
@@ -140,6 +144,10 @@ pub(super) fn check_slice(cx: &mut Cx, s: &EndpointSlice) {
             if let Some(n) = &ep.node_name {
                 node_name(cx, n, || format!("endpoints[{i}].nodeName"));
             }
+            if let Some(h) = &ep.hostname {
+                hostname(cx, h, format!("endpoints[{i}].hostname"));
+            }
+            hints(cx, &ep.hints_written, &format!("endpoints[{i}]"));
         }
     }
     if s.ports.len() > MAX_PORTS {
@@ -215,10 +223,78 @@ fn node_name(cx: &mut Cx, n: &Sp<String>, path: impl FnOnce() -> String) {
 
 /// Endpoint ports. `legacy` (Endpoints) requires names when there are several ports;
 /// EndpointSlices instead require names to be unique (the empty name included).
+/// An endpoint's `hostname` is a DNS-1123 label (it becomes a DNS name under the Service).
+fn hostname(cx: &mut Cx, h: &Sp<String>, path: String) {
+    if let Err(e) = names::dns1123_label(&h.v) {
+        cx.push(
+            Diagnostic::error(
+                "SVC218",
+                format!("invalid endpoint hostname `{}`: {e}", h.v),
+            )
+            .at(h.span)
+            .path(path)
+            .hint("a hostname is one DNS label, e.g. `web-0`"),
+        );
+    }
+}
+
+/// `hints.forZones` (and `forNodes`): at most 8 each, names that are label values (node
+/// names for `forNodes`), none twice.
+fn hints(cx: &mut Cx, written: &[(&'static str, Sp<String>)], prefix: &str) {
+    for key in ["forZones", "forNodes"] {
+        let of: Vec<&Sp<String>> = written
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, n)| n)
+            .collect();
+        if of.len() > MAX_HINTS {
+            cx.push(
+                Diagnostic::error(
+                    "SVC219",
+                    format!(
+                        "{} hints in `{key}`: at most {MAX_HINTS} are allowed",
+                        of.len()
+                    ),
+                )
+                .at(of[MAX_HINTS].span)
+                .path(format!("{prefix}.hints.{key}"))
+                .hint("hints name the few zones (or nodes) that should use this endpoint"),
+            );
+            continue;
+        }
+        let mut seen: HashMap<&str, crate::source::Span> = HashMap::new();
+        for (i, n) in of.iter().enumerate() {
+            let path = format!("{prefix}.hints.{key}[{i}].name");
+            let valid = match key {
+                "forZones" => names::label_value(&n.v),
+                _ => names::dns1123_subdomain(&n.v),
+            };
+            if let Err(e) = valid {
+                cx.push(
+                    Diagnostic::error("SVC219", format!("invalid hint `{}`: {e}", n.v))
+                        .at(n.span)
+                        .path(path.clone()),
+                );
+            }
+            if let Some(first) = seen_before(&mut seen, n.v.as_str(), n.span) {
+                cx.push(
+                    Diagnostic::error("SVC219", format!("duplicate hint `{}`", n.v))
+                        .at(n.span)
+                        .path(path)
+                        .related(first, "first written here"),
+                );
+            }
+        }
+    }
+}
+
 fn ports(cx: &mut Cx, ports: &[SlicePort], prefix: &str, legacy: bool) {
     let mut seen: HashMap<&str, crate::source::Span> = HashMap::new();
     for (i, p) in ports.iter().enumerate() {
         let path = |f: &str| format!("{prefix}[{i}].{f}");
+        if let Some(a) = &p.app_protocol {
+            super::service::app_protocol(cx, "SVC217", a, path("appProtocol"));
+        }
         let name = p.name.as_ref().map_or("", |n| n.v.as_str());
         if name.is_empty() {
             if legacy && ports.len() > 1 {
@@ -252,7 +328,7 @@ fn ports(cx: &mut Cx, ports: &[SlicePort], prefix: &str, legacy: bool) {
         }
         match &p.port {
             // A slice port without a number means "all ports"; Endpoints need one.
-            None if legacy => cx.push(
+            None if legacy && !p.port_written => cx.push(
                 Diagnostic::error("SVC205", "Endpoints port without `port`")
                     .at(p.span)
                     .path(path("port"))

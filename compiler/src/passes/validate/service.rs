@@ -88,6 +88,7 @@ pub(super) fn check(cx: &mut Cx, s: &Service) {
             .hint("a headless Service has no virtual IP to expose; use type ClusterIP, or remove `clusterIP: None`"),
         );
     }
+    load_balancer_fields(cx, s, ty);
     traffic_policies(cx, s, ty);
     affinity(cx, s);
     external_ips(cx, s);
@@ -101,6 +102,60 @@ pub(super) fn check(cx: &mut Cx, s: &Service) {
             &["PreferClose", "PreferSameZone", "PreferSameNode"],
             "trafficDistribution",
             "spec.trafficDistribution",
+        );
+    }
+}
+
+/// `loadBalancerClass` and `allocateLoadBalancerNodePorts` "may only be used when `type`
+/// is 'LoadBalancer'"; a class is a qualified name (`example.com/internal-lb`).
+fn load_balancer_fields(cx: &mut Cx, s: &Service, ty: Type) {
+    let type_span = s.type_.as_ref().map(|t| t.span);
+    let forbid = |cx: &mut Cx, span: Span, field: &str| {
+        let mut d = Diagnostic::error(
+            "SVC151",
+            format!("`{field}` may only be used when `type` is LoadBalancer"),
+        )
+        .at(span)
+        .path(format!("spec.{field}"))
+        .hint(format!(
+            "remove `{field}`, or make the Service type LoadBalancer"
+        ));
+        if let Some(t) = type_span {
+            d = d.related(t, "type set here");
+        }
+        cx.push(d);
+    };
+    if ty != Type::LoadBalancer {
+        if let Some(c) = &s.load_balancer_class {
+            forbid(cx, c.span, "loadBalancerClass");
+        }
+        if let Some(span) = s.allocate_lb_node_ports_span {
+            forbid(cx, span, "allocateLoadBalancerNodePorts");
+        }
+    } else if let Some(c) = &s.load_balancer_class {
+        if let Err(e) = names::qualified_name(&c.v) {
+            cx.push(
+                Diagnostic::error(
+                    "SVC151",
+                    format!("invalid loadBalancerClass `{}`: {e}", c.v),
+                )
+                .at(c.span)
+                .path("spec.loadBalancerClass")
+                .hint("a class is `[prefix/]name`, e.g. `example.com/internal-lb`"),
+            );
+        }
+    }
+}
+
+/// `appProtocol` (Service, EndpointSlice and Endpoints ports) is a qualified name: an IANA
+/// service name such as `http`, or `prefix/name` such as `kubernetes.io/h2c`.
+pub(super) fn app_protocol(cx: &mut Cx, code: &'static str, a: &Sp<String>, path: String) {
+    if let Err(e) = names::qualified_name(&a.v) {
+        cx.push(
+            Diagnostic::error(code, format!("invalid appProtocol `{}`: {e}", a.v))
+                .at(a.span)
+                .path(path)
+                .hint("use an IANA service name (http, grpc) or a `domain/name` such as kubernetes.io/h2c"),
         );
     }
 }
@@ -129,6 +184,9 @@ fn ports(cx: &mut Cx, s: &Service, ty: Type, headless: bool) {
     for (i, p) in s.ports.iter().enumerate() {
         let path = |f: &str| format!("spec.ports[{i}].{f}");
         let proto = p.protocol.as_ref().map_or("TCP", |x| x.v.as_str());
+        if let Some(a) = &p.app_protocol {
+            app_protocol(cx, "SVC150", a, path("appProtocol"));
+        }
         match p.name.as_ref().filter(|n| !n.v.is_empty()) {
             None if multi => cx.push(
                 Diagnostic::error(
@@ -163,6 +221,8 @@ fn ports(cx: &mut Cx, s: &Service, ty: Type, headless: bool) {
             }
         }
         match &p.port {
+            // Written with the wrong type: decoding reported it (SVC004).
+            None if p.port_written => {}
             None => cx.push(
                 Diagnostic::error("SVC110", "port without `port`")
                     .at(p.span)
@@ -457,7 +517,11 @@ fn cluster_ips(cx: &mut Cx, s: &Service, headless: bool) {
         Some(p) => p.v == "RequireDualStack",
         None => two_ips || two_fams,
     };
-    if require_dual && !dual_cluster {
+    // The allocator's special case: a headless Service without a selector gets every
+    // family it asks for, even on a single-stack cluster (no IP is allocated for it).
+    let selectorless_headless = headless && s.selector.as_ref().is_none_or(|sel| sel.is_empty());
+    let dual_refused = require_dual && !dual_cluster && !selectorless_headless;
+    if dual_refused {
         let (span, path) = match policy {
             Some(p) => (p.span, "spec.ipFamilyPolicy".to_string()),
             None if two_fams => (s.ip_families[1].span, "spec.ipFamilies[1]".to_string()),
@@ -473,7 +537,9 @@ fn cluster_ips(cx: &mut Cx, s: &Service, headless: bool) {
             .hint("configure a service CIDR for each family (--service-cluster-ip-range or ClusterConfig), or use SingleStack/PreferDualStack"),
         );
     }
-    if !headless {
+    // Each family asked for must be configured (headless Services with a selector too);
+    // a refused RequireDualStack above already names this mistake.
+    if !selectorless_headless && !dual_refused {
         for (i, f) in fams.iter().enumerate() {
             if let Some(f) = f {
                 if family_of_cidrs(cidrs, *f).is_none() {
@@ -527,9 +593,12 @@ fn cluster_ips(cx: &mut Cx, s: &Service, headless: bool) {
                 )
                 .at(c.span)
                 .path(path.clone())
-                .hint(format!(
-                    "use an address inside {range}, or leave clusterIP unset to have one allocated"
-                )),
+                .hint(if *cidrs == crate::passes::Settings::default().service_cidrs {
+                    // The default is kubeadm's; many clusters differ (README "The service range").
+                    format!("use an address inside {range}, or leave clusterIP unset to have one allocated; {range} is svc-compile's default (kubeadm's): pass your cluster's --service-cluster-ip-range if it differs")
+                } else {
+                    format!("use an address inside {range}, or leave clusterIP unset to have one allocated")
+                }),
             ),
             None => cx.push(
                 Diagnostic::error(

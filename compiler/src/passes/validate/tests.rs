@@ -1030,3 +1030,34 @@ fn golden_errors_corpus() {
         all.len()
     );
 }
+
+/// ValidateAnnotationsSize: keys and values of all annotations together, at most 256 KiB.
+#[test]
+fn annotations_at_most_256_kib() {
+    let with = |bytes: usize| {
+        let meta = format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations:\n    a: \"{}\"\n    b: \"{}\"\n",
+            "x".repeat(bytes / 2),
+            "y".repeat(bytes - bytes / 2 - 2)
+        );
+        codes(&format!(
+            "{meta}spec:\n  selector: {{app: web}}\n  ports:\n  - port: 80\n"
+        ))
+    };
+    assert_eq!(with(256 * 1024), Vec::<&str>::new());
+    assert_eq!(with(256 * 1024 + 1), ["SVC152"]);
+}
+
+/// The allocator's special case: a headless Service without a selector may ask for both
+/// families on a single-stack cluster; with a selector it may not.
+#[test]
+fn selectorless_headless_may_require_dual_stack() {
+    let spec = "clusterIP: None\nipFamilyPolicy: RequireDualStack\nports:\n- port: 80\n";
+    assert_eq!(codes(&svc(spec)), Vec::<&str>::new());
+    let both = "clusterIP: None\nipFamilies: [IPv4, IPv6]\nipFamilyPolicy: RequireDualStack\n";
+    assert_eq!(codes(&svc(both)), Vec::<&str>::new());
+    assert_eq!(
+        codes(&svc(&format!("{spec}selector: {{app: web}}\n"))),
+        ["SVC124"]
+    );
+}

@@ -1,0 +1,240 @@
+//! Input discovery: which files a run reads, and their text.
+//!
+//! Invariants: every real directory is walked once (a symlink loop or a second link to a
+//! walked directory adds nothing), and every real file is read once, under the first of its
+//! names in name order. Files are added to the source map in name order whatever the order
+//! of the arguments, so even "first defined here" does not depend on how the command was
+//! typed. A file that is not text is a located diagnostic for that file; the others are
+//! still read.
+
+use crate::report::Fail;
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use svc_compiler::diag::Diagnostics;
+use svc_compiler::source::{FileId, SourceMap};
+
+/// `--exclude GLOB` / `--include GLOB`, as given.
+#[derive(Debug, Default)]
+pub struct Filters<'a> {
+    pub exclude: &'a [String],
+    pub include: &'a [String],
+}
+
+impl Filters<'_> {
+    /// Excluded: a directory is not walked, a file is not read.
+    fn excluded(&self, path: &str) -> bool {
+        self.exclude.iter().any(|g| glob_matches(g, path))
+    }
+    /// Without `--include`, every file with a manifest extension is read; with it, only
+    /// the files one of its globs matches.
+    fn included(&self, path: &str) -> bool {
+        self.include.is_empty() || self.include.iter().any(|g| glob_matches(g, path))
+    }
+}
+
+/// The files to compile, and the diagnostics of files that could not be read as text.
+pub struct Inputs {
+    pub files: Vec<FileId>,
+    pub diags: Diagnostics,
+}
+
+/// Files, directories (recursive, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
+pub fn read_inputs(
+    paths: &[String],
+    filters: &Filters,
+    sources: &mut SourceMap,
+) -> Result<Inputs, Fail> {
+    let mut found: Vec<(String, PathBuf)> = Vec::new();
+    let mut stdin: Option<Vec<u8>> = None;
+    let mut walked: HashSet<PathBuf> = HashSet::new();
+    for p in paths {
+        if p == "-" {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .map_err(|e| Fail(format!("cannot read standard input: {e}")))?;
+            stdin = Some(bytes);
+            continue;
+        }
+        let path = Path::new(p);
+        let meta = std::fs::metadata(path)
+            .map_err(|e| Fail(format!("cannot read {p}: {e}; check the path")))?;
+        // Filters apply to files named on the command line too: a pre-commit hook passes
+        // every changed file.
+        if filters.excluded(p) || (!meta.is_dir() && !filters.included(p)) {
+            continue;
+        }
+        if meta.is_dir() {
+            walk(path, filters, &mut walked, &mut found)?;
+        } else {
+            found.push((p.clone(), path.to_path_buf()));
+        }
+    }
+    found.sort();
+    let patches = kustomize_patches(&found);
+    let mut seen: HashSet<PathBuf> = HashSet::new();
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut skipped: Vec<(String, Vec<u8>, String)> = Vec::new();
+    for (name, path) in found {
+        // A file reached by two names (a symlink, or named twice) is one file.
+        let real = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if !seen.insert(real.clone()) {
+            continue;
+        }
+        match patches.iter().find(|(p, _)| *p == real) {
+            Some((_, by)) => skipped.push((name, read_bytes(&path)?, by.clone())),
+            None => files.push((name, read_bytes(&path)?)),
+        }
+    }
+    if let Some(bytes) = stdin {
+        files.push(("<stdin>".into(), bytes));
+    }
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = Inputs {
+        files: Vec::with_capacity(files.len()),
+        diags: Diagnostics::default(),
+    };
+    for (name, bytes) in files {
+        match sources.add_bytes(name, bytes) {
+            (id, None) => out.files.push(id),
+            (_, Some(d)) => out.diags.push(d),
+        }
+    }
+    // Patches are in the source map (for the note's location) but are not compiled.
+    for (name, bytes, by) in skipped {
+        let (id, _) = sources.add_bytes(name, bytes);
+        out.diags.push(svc_compiler::kustomize::patch_note(id, &by));
+    }
+    Ok(out)
+}
+
+/// The real paths of the files that the kustomizations among `found` name as patches,
+/// each with the kustomization that names it. A kustomization that cannot be read names
+/// nothing (it is reported when it is read as an input).
+fn kustomize_patches(found: &[(String, PathBuf)]) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    for (name, path) in found {
+        let is_kustomization = path
+            .file_name()
+            .and_then(|f| f.to_str())
+            .is_some_and(|f| svc_compiler::kustomize::FILE_NAMES.contains(&f));
+        let Some(text) = is_kustomization
+            .then(|| std::fs::read_to_string(path).ok())
+            .flatten()
+        else {
+            continue;
+        };
+        let dir = path.parent().unwrap_or(Path::new("."));
+        for p in svc_compiler::kustomize::patch_paths(&text) {
+            if let Ok(real) = std::fs::canonicalize(dir.join(p)) {
+                out.push((real, name.clone()));
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {
+    std::fs::read_to_string(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
+}
+
+fn read_bytes(p: &Path) -> Result<Vec<u8>, Fail> {
+    std::fs::read(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
+}
+
+fn walk(
+    dir: &Path,
+    filters: &Filters,
+    walked: &mut HashSet<PathBuf>,
+    out: &mut Vec<(String, PathBuf)>,
+) -> Result<(), Fail> {
+    let real = std::fs::canonicalize(dir)
+        .map_err(|e| Fail(format!("cannot read directory {}: {e}", dir.display())))?;
+    if !walked.insert(real) {
+        return Ok(());
+    }
+    let rd = std::fs::read_dir(dir)
+        .map_err(|e| Fail(format!("cannot read directory {}: {e}", dir.display())))?;
+    for entry in rd {
+        let entry =
+            entry.map_err(|e| Fail(format!("cannot read directory {}: {e}", dir.display())))?;
+        let p = entry.path();
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let name = p.display().to_string();
+        if filters.excluded(&name) {
+            continue;
+        }
+        if p.is_dir() {
+            walk(&p, filters, walked, out)?;
+        } else if matches!(
+            p.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) && filters.included(&name)
+        {
+            out.push((name, p));
+        }
+    }
+    Ok(())
+}
+
+/// Does `glob` match `path`, or a trailing part of it that starts at a `/`? So
+/// `Chart.yaml`, `templates/**` and `**/values*.yaml` match wherever they sit, and
+/// `./deploy/*.json` matches from the start. `*` and `?` stay inside one path component;
+/// `**` spans components.
+pub fn glob_matches(glob: &str, path: &str) -> bool {
+    let glob = glob.strip_prefix("./").unwrap_or(glob);
+    let path = path.strip_prefix("./").unwrap_or(path);
+    let g: Vec<char> = glob.chars().collect();
+    if matches_at(&g, &path.chars().collect::<Vec<_>>()) {
+        return true;
+    }
+    path.match_indices('/')
+        .any(|(i, _)| matches_at(&g, &path[i + 1..].chars().collect::<Vec<_>>()))
+}
+
+fn matches_at(g: &[char], p: &[char]) -> bool {
+    match g.first() {
+        None => p.is_empty(),
+        Some('*') if g.get(1) == Some(&'*') => {
+            // `**/` also matches no directory at all.
+            let rest = &g[2..];
+            let after_slash = rest.strip_prefix(&['/']).unwrap_or(rest);
+            (0..=p.len()).any(|i| matches_at(rest, &p[i..]) || matches_at(after_slash, &p[i..]))
+        }
+        Some('*') => (0..=p.len())
+            .take_while(|&i| i == 0 || p[i - 1] != '/')
+            .any(|i| matches_at(&g[1..], &p[i..])),
+        Some('?') => p.first().is_some_and(|&c| c != '/') && matches_at(&g[1..], &p[1..]),
+        Some(&c) => p.first() == Some(&c) && matches_at(&g[1..], &p[1..]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_matches;
+
+    #[test]
+    fn globs() {
+        for (glob, path, want) in [
+            ("Chart.yaml", "charts/web/Chart.yaml", true),
+            ("Chart.yaml", "charts/web/NotChart.yaml", false),
+            ("values*.yaml", "web/values-prod.yaml", true),
+            ("templates/**", "charts/web/templates/svc.yaml", true),
+            ("templates/**", "charts/web/templates/a/b.yaml", true),
+            ("templates", "charts/web/templates", true),
+            ("**/kustomization.yaml", "kustomization.yaml", true),
+            ("**/kustomization.yaml", "a/b/kustomization.yaml", true),
+            ("*.json", "dash/board.json", true),
+            ("dash/*.json", "./dash/board.json", true),
+            ("dash/*.json", "dash/x/board.json", false),
+            ("dash/?.json", "dash/b.json", true),
+            ("*", "a/b", true),
+            ("a*", "b/c", false),
+        ] {
+            assert_eq!(glob_matches(glob, path), want, "{glob} on {path}");
+        }
+    }
+}
