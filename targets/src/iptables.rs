@@ -945,6 +945,7 @@ mod tests {
                 node_port_addresses: vec![],
                 ipvs_scheduler: "rr".into(),
                 conntrack_tcp_be_liberal: false,
+                ipvs: Default::default(),
             },
             services,
             nodes: vec![Node {
