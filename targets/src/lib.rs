@@ -7,6 +7,7 @@
 
 pub mod common;
 pub mod iptables;
+pub mod ipvs;
 pub mod ir;
 pub mod nftables;
 pub mod plan;
