@@ -5,7 +5,8 @@
 //!
 //! Follows `syncProxyRules` in `pkg/proxy/ipvs/proxier.go` service port by service port,
 //! in [`NodeView::ports`] order. Lists kube-proxy keeps in Go sets are sorted here
-//! (addresses and servers numerically, set entries as strings), so output is stable.
+//! (virtual and real servers as `ipvsadm-save` lists them, bound addresses numerically,
+//! set entries as strings), so output is stable.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -13,16 +14,15 @@ use svc_compiler::ir::{NodePortAddresses, NodeView, PortView, Protocol};
 use svc_compiler::net::IpFamily;
 
 /// One IPVS service (`ipvsadm -A`).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VirtualServer {
-    // Field order is ipvsadm's listing order: protocol number, address, port.
     pub proto_number: u8,
     pub addr: IpAddr,
     pub port: u16,
     pub proto: Protocol,
     /// `-p`: ClientIP affinity's timeout.
     pub persistent: Option<u32>,
-    /// Real servers `ip:port`, sorted numerically, deduplicated.
+    /// Real servers `ip:port`, in `ipvsadm-save` order ([`save_order`]), deduplicated.
     pub reals: Vec<(IpAddr, u16)>,
 }
 
@@ -173,7 +173,7 @@ pub struct NoNodeAccess {
 
 #[derive(Clone, Debug, Default)]
 pub struct State {
-    /// Sorted as `ipvsadm-save` lists them: protocol number, address, port.
+    /// Sorted as `ipvsadm-save` lists them: protocol number, address ([`save_order`]), port.
     pub virtual_servers: Vec<VirtualServer>,
     /// Entries per set, indexed like [`ALL_SETS`]; each sorted as strings.
     pub sets: Vec<BTreeSet<String>>,
@@ -211,6 +211,18 @@ fn node_port_ips(view: &NodeView) -> Vec<IpAddr> {
         .collect()
 }
 
+/// The address key `ipvsadm-save` sorts by. libipvs compares IPv4 addresses by
+/// subtracting them (host order) into a C `int`, so 128.0.0.0 and above sort before
+/// 0.0.0.0–127.255.255.255: the order of the addresses read as signed 32-bit numbers.
+/// (Where two addresses are 2^31 or more apart that subtraction is not even an order;
+/// the signed reading agrees with it on every pair within 2^31.) IPv6 compares bytewise.
+fn save_order(ip: &IpAddr) -> (i32, u128) {
+    match ip {
+        IpAddr::V4(a) => (u32::from(*a) as i32, 0),
+        IpAddr::V6(a) => (0, u128::from(*a)),
+    }
+}
+
 /// kube-proxy's `syncEndpoint`: with the Local policy, the local endpoints, or the
 /// cluster ones when no endpoint is local; otherwise the cluster endpoints.
 fn reals(p: &PortView, local_policy: bool) -> Vec<(IpAddr, u16)> {
@@ -226,7 +238,7 @@ fn reals(p: &PortView, local_policy: bool) -> Vec<(IpAddr, u16)> {
             (e.ip, e.port)
         })
         .collect();
-    v.sort_unstable();
+    v.sort_unstable_by_key(|(ip, port)| (save_order(ip), *port));
     v.dedup();
     v
 }
@@ -336,7 +348,7 @@ pub fn build(view: &NodeView) -> State {
     // wins as kube-proxy's update does. Keep one, with the last port's settings.
     st.virtual_servers.reverse();
     st.virtual_servers
-        .sort_by_key(|v| (v.proto_number, v.addr, v.port));
+        .sort_by_key(|v| (v.proto_number, save_order(&v.addr), v.port));
     st.virtual_servers
         .dedup_by(|a, b| (a.proto_number, a.addr, a.port) == (b.proto_number, b.addr, b.port));
     st

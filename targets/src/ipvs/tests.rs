@@ -435,3 +435,27 @@ fn bundle_and_parts() {
     }
     assert!("iptable".parse::<Part>().is_err());
 }
+
+/// `ipvsadm-save` order (checked against the kernel by the VM suite): protocol, then the
+/// address read as a signed 32-bit number (192.0.2.10 before 10.96.0.19), then the port.
+#[test]
+fn ipvsadm_save_order() {
+    let t = service(
+        "  type: NodePort\n  clusterIP: 10.96.0.19\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30089}, {name: dns, port: 53, targetPort: 8080, nodePort: 30053, protocol: UDP}]",
+        "",
+    );
+    let services: Vec<String> = part(&t, Part::Ipvsadm)
+        .lines()
+        .filter(|l| l.starts_with("-A "))
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        services,
+        [
+            "-A -t 192.0.2.10:30089 -s rr",
+            "-A -t 10.96.0.19:80 -s rr",
+            "-A -u 192.0.2.10:30053 -s rr",
+            "-A -u 10.96.0.19:53 -s rr",
+        ]
+    );
+}
