@@ -211,7 +211,15 @@ fn golden_flows_ipvs() {
     let share = share_dir("flows");
     let cases_dir = share.join("cases");
     let mut cases = Vec::new();
+    // SVC_IPVS_CASES=a,b runs only those cases (while working on one).
+    let only = std::env::var("SVC_IPVS_CASES").ok();
     for case in case_dirs() {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|c| c == case))
+        {
+            continue;
+        }
         let Ok(flows) =
             std::fs::read_to_string(root().join("golden/cases").join(&case).join("flows"))
         else {
@@ -257,6 +265,9 @@ fn golden_flows_ipvs() {
             failures.push(format!("{c} [ipvs]: no result from the guest"));
         }
     }
+    if std::env::var_os("SVC_IPVS_CONSOLE").is_some() {
+        println!("--- guest console\n{}", run.console);
+    }
     println!(
         "ipvs VM suite: {} cases, boot {:.1} s, total {:.1} s, exit {:?}\n{report}",
         cases.len(),
@@ -298,10 +309,14 @@ fn guest_suite() {
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panicked".into())
-                .replace(['\n', '\t'], " ")],
+                .unwrap_or_else(|| "panicked".into())],
         };
         let ms = start.elapsed().as_millis();
+        // One line per case: no newline or tab inside a message.
+        let failures: Vec<String> = failures
+            .iter()
+            .map(|f| f.replace('\n', " / ").replace('\t', " "))
+            .collect();
         let verdict = if failures.is_empty() { "ok" } else { "fail" };
         println!("ipvs guest: {case}: {verdict} in {ms} ms");
         let _ = writeln!(results, "{case}\t{verdict}\t{ms}\t{}", failures.join(" | "));
@@ -323,6 +338,33 @@ fn documented_sysctls(addresses: &str) -> Vec<(String, String)> {
             Some((k.to_string(), v.to_string()))
         })
         .collect()
+}
+
+/// `ipset save`/restore text compared as sets: `create` lines in order without the
+/// kernel's `bucketsize`/`initval` (ipset ≥ 7.11 adds them; initval is random), each
+/// set's `add` lines sorted.
+fn ipset_normal(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut sets: Vec<(String, Vec<String>)> = Vec::new();
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("create ") {
+            let mut words: Vec<&str> = Vec::new();
+            let mut it = rest.split_whitespace();
+            while let Some(w) = it.next() {
+                if w == "bucketsize" || w == "initval" {
+                    it.next();
+                } else {
+                    words.push(w);
+                }
+            }
+            sets.push((words.join(" "), Vec::new()));
+        } else if let (Some(add), Some(last)) = (l.strip_prefix("add "), sets.last_mut()) {
+            last.1.push(add.to_string());
+        }
+    }
+    for s in &mut sets {
+        s.1.sort();
+    }
+    sets
 }
 
 fn run_guest_case(dir: &Path) -> Vec<String> {
@@ -372,6 +414,45 @@ fn run_guest_case(dir: &Path) -> Vec<String> {
     if written != saved_lines {
         failures.push(format!(
             "ipvsadm-save -n differs from the ipvsadm part: saved {saved_lines:?}, written {written:?}"
+        ));
+    }
+    // ipset save lists the sets as written, in creation order (entries in hash order).
+    let saved = lab
+        .exec_ok("node", "ipset", &["save"], None)
+        .expect("ipset save");
+    let (got, want) = (ipset_normal(&saved), ipset_normal(&read(Part::Ipset)));
+    if got != want {
+        failures.push(format!(
+            "ipset save differs from the ipset part: saved {got:?}, written {want:?}"
+        ));
+    }
+    // kube-ipvs0 holds exactly the part's addresses.
+    let shown = lab
+        .exec_ok(
+            "node",
+            "ip",
+            &["-o", "addr", "show", "dev", "kube-ipvs0"],
+            None,
+        )
+        .expect("ip addr");
+    let mut got: Vec<&str> = shown
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let i = w.iter().position(|x| *x == "inet" || *x == "inet6")?;
+            w.get(i + 1).copied()
+        })
+        .collect();
+    let addresses = read(Part::Addresses);
+    let mut want: Vec<&str> = addresses
+        .lines()
+        .filter_map(|l| l.strip_prefix("address add ")?.split_whitespace().next())
+        .collect();
+    got.sort_unstable();
+    want.sort_unstable();
+    if got != want {
+        failures.push(format!(
+            "kube-ipvs0 has {got:?}, the addresses part binds {want:?}"
         ));
     }
     failures.extend(check_flows(&lab, "ipvs", &flows));

@@ -296,7 +296,14 @@ pub fn build(view: &NodeView) -> State {
             if !p.source_ranges.is_empty() {
                 st.add(Set::LoadBalancerFw, e.clone());
                 for c in &p.source_ranges {
-                    st.add(Set::LoadBalancerSourceCidr, format!("{e},{c}"));
+                    // ipset spells a host-length net as the bare address, as `ipset
+                    // save` prints it back.
+                    let net = if c.prefix == c.family().bits() {
+                        c.addr.to_string()
+                    } else {
+                        c.to_string()
+                    };
+                    st.add(Set::LoadBalancerSourceCidr, format!("{e},{net}"));
                 }
                 if p.source_ranges_include_node {
                     st.add(Set::LoadBalancerSourceIp, format!("{e},{ip}"));

@@ -253,6 +253,13 @@ fn load_balancer_source_ranges() {
         &[],
     );
     assert!(!part(&t, Part::Iptables).contains("-m ipvs"));
+    // A host-length range is spelled as ipset prints it back: the bare address.
+    let t = t.replace("192.0.2.0/24", "192.0.2.100/32");
+    check(
+        &part(&t, Part::Ipset),
+        &["add KUBE-LOAD-BALANCER-SOURCE-CIDR 198.51.100.50,tcp:80,192.0.2.100"],
+        &[],
+    );
 }
 
 /// TestExternalIPs: externalIPs in KUBE-EXTERNAL-IP with the masquerade and accept rules;
