@@ -7,7 +7,7 @@
 //!
 //! Inside, each case gets a fresh [`Lab`] (the same node, pods and clients as the other
 //! kernel tests); the node loads the parts in [`Part::ALL`] order (`ipset restore`,
-//! `ip -batch`, the sysctls the `addresses` part lists, `ipvsadm-restore`,
+//! `ipvsadm-restore`, then the sysctls the `addresses` part lists, `ip -batch`,
 //! `iptables-restore --noflush`) and the flows run with target name `ipvs` (flow lines
 //! marked `[iptables]` or `[nftables]` alone are skipped). The guest writes one result
 //! line per case to a shared directory; the host test reports every failing case.
@@ -415,6 +415,29 @@ fn run_guest_case(dir: &Path) -> Vec<String> {
         failures.push(format!(
             "ipvsadm-save -n differs from the ipvsadm part: saved {saved_lines:?}, written {written:?}"
         ));
+    }
+    // The `--set` line's timeouts are in force (0 keeps the kernel's value).
+    if let Some(set) = read(Part::Ipvsadm)
+        .lines()
+        .find_map(|l| l.strip_prefix("--set "))
+    {
+        let shown = lab
+            .exec_ok("node", "ipvsadm", &["-L", "--timeout"], None)
+            .expect("ipvsadm --timeout");
+        let got: Vec<&str> = shown
+            .split(':')
+            .nth(1)
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let want: Vec<&str> = set.split_whitespace().collect();
+        let agree = got.len() == 3 && want.iter().zip(&got).all(|(w, g)| *w == "0" || w == g);
+        if !agree {
+            failures.push(format!(
+                "ipvsadm -L --timeout shows `{}`, the part sets {want:?}",
+                shown.trim()
+            ));
+        }
     }
     // ipset save lists the sets as written, in creation order (entries in hash order).
     let saved = lab

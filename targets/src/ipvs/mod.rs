@@ -9,8 +9,15 @@
 //! | [`Part::Iptables`] | iptables-save (IPVS mode's chains) | `iptables-restore --noflush` |
 //! | [`Part::Addresses`] | `ip -batch` (kube-ipvs0 and its addresses; sysctls as comments) | `ip -batch` |
 //!
-//! A node loads them in the order of [`Part::ALL`]: sets before the rules that name them,
-//! addresses and virtual servers before the rules that let traffic reach them.
+//! A node loads them in the order of [`Part::ALL`]: the sets first (rules name them),
+//! then the virtual servers, then the addresses that make their VIPs local (IPVS only
+//! sees packets to local addresses, so a VIP never answers before its server exists),
+//! then the iptables rules. The two families' `addresses` parts each create kube-ipvs0:
+//! load the second with `ip -force -batch` (or skip its first line).
+//!
+//! `excludeCIDRs` changes nothing here: kube-proxy only spares virtual servers in those
+//! ranges when it deletes the ones it no longer wants, so it matters to `apply`, which
+//! carries it in [`Options::config`].
 //!
 //! Facts from `pkg/proxy/ipvs/proxier.go` (`syncProxyRules`, `syncEndpoint`,
 //! `writeIptablesRules`), `ipset.go` and ipvsadm's save format; see [`model`] for what is
@@ -74,14 +81,14 @@ impl Options {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Part {
     Ipset,
-    Addresses,
     Ipvsadm,
+    Addresses,
     Iptables,
 }
 
 impl Part {
     /// Every part, in the order a node loads them.
-    pub const ALL: [Part; 4] = [Part::Ipset, Part::Addresses, Part::Ipvsadm, Part::Iptables];
+    pub const ALL: [Part; 4] = [Part::Ipset, Part::Ipvsadm, Part::Addresses, Part::Iptables];
 
     /// The `--part` value, also the file suffix of `--all-nodes --out`.
     pub fn name(self) -> &'static str {
