@@ -201,6 +201,39 @@ fn boot_secs(console: &str) -> Option<f64> {
     })
 }
 
+/// The harness itself: the guest's exit status comes back, a file the guest writes to
+/// the share comes back, and a guest that never finishes is killed at the deadline
+/// (status 125) with no qemu left behind.
+#[test]
+fn vm_harness_status_share_and_deadline() {
+    if !require_vm("kernel ipvs VM harness") {
+        return;
+    }
+    let share = share_dir("harness");
+    let script = format!(
+        "#!/bin/sh\necho guest-was-here > '{}/out'\nexit 3\n",
+        share.display()
+    );
+    let run = run_vm(&script, &share, SUITE_TIMEOUT_SECS);
+    assert_eq!(run.status, Some(3), "{}", run.console);
+    assert_eq!(
+        std::fs::read_to_string(share.join("out")).ok().as_deref(),
+        Some("guest-was-here\n")
+    );
+    let run = run_vm("#!/bin/sh\nsleep 100000\n", &share, 20);
+    assert_eq!(run.status, Some(125), "{}", run.console);
+    // qemu's command line names the share; nothing running may still name it.
+    let needle = share.display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("qemu") && c.contains(&needle))
+        .collect();
+    let _ = std::fs::remove_dir_all(&share);
+    assert!(left.is_empty(), "qemu still running: {left:?}");
+}
+
 /// Every golden case with flows, through the IPVS target, in one VM boot.
 #[test]
 fn golden_flows_ipvs() {

@@ -466,3 +466,48 @@ fn ipvsadm_save_order() {
         ]
     );
 }
+
+/// SCTP: `--sctp-service`, and node ports in the hash:ip,port set, one entry per node IP,
+/// matched `dst,dst`.
+#[test]
+fn sctp_node_port() {
+    let t = service(
+        "  type: NodePort\n  clusterIP: 10.96.0.20\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30094, protocol: SCTP}]",
+        "",
+    )
+    .replace("protocol: TCP}]", "protocol: SCTP}]");
+    check(
+        &part(&t, Part::Ipvsadm),
+        &[
+            "-A --sctp-service 10.96.0.20:80 -s rr",
+            "-a --sctp-service 192.0.2.10:30094 -r 10.244.2.2:8080 -m -w 1",
+        ],
+        &[],
+    );
+    check(
+        &part(&t, Part::Ipset),
+        &["add KUBE-NODE-PORT-SCTP-HASH 192.0.2.10,sctp:30094"],
+        &[],
+    );
+    check(
+        &part(&t, Part::Iptables),
+        &["-A KUBE-NODE-PORT -p sctp -m comment --comment \"Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'\" -m set --match-set KUBE-NODE-PORT-SCTP-HASH dst,dst -j KUBE-MARK-MASQ"],
+        &[],
+    );
+}
+
+/// Options come from the module's KubeProxyConfiguration.
+#[test]
+fn options_from_the_proxy_config() {
+    let t = service("  clusterIP: 10.96.0.21", "").replace(
+        "clusterCIDR: 10.244.0.0/16\n",
+        "clusterCIDR: 10.244.0.0/16\nipvs: {scheduler: wlc, excludeCIDRs: [10.0.0.0/8], tcpFinTimeout: 2m}\n",
+    );
+    let (_, o) = compile(&t, IpFamily::IPv4);
+    assert_eq!(o.scheduler, "wlc");
+    assert_eq!(o.config.tcp_fin_timeout, 120);
+    assert_eq!(o.config.exclude_cidrs.len(), 1);
+    assert!(!o.config.strict_arp);
+    let (_, d) = compile(&service("  clusterIP: 10.96.0.21", ""), IpFamily::IPv4);
+    assert_eq!(d, Options::default());
+}
