@@ -158,14 +158,10 @@ struct VmRun {
 fn run_vm(script: &str, share: &Path, timeout_secs: u64) -> VmRun {
     let script_path = share.join("guest.sh");
     std::fs::write(&script_path, script).unwrap();
-    let cache = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
-        .join("ipvs-vm");
     let mut cmd = Command::new(root().join("tests/ipvs/vm.sh"));
     cmd.arg(&script_path)
         .current_dir(root())
-        .env("SVC_IPVS_CACHE", cache)
+        .env("SVC_IPVS_CACHE", vm_dir())
         .env("SVC_IPVS_SHARE", share)
         .env("SVC_IPVS_TIMEOUT", timeout_secs.to_string());
     let start = Instant::now();
@@ -183,10 +179,18 @@ fn run_vm(script: &str, share: &Path, timeout_secs: u64) -> VmRun {
     }
 }
 
-/// A fresh directory under `target/` for one suite run (removed at the end).
+/// `target/ipvs-vm`: the kernel and initramfs cache, and each run's shared directory.
+fn vm_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+        .join("ipvs-vm")
+}
+
+/// A fresh directory under [`vm_dir`] for one run (removed at the end).
 fn share_dir(tag: &str) -> PathBuf {
-    let d = root()
-        .join("target/ipvs-vm/runs")
+    let d = vm_dir()
+        .join("runs")
         .join(format!("{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
