@@ -92,6 +92,9 @@ struct CompileFlags {
     /// Write one file per node and family into DIR
     #[arg(long, value_name = "DIR")]
     out: Option<String>,
+    /// Write only this part, for a target whose output has several (see Targets)
+    #[arg(long, value_name = "PART")]
+    part: Option<String>,
     /// Write the output to FILE instead of stdout
     #[arg(short = 'o', long, value_name = "FILE")]
     output: Option<String>,
@@ -184,6 +187,8 @@ pub struct Command {
     pub family: Option<IpFamily>,
     pub all_nodes: bool,
     pub out_dir: Option<String>,
+    /// `--part`: checked against the target's renderer when it is made (`run.rs`).
+    pub part: Option<String>,
     pub output: Option<String>,
     pub service_cidrs: Option<Vec<Cidr>>,
     pub node_port_range: Option<(u16, u16)>,
@@ -211,7 +216,7 @@ pub struct ApplyArgs {
 pub enum Parsed {
     /// Text to print on stdout, then exit 0 (help, version, completions, man page).
     Print(String),
-    Run(Command),
+    Run(Box<Command>),
     Gen(GenCommand),
 }
 
@@ -404,7 +409,7 @@ fn message(e: &clap::Error, targets: &[&'static Target]) -> String {
 }
 
 /// `a, b or c`.
-fn one_of<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> String {
+pub(crate) fn one_of<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> String {
     let names: Vec<S> = names.into_iter().collect();
     match names.split_last() {
         None => String::new(),
@@ -531,6 +536,7 @@ fn compile_command(
         family,
         all_nodes: c.all_nodes,
         out_dir: c.out,
+        part: c.part,
         output: c.output,
         service_cidrs,
         node_port_range,
@@ -542,8 +548,11 @@ fn compile_command(
         apply,
     };
     if let Some(apply) = &cmd.apply {
+        if cmd.part.is_some() {
+            return Err("apply loads the whole document: --part is for compile".into());
+        }
         check_apply(&cmd, apply, targets)?;
-        return Ok(Parsed::Run(cmd));
+        return Ok(Parsed::Run(Box::new(cmd)));
     }
     if cmd.paths.is_empty() {
         return Err("no input: give files, directories or `-` for stdin".into());
@@ -560,7 +569,7 @@ fn compile_command(
     if !cmd.check && cmd.target.per_node() && cmd.node.is_none() && !cmd.all_nodes {
         return Err("this target needs --node NAME (or --all-nodes --out DIR)".into());
     }
-    Ok(Parsed::Run(cmd))
+    Ok(Parsed::Run(Box::new(cmd)))
 }
 
 fn apply_args(a: ApplyFlags) -> Result<ApplyArgs, String> {
@@ -631,9 +640,9 @@ mod tests {
         render: Render::Cluster(|_, _, params| Ok(format!("{params:?}"))),
         flags: &[
             Flag {
-                name: "part",
-                value_name: "PART",
-                help: "a part (repeatable)",
+                name: "zone",
+                value_name: "ZONE",
+                help: "a zone (repeatable)",
                 repeatable: true,
                 file: false,
             },
@@ -652,7 +661,7 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Command, String> {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         match parse_with(&args, TARGETS)? {
-            Parsed::Run(cmd) => Ok(cmd),
+            Parsed::Run(cmd) => Ok(*cmd),
             _ => panic!("not a run"),
         }
     }
@@ -665,9 +674,9 @@ mod tests {
 
     #[test]
     fn target_flags_come_from_the_registry() {
-        let cmd = parse(&["m/", "--target", "fake", "--part", "a", "--part=b"]).unwrap();
+        let cmd = parse(&["m/", "--target", "fake", "--zone", "a", "--zone=b"]).unwrap();
         assert_eq!(cmd.target.name, "fake");
-        assert_eq!(cmd.params.all("part"), ["a", "b"]);
+        assert_eq!(cmd.params.all("zone"), ["a", "b"]);
         assert_eq!(cmd.params.get("template"), None);
         let cmd = parse(&["check", "m/", "--target", "fake", "--template", "t.txt"]).unwrap();
         assert_eq!(cmd.params.get("template"), Some("t.txt"));
@@ -679,8 +688,8 @@ mod tests {
     fn target_flags_are_checked() {
         let err = |args: &[&str]| parse(args).err().expect("an error");
         assert_eq!(
-            err(&["m/", "--part", "a"]),
-            "--part belongs to --target fake"
+            err(&["m/", "--zone", "a"]),
+            "--zone belongs to --target fake"
         );
         assert_eq!(
             err(&[
@@ -719,6 +728,6 @@ mod tests {
             panic!("help")
         };
         assert!(help.contains("--template <FILE>"), "{help}");
-        assert!(help.contains("a part (repeatable)"), "{help}");
+        assert!(help.contains("a zone (repeatable)"), "{help}");
     }
 }

@@ -113,7 +113,7 @@ mod tests {
     fn command(args: &[&str]) -> Command {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         match parse_with(&args, &[&TEMPLATES]) {
-            Ok(Parsed::Run(cmd)) => cmd,
+            Ok(Parsed::Run(cmd)) => *cmd,
             _ => panic!("not a run"),
         }
     }

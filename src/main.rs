@@ -26,7 +26,7 @@ fn main() -> ExitCode {
             0
         }
         Ok(cli::Parsed::Run(cmd)) if cmd.apply.is_some() => apply::run(&cmd),
-        Ok(cli::Parsed::Run(cmd)) => run::run(cmd),
+        Ok(cli::Parsed::Run(cmd)) => run::run(*cmd),
         Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
         Err(e) => {
             eprintln!("svc-compile: {e}");

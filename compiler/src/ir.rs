@@ -337,6 +337,13 @@ pub struct NodeView {
     /// One entry per (service, port) that the proxy handles on this family, sorted by
     /// (namespace, name, port name, protocol). Headless and ExternalName services are not here.
     pub ports: Vec<PortView>,
+    /// The module's `ipvs.scheduler` and `ipvs` section, copied for the IPVS back end, whose
+    /// renderer sees views and not the module. Not in the view's JSON: the module's
+    /// `proxy` already shows them.
+    #[serde(skip)]
+    pub ipvs_scheduler: String,
+    #[serde(skip)]
+    pub ipvs: IpvsConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -18,95 +18,25 @@
 use super::flows::{check_flows, parse_flows, BACKEND_PORT};
 use super::sys::run_bounded;
 use super::{Lab, LabSpec, Proto};
-use crate::golden::{case_args, case_dirs};
+use crate::golden::{case_dirs, compile_case_with};
 use crate::support::root;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use svc_compiler::net::IpFamily;
-use svc_compiler::passes::node::{node_view, NodeSelection};
-use svc_compiler::source::SourceMap;
-use svc_targets::ipvs::{write_part, Options, Part};
+use svc_targets::ipvs::Part;
 
 /// Where the guest finds its cases (set by the host for the guest).
 const GUEST_DIR_ENV: &str = "SVC_IPVS_GUEST_DIR";
 /// The whole suite in the VM, boot included (TCG is slow; measured: see README).
 const SUITE_TIMEOUT_SECS: u64 = 1500;
 
-/// Compiles a golden case for the IPVS target in-process, with the flags its `args`
-/// file uses. (`--target ipvs` is not wired into the CLI on this branch; once it is,
-/// this is `compile_case(case, "ipvs")` with `--part`.)
+/// A golden case's four parts, each compiled through the CLI with the case's `args` and
+/// `--part`, as a node would write them.
 fn compile_case_ipvs(case: &str) -> Vec<(Part, String)> {
-    let args = case_args(case);
-    let mut paths = vec![root().join("golden/cases").join(case)];
-    let (mut node, mut family, mut cidrs, mut allocate) = (None, None, None, true);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().expect("flag value").clone();
-        match a.as_str() {
-            "--node" => node = Some(val()),
-            "--family" => {
-                family = Some(match val().as_str() {
-                    "ipv6" | "6" => IpFamily::IPv6,
-                    _ => IpFamily::IPv4,
-                })
-            }
-            "--service-cluster-ip-range" => {
-                cidrs = Some(
-                    val()
-                        .split(',')
-                        .map(|c| c.parse().expect("CIDR"))
-                        .collect::<Vec<_>>(),
-                )
-            }
-            "--no-allocate" => allocate = false,
-            f if f.starts_with("--") => panic!("{case}: flag {f} not handled here"),
-            p => paths.push(root().join(p)),
-        }
-    }
-    let mut files: Vec<PathBuf> = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            for e in std::fs::read_dir(&p).unwrap() {
-                let f = e.unwrap().path();
-                if matches!(
-                    f.extension().and_then(|e| e.to_str()),
-                    Some("yaml" | "yml" | "json")
-                ) {
-                    files.push(f);
-                }
-            }
-        } else {
-            files.push(p);
-        }
-    }
-    files.sort();
-    let mut sources = SourceMap::default();
-    let ids: Vec<_> = files
-        .iter()
-        .map(|f| sources.add(f.display().to_string(), std::fs::read_to_string(f).unwrap()))
-        .collect();
-    let comp = svc_compiler::compile(
-        &sources,
-        &ids,
-        &svc_compiler::Options {
-            service_cidrs: cidrs,
-            allocate,
-            ..Default::default()
-        },
-    );
-    assert!(!comp.diags.has_errors(), "{case}: {:?}", comp.diags);
-    let family = family.unwrap_or_else(|| comp.settings.service_cidrs[0].family());
-    let sel = NodeSelection {
-        name: node.unwrap_or_else(|| "node-a".into()),
-        ips: vec![],
-    };
-    let view = node_view(&comp.module, &sel, family).expect("node view");
-    let opts = Options::from_proxy(&comp.module.proxy);
     Part::ALL
         .iter()
-        .map(|&p| (p, write_part(&view, p, &opts)))
+        .map(|&p| (p, compile_case_with(case, "ipvs", &["--part", p.name()])))
         .collect()
 }
 

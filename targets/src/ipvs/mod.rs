@@ -37,9 +37,53 @@ pub mod model;
 #[cfg(test)]
 mod tests;
 
+use crate::{NodeRenderer, Render, Target};
 use std::fmt;
 use std::str::FromStr;
 use svc_compiler::ir::{IpvsConfig, NodeView, ProxyConfig};
+
+/// `--target ipvs`: every part under its header, or with `--part` one part alone; with
+/// `--all-nodes --out DIR`, `DIR/NODE.FAMILY.PART.ipvs` per part (see [`Renderer`]).
+pub const TARGET: Target = Target {
+    name: "ipvs",
+    about:
+        "kube-proxy's IPVS mode: parts ipset, ipvsadm, addresses, iptables (--part PART for one)",
+    ext: "ipvs",
+    render: Render::Node(|_, _| Box::new(Renderer)),
+    flags: &[],
+    planner: None,
+};
+
+/// The parts' names in [`Part::ALL`] order, as [`NodeRenderer::parts`] lists them.
+const PART_NAMES: [&str; 4] = ["ipset", "ipvsadm", "addresses", "iptables"];
+
+/// The renderer of [`TARGET`]: the view's own IPVS settings (the module's `ipvs` section,
+/// which every view carries), other [`Options`] at their defaults. Each call builds the
+/// node's state anew, so `--out` builds it once per part.
+pub struct Renderer;
+
+impl NodeRenderer for Renderer {
+    fn render_into(&self, view: &NodeView, out: &mut String) {
+        out.clear();
+        write_into(view, &Options::from_view(view), out);
+    }
+
+    fn parts(&self) -> &'static [&'static str] {
+        &PART_NAMES
+    }
+
+    fn render_part_into(&self, view: &NodeView, part: &str, out: &mut String) {
+        let part: Part = part.parse().unwrap_or_else(|e| panic!("ipvs: {e}"));
+        out.clear();
+        render(
+            view,
+            &model::build(view),
+            part,
+            &Options::from_view(view),
+            out,
+        );
+    }
+}
 
 /// The module's IPVS settings and how the output should match a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +116,15 @@ impl Options {
         Options {
             scheduler: proxy.ipvs_scheduler.clone(),
             config: proxy.ipvs.clone(),
+            ..Options::default()
+        }
+    }
+
+    /// The same settings, from the copy a node view carries.
+    pub fn from_view(view: &NodeView) -> Options {
+        Options {
+            scheduler: view.ipvs_scheduler.clone(),
+            config: view.ipvs.clone(),
             ..Options::default()
         }
     }
@@ -129,8 +182,13 @@ impl FromStr for Part {
 
 /// All four parts, in load order, each under a `# ==== PART: load with … ====` line.
 pub fn write_string(view: &NodeView, opts: &Options) -> String {
-    let st = model::build(view);
     let mut out = String::new();
+    write_into(view, opts, &mut out);
+    out
+}
+
+fn write_into(view: &NodeView, opts: &Options, out: &mut String) {
+    let st = model::build(view);
     for part in Part::ALL {
         out.push_str(&format!(
             "# ==== {part}: load with `{}` (node {}, {:?}) ====\n",
@@ -138,9 +196,8 @@ pub fn write_string(view: &NodeView, opts: &Options) -> String {
             view.node_name,
             view.family
         ));
-        render(view, &st, part, opts, &mut out);
+        render(view, &st, part, opts, out);
     }
-    out
 }
 
 /// One part alone, exactly as its loader reads it.

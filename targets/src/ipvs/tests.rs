@@ -508,6 +508,33 @@ fn options_from_the_proxy_config() {
     assert_eq!(o.config.tcp_fin_timeout, 120);
     assert_eq!(o.config.exclude_cidrs.len(), 1);
     assert!(!o.config.strict_arp);
-    let (_, d) = compile(&service("  clusterIP: 10.96.0.21", ""), IpFamily::IPv4);
+    let (v, d) = compile(&service("  clusterIP: 10.96.0.21", ""), IpFamily::IPv4);
     assert_eq!(d, Options::default());
+    assert_eq!(Options::from_view(&v), d);
+    // The view carries the module's settings (what the registry's renderer reads).
+    let (v, o) = compile(&t, IpFamily::IPv4);
+    assert_eq!(Options::from_view(&v), o);
+}
+
+/// The registry's renderer: `render_into` is the bundle, `parts` are `Part::ALL` in load
+/// order, `render_part_into` is one part alone, with the view's own settings.
+#[test]
+fn renderer_parts() {
+    use crate::NodeRenderer;
+    let t = service("  clusterIP: 10.96.0.21", "").replace(
+        "clusterCIDR: 10.244.0.0/16\n",
+        "clusterCIDR: 10.244.0.0/16\nipvs: {scheduler: sh, udpTimeout: 30s}\n",
+    );
+    let (v, o) = compile(&t, IpFamily::IPv4);
+    let r = super::Renderer;
+    let names: Vec<&str> = Part::ALL.iter().map(|p| p.name()).collect();
+    assert_eq!(r.parts(), names);
+    let mut out = String::from("stale");
+    r.render_into(&v, &mut out);
+    assert_eq!(out, write_string(&v, &o));
+    assert!(out.contains("-A -t 10.96.0.21:80 -s sh"), "{out}");
+    for p in Part::ALL {
+        r.render_part_into(&v, p.name(), &mut out);
+        assert_eq!(out, write_part(&v, p, &o), "{p}");
+    }
 }
