@@ -1,8 +1,11 @@
 //! The `iptables` part: the iptables-restore document of kube-proxy's IPVS mode
 //! (`writeIptablesRules` and `createAndLinkKubeChain` in `pkg/proxy/ipvs/proxier.go`).
 //!
-//! Written by its own small line writer for now; this file is the only one that knows
-//! iptables-restore syntax, so it can move onto the shared iptables document writer.
+//! Written with the iptables target's document writer (`iptables::document`): its
+//! [`Sections`] collect the chains and rules, [`write_tables`] assembles them (nat first,
+//! as IPVS mode writes them), the setup's jumps, the masquerade and forward rules are
+//! the shared ones. What stays here is IPVS mode's own: its header line, its chains and
+//! jumps, and its rules.
 //!
 //! Layout: a header comment naming node and family (the first line says `IPv6` for
 //! ip6tables), then, as in the iptables target, what kube-proxy sets up outside the
@@ -14,6 +17,10 @@
 
 use super::model::{NoNodeAccess, Set, State};
 use super::Options;
+use crate::iptables::document::{
+    forward_rules, mark_string, masquerade_rules, write_jumps, write_tables, Jump, Sections, Table,
+};
+use crate::iptables::MarkFormat;
 use std::fmt::Write as _;
 use svc_compiler::ir::{LocalDetector, NodeView};
 use svc_compiler::net::IpFamily;
@@ -33,62 +40,18 @@ const FILTER_CHAINS: [&str; 6] = [
     "KUBE-IPVS-FILTER",
     "KUBE-IPVS-OUT-FILTER",
 ];
-/// (nat?, from, to, comment): kube-proxy's `iptablesJumpChain`, in order.
-const JUMPS: [(bool, &str, &str, &str); 9] = [
-    (
-        true,
-        "OUTPUT",
-        "KUBE-SERVICES",
-        "kubernetes service portals",
-    ),
-    (
-        true,
-        "PREROUTING",
-        "KUBE-SERVICES",
-        "kubernetes service portals",
-    ),
-    (
-        true,
-        "POSTROUTING",
-        "KUBE-POSTROUTING",
-        "kubernetes postrouting rules",
-    ),
-    (
-        false,
-        "FORWARD",
-        "KUBE-FORWARD",
-        "kubernetes forwarding rules",
-    ),
-    (
-        false,
-        "INPUT",
-        "KUBE-NODE-PORT",
-        "kubernetes health check rules",
-    ),
-    (
-        false,
-        "INPUT",
-        "KUBE-PROXY-FIREWALL",
-        "kube-proxy firewall rules",
-    ),
-    (
-        false,
-        "FORWARD",
-        "KUBE-PROXY-FIREWALL",
-        "kube-proxy firewall rules",
-    ),
-    (
-        false,
-        "INPUT",
-        "KUBE-IPVS-FILTER",
-        "kubernetes ipvs access filter",
-    ),
-    (
-        false,
-        "OUTPUT",
-        "KUBE-IPVS-OUT-FILTER",
-        "kubernetes ipvs access filter",
-    ),
+/// kube-proxy's `iptablesJumpChain`, in order: (table, from, to, extra match, comment).
+#[rustfmt::skip]
+const JUMPS: [Jump; 9] = [
+    ("nat", "OUTPUT", "KUBE-SERVICES", "", "kubernetes service portals"),
+    ("nat", "PREROUTING", "KUBE-SERVICES", "", "kubernetes service portals"),
+    ("nat", "POSTROUTING", "KUBE-POSTROUTING", "", "kubernetes postrouting rules"),
+    ("filter", "FORWARD", "KUBE-FORWARD", "", "kubernetes forwarding rules"),
+    ("filter", "INPUT", "KUBE-NODE-PORT", "", "kubernetes health check rules"),
+    ("filter", "INPUT", "KUBE-PROXY-FIREWALL", "", "kube-proxy firewall rules"),
+    ("filter", "FORWARD", "KUBE-PROXY-FIREWALL", "", "kube-proxy firewall rules"),
+    ("filter", "INPUT", "KUBE-IPVS-FILTER", "", "kubernetes ipvs access filter"),
+    ("filter", "OUTPUT", "KUBE-IPVS-OUT-FILTER", "", "kubernetes ipvs access filter"),
 ];
 
 /// (set, nat?, from chain, target, match, `-p`): kube-proxy's `ipsetWithIptablesChain`.
@@ -196,7 +159,7 @@ pub(super) fn write(view: &NodeView, st: &State, opts: &Options, out: &mut Strin
     let name = |s: Set| s.name(fam);
     let has = |s: Set| !st.set(s).is_empty();
     let comment = |s: Set| format!("-m comment --comment \"{}\"", s.comment());
-    let mark = format!("{:#010x}", view.masquerade_mark);
+    let mark = mark_string(view.masquerade_mark, MarkFormat::Padded);
     let (tool, fam_name) = match fam {
         IpFamily::IPv4 => ("iptables", "IPv4"),
         IpFamily::IPv6 => ("ip6tables", "IPv6"),
@@ -208,44 +171,48 @@ pub(super) fn write(view: &NodeView, st: &State, opts: &Options, out: &mut Strin
     );
     if opts.setup {
         out.push_str("# Set up outside the restore data: chains and jumps (iptables -N / -I).\n");
-        for (nat, table, chains) in [
-            (true, "nat", &NAT_CHAINS[..]),
-            (false, "filter", &FILTER_CHAINS[..]),
-        ] {
+        for (table, chains) in [("nat", &NAT_CHAINS[..]), ("filter", &FILTER_CHAINS[..])] {
             let _ = writeln!(out, "*{table}");
             for c in chains {
                 let _ = writeln!(out, ":{c} - [0:0]");
             }
-            for (_, from, to, cmt) in JUMPS.iter().filter(|j| j.0 == nat) {
-                let _ = writeln!(out, "-I {from} -m comment --comment \"{cmt}\" -j {to}");
-            }
+            write_jumps(out, table, &JUMPS);
             out.push_str("COMMIT\n");
         }
         out.push_str("# The restore data of a sync.\n");
     }
 
-    let mut nat = String::new();
-    let mut filter = String::new();
+    let mut doc = Sections::default();
+    for c in NAT_CHAINS {
+        doc.nat_chain(c);
+    }
+    for c in FILTER_CHAINS {
+        doc.filter_chain(c);
+    }
     let lo = match fam {
         IpFamily::IPv4 => "127.0.0.0/8",
         IpFamily::IPv6 => "::1/128",
     };
-    let _ = writeln!(nat, "-A KUBE-SERVICES -s {lo} -j RETURN");
+    doc.nat_rule(format_args!("-A KUBE-SERVICES -s {lo} -j RETURN"));
     for (set, is_nat, from, to, m, proto) in SET_RULES {
         if !has(set) {
             continue;
         }
-        let rules = if is_nat { &mut nat } else { &mut filter };
-        let _ = write!(rules, "-A {from} ");
-        if !proto.is_empty() {
-            let _ = write!(rules, "-p {proto} ");
-        }
-        let _ = writeln!(
-            rules,
-            "{} -m set --match-set {} {m} -j {to}",
+        let proto = if proto.is_empty() {
+            String::new()
+        } else {
+            format!("-p {proto} ")
+        };
+        let rule = format_args!(
+            "-A {from} {proto}{} -m set --match-set {} {m} -j {to}",
             comment(set),
             name(set)
         );
+        if is_nat {
+            doc.nat_rule(rule);
+        } else {
+            doc.filter_rule(rule);
+        }
     }
     if has(Set::ClusterIp) {
         let base = format!(
@@ -254,30 +221,27 @@ pub(super) fn write(view: &NodeView, st: &State, opts: &Options, out: &mut Strin
             name(Set::ClusterIp)
         );
         match (&view.local_detector, view.masquerade_all) {
-            (_, true) => {
-                let _ = writeln!(nat, "{base} dst,dst -j KUBE-MARK-MASQ");
-            }
+            (_, true) => doc.nat_rule(format_args!("{base} dst,dst -j KUBE-MARK-MASQ")),
             (Some(d), false) => {
                 let not_local = match d {
                     LocalDetector::Cidr(c) => format!("! -s {c}"),
                     LocalDetector::BridgeInterface(b) => format!("! -i {b}"),
                     LocalDetector::InterfaceNamePrefix(p) => format!("! -i {p}+"),
                 };
-                let _ = writeln!(nat, "{base} dst,dst {not_local} -j KUBE-MARK-MASQ");
+                doc.nat_rule(format_args!("{base} dst,dst {not_local} -j KUBE-MARK-MASQ"));
             }
             // No detector: masquerade node-originated traffic whose source is a VIP.
-            (None, false) => {
-                let _ = writeln!(nat, "{base} src,dst -j KUBE-MARK-MASQ");
-            }
+            (None, false) => doc.nat_rule(format_args!("{base} src,dst -j KUBE-MARK-MASQ")),
         }
     }
     // Traffic to external IPs from off the machine, or to a local address, is accepted.
-    let external = |nat: &mut String, args: &str| {
-        let _ = writeln!(
-            nat,
+    let external = |doc: &mut Sections, args: &str| {
+        doc.nat_rule(format_args!(
             "{args} -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT"
-        );
-        let _ = writeln!(nat, "{args} -m addrtype --dst-type LOCAL -j ACCEPT");
+        ));
+        doc.nat_rule(format_args!(
+            "{args} -m addrtype --dst-type LOCAL -j ACCEPT"
+        ));
     };
     if has(Set::ExternalIp) {
         let args = format!(
@@ -285,8 +249,8 @@ pub(super) fn write(view: &NodeView, st: &State, opts: &Options, out: &mut Strin
             comment(Set::ExternalIp),
             name(Set::ExternalIp)
         );
-        let _ = writeln!(nat, "{args} -j KUBE-MARK-MASQ");
-        external(&mut nat, &args);
+        doc.nat_rule(format_args!("{args} -j KUBE-MARK-MASQ"));
+        external(&mut doc, &args);
     }
     if has(Set::ExternalIpLocal) {
         let args = format!(
@@ -294,38 +258,33 @@ pub(super) fn write(view: &NodeView, st: &State, opts: &Options, out: &mut Strin
             comment(Set::ExternalIpLocal),
             name(Set::ExternalIpLocal)
         );
-        external(&mut nat, &args);
+        external(&mut doc, &args);
     }
-    nat.push_str("-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT\n");
-    nat.push_str("-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ\n");
-    filter.push_str("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP\n");
+    doc.nat_rule(format_args!(
+        "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT"
+    ));
+    doc.nat_rule(format_args!("-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ"));
+    doc.filter_rule(format_args!("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP"));
     for NoNodeAccess { ip, proto, port } in &st.no_node_access {
-        let _ = writeln!(
-            filter,
+        doc.filter_rule(format_args!(
             "-A KUBE-IPVS-OUT-FILTER -s {ip} -m ipvs --vaddr {ip} --vproto {} --vport {port} -j DROP",
             proto.lower()
-        );
+        ));
     }
     for set in [Set::ClusterIp, Set::LoadBalancer] {
         if has(set) {
-            let _ = writeln!(
-                nat,
+            doc.nat_rule(format_args!(
                 "-A KUBE-SERVICES -m set --match-set {} dst,dst -j ACCEPT",
                 name(set)
-            );
+            ));
         }
     }
-    let _ = writeln!(
-        filter,
-        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
-    );
-    filter.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n");
-    let _ = writeln!(
-        filter,
+    forward_rules(&mut doc, &mark);
+    doc.filter_rule(format_args!(
         "-A KUBE-NODE-PORT {} -m set --match-set {} dst -j ACCEPT",
         comment(Set::HealthCheckNodePort),
         name(Set::HealthCheckNodePort)
-    );
+    ));
     // Keep the host's own ports off the VIPs (kubernetes#72236).
     for (set, m) in [
         (Set::LoadBalancer, "dst,dst"),
@@ -334,38 +293,17 @@ pub(super) fn write(view: &NodeView, st: &State, opts: &Options, out: &mut Strin
         (Set::ExternalIpLocal, "dst,dst"),
         (Set::HealthCheckNodePort, "dst"),
     ] {
-        let _ = writeln!(
-            filter,
+        doc.filter_rule(format_args!(
             "-A KUBE-IPVS-FILTER -m set --match-set {} {m} -j RETURN",
             name(set)
-        );
+        ));
     }
-    let _ = writeln!(
-        filter,
+    doc.filter_rule(format_args!(
         "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT",
         name(Set::IpvsIps)
-    );
-    let _ = writeln!(
-        nat,
-        "-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN"
-    );
-    let _ = writeln!(nat, "-A KUBE-POSTROUTING -j MARK --xor-mark {mark}");
-    let _ = writeln!(
-        nat,
-        "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{}",
-        if opts.random_fully { " --random-fully" } else { "" }
-    );
-    let _ = writeln!(nat, "-A KUBE-MARK-MASQ -j MARK --or-mark {mark}");
+    ));
+    masquerade_rules(&mut doc, &mark, opts.random_fully);
 
-    out.push_str("*nat\n");
-    for c in NAT_CHAINS {
-        let _ = writeln!(out, ":{c} - [0:0]");
-    }
-    out.push_str(&nat);
-    out.push_str("COMMIT\n*filter\n");
-    for c in FILTER_CHAINS {
-        let _ = writeln!(out, ":{c} - [0:0]");
-    }
-    out.push_str(&filter);
-    out.push_str("COMMIT\n");
+    // IPVS mode writes nat before filter.
+    write_tables(out, &[Table::Nat, Table::Filter], || std::iter::once(&doc));
 }
