@@ -154,7 +154,7 @@ fn write_per_node(
         Some(p) => vec![p.as_str()],
         None => renderer.parts().to_vec(),
     };
-    let write = |p: PathBuf, text: &str| {
+    let write = |p: std::path::PathBuf, text: &str| {
         std::fs::write(&p, text.as_bytes())
             .map_err(|e| Fail(format!("cannot write {}: {e}", p.display())))
     };
