@@ -92,6 +92,9 @@ struct CompileFlags {
     /// Write one file per node and family into DIR
     #[arg(long, value_name = "DIR")]
     out: Option<String>,
+    /// Write only this part, for a target whose output has several (see Targets)
+    #[arg(long, value_name = "PART")]
+    part: Option<String>,
     /// Write the output to FILE instead of stdout
     #[arg(short = 'o', long, value_name = "FILE")]
     output: Option<String>,
@@ -193,6 +196,8 @@ pub struct Command {
     pub family: Option<IpFamily>,
     pub all_nodes: bool,
     pub out_dir: Option<String>,
+    /// `--part`: checked against the target's renderer when it is made (`run.rs`).
+    pub part: Option<String>,
     pub output: Option<String>,
     pub service_cidrs: Option<Vec<Cidr>>,
     pub node_port_range: Option<(u16, u16)>,
@@ -417,7 +422,7 @@ fn message(e: &clap::Error, targets: &[&'static Target]) -> String {
 }
 
 /// `a, b or c`.
-fn one_of<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> String {
+pub(crate) fn one_of<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> String {
     let names: Vec<S> = names.into_iter().collect();
     match names.split_last() {
         None => String::new(),
@@ -544,6 +549,7 @@ fn compile_command(
         family,
         all_nodes: c.all_nodes,
         out_dir: c.out,
+        part: c.part,
         output: c.output,
         service_cidrs,
         node_port_range,
@@ -557,6 +563,9 @@ fn compile_command(
         apply,
     };
     if let Some(apply) = &cmd.apply {
+        if cmd.part.is_some() {
+            return Err("apply loads the whole document: --part is for compile".into());
+        }
         check_apply(&cmd, apply, targets)?;
         return Ok(Parsed::Run(Box::new(cmd)));
     }
@@ -651,9 +660,9 @@ mod tests {
         }),
         flags: &[
             Flag {
-                name: "part",
-                value_name: "PART",
-                help: "a part (repeatable)",
+                name: "zone",
+                value_name: "ZONE",
+                help: "a zone (repeatable)",
                 repeatable: true,
                 file: false,
             },
@@ -685,9 +694,9 @@ mod tests {
 
     #[test]
     fn target_flags_come_from_the_registry() {
-        let cmd = parse(&["m/", "--target", "fake", "--part", "a", "--part=b"]).unwrap();
+        let cmd = parse(&["m/", "--target", "fake", "--zone", "a", "--zone=b"]).unwrap();
         assert_eq!(cmd.target.name, "fake");
-        assert_eq!(cmd.params.all("part"), ["a", "b"]);
+        assert_eq!(cmd.params.all("zone"), ["a", "b"]);
         assert_eq!(cmd.params.get("template"), None);
         let cmd = parse(&["check", "m/", "--target", "fake", "--template", "t.txt"]).unwrap();
         assert_eq!(cmd.params.get("template"), Some("t.txt"));
@@ -699,8 +708,8 @@ mod tests {
     fn target_flags_are_checked() {
         let err = |args: &[&str]| parse(args).err().expect("an error");
         assert_eq!(
-            err(&["m/", "--part", "a"]),
-            "--part belongs to --target fake"
+            err(&["m/", "--zone", "a"]),
+            "--zone belongs to --target fake"
         );
         assert_eq!(
             err(&[
@@ -739,6 +748,6 @@ mod tests {
             panic!("help")
         };
         assert!(help.contains("--template <FILE>"), "{help}");
-        assert!(help.contains("a part (repeatable)"), "{help}");
+        assert!(help.contains("a zone (repeatable)"), "{help}");
     }
 }

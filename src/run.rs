@@ -29,6 +29,7 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
         checked,
     } = compile_inputs(cmd)?;
     let params = target_params(cmd, &mut sources)?;
+    check_part(cmd, &params)?;
     let mut diags = std::mem::take(&mut comp.diags);
 
     // Node views (per node and family), when the command asks for them: rendered into
@@ -72,7 +73,10 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
                         Some(Ok(views
                             .iter()
                             .map(|v| {
-                                renderer.render_into(v, &mut text);
+                                match &cmd.part {
+                                    Some(p) => renderer.render_part_into(v, p, &mut text),
+                                    None => renderer.render_into(v, &mut text),
+                                }
                                 File {
                                     name: String::new(),
                                     text: std::mem::take(&mut text),
@@ -126,9 +130,34 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
     Ok(0)
 }
 
+/// `--part NAME` names one of the parts of the target's renderer (a usage error, before
+/// anything is compiled, otherwise).
+fn check_part(cmd: &Command, params: &Params) -> Result<(), Fail> {
+    let Some(part) = &cmd.part else {
+        return Ok(());
+    };
+    let parts = match cmd.target.render {
+        Render::Node(new) => new(params, Sharing::One).parts(),
+        Render::Cluster(_) => &[],
+    };
+    match parts {
+        [] => Err(Fail(format!(
+            "--part: the output of --target {} has no parts",
+            cmd.target.name
+        ))),
+        _ if parts.contains(&part.as_str()) => Ok(()),
+        _ => Err(Fail(format!(
+            "--part `{part}`: use {}",
+            crate::cli::one_of(parts)
+        ))),
+    }
+}
+
 /// `--out DIR`: every node's view made, rendered and written in parallel, one node at a
 /// time per thread, so only a few rulesets are in memory at once. One renderer serves all
 /// nodes, so each service port that renders the same on many nodes is rendered once.
+/// A renderer with parts writes `NODE.FAMILY.PART.EXT` for each (or for `--part`'s
+/// alone), one view per node serving all of them.
 fn write_per_node(
     cmd: &Command,
     params: &Params,
@@ -142,19 +171,33 @@ fn write_per_node(
     };
     crate::alloc::purge_later();
     let renderer = new(params, Sharing::Many);
+    let parts: Vec<&str> = match &cmd.part {
+        Some(p) => vec![p.as_str()],
+        None => renderer.parts().to_vec(),
+    };
+    let write = |p: std::path::PathBuf, text: &str| {
+        std::fs::write(&p, text.as_bytes())
+            .map_err(|e| Fail(format!("cannot write {}: {e}", p.display())))
+    };
     // Each thread reuses one text buffer: a fresh one per node would be paged in each time.
     jobs.par_iter()
         .try_for_each_init(String::new, |text, (sel, fam)| {
             let view = node_view(module, sel, *fam).expect("checked before anything was written");
-            renderer.render_into(&view, text);
-            drop(view);
             let fam = match fam {
                 IpFamily::IPv4 => "ipv4",
                 IpFamily::IPv6 => "ipv6",
             };
-            let p = dir.join(format!("{}.{fam}.{}", sel.name, cmd.target.ext));
-            std::fs::write(&p, text.as_bytes())
-                .map_err(|e| Fail(format!("cannot write {}: {e}", p.display())))
+            let ext = cmd.target.ext;
+            if parts.is_empty() {
+                renderer.render_into(&view, text);
+                drop(view);
+                return write(dir.join(format!("{}.{fam}.{ext}", sel.name)), text);
+            }
+            for part in &parts {
+                renderer.render_part_into(&view, part, text);
+                write(dir.join(format!("{}.{fam}.{part}.{ext}", sel.name)), text)?;
+            }
+            Ok(())
         })
 }
 

@@ -604,3 +604,183 @@ fn template_renders_and_its_errors_are_diagnostics() {
     .expect(0);
     assert_eq!(listing(&out), ["node-1.haproxy.cfg", "node-2.haproxy.cfg"]);
 }
+
+/// `--target ipvs`: the four parts under their headers, in load order; `--part` one alone,
+/// exactly the text under its header.
+#[test]
+fn ipvs_prints_its_parts_and_one_part_alone() {
+    let base = ["examples/", "--target", "ipvs", "--node", "node-a"];
+    let r = svc(&base, None, &root());
+    r.expect(0);
+    let headers: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("# ==== "))
+        .collect();
+    let parts = ["ipset", "ipvsadm", "addresses", "iptables"];
+    assert_eq!(headers.len(), 4, "{}", r.stdout);
+    for (h, p) in headers.iter().zip(parts) {
+        assert!(h.starts_with(&format!("# ==== {p}: load with `")), "{h}");
+        assert!(h.ends_with("(node node-a, IPv4) ===="), "{h}");
+    }
+    assert!(r.stdout.starts_with(headers[0]), "{}", r.stdout);
+    // The bundle is each part alone, under its header.
+    let mut joined = String::new();
+    for (h, p) in headers.iter().zip(parts) {
+        let one = svc(&[&base[..], &["--part", p]].concat(), None, &root());
+        one.expect(0);
+        assert!(!one.stdout.contains("# ==== "), "{}", one.stdout);
+        assert!(!one.stdout.is_empty(), "{p}");
+        joined += &format!("{h}\n{}", one.stdout);
+    }
+    assert_eq!(joined, r.stdout);
+    let one = svc(&[&base[..], &["--part", "ipset"]].concat(), None, &root());
+    assert!(
+        one.stdout
+            .starts_with("create KUBE-LOOP-BACK hash:ip,port,ip family inet"),
+        "{}",
+        one.stdout
+    );
+}
+
+/// `--part` is checked against the target's parts before anything is compiled.
+#[test]
+fn a_bad_part_is_a_usage_error() {
+    let r = svc(
+        &[
+            "examples/",
+            "--target",
+            "ipvs",
+            "--node",
+            "node-a",
+            "--part",
+            "ipvs",
+        ],
+        None,
+        &root(),
+    );
+    r.expect(2);
+    assert_eq!(
+        r.stderr,
+        "svc-compile: --part `ipvs`: use ipset, ipvsadm, addresses or iptables\n"
+    );
+    for target in ["iptables", "ir"] {
+        let r = svc(
+            &[
+                "examples/",
+                "--target",
+                target,
+                "--node",
+                "node-a",
+                "--part",
+                "ipset",
+            ],
+            None,
+            &root(),
+        );
+        r.expect(2);
+        assert_eq!(
+            r.stderr,
+            format!("svc-compile: --part: the output of --target {target} has no parts\n")
+        );
+    }
+    let r = svc(
+        &[
+            "apply",
+            "examples/",
+            "--target",
+            "iptables",
+            "--node",
+            "node-a",
+            "--part",
+            "ipset",
+        ],
+        None,
+        &root(),
+    );
+    r.expect(2);
+    assert!(r.stderr.contains("--part is for compile"), "{}", r.stderr);
+}
+
+/// `--all-nodes --out DIR` with a target that has parts: `NODE.FAMILY.PART.EXT` for every
+/// part (or `--part`'s alone), each what `--node NODE --family FAMILY --part PART` prints.
+#[test]
+fn ipvs_all_nodes_writes_one_file_per_part() {
+    let t = TempDir::new("ipvs-all");
+    let case = [
+        "golden/cases/dual-stack-ipv6",
+        "--service-cluster-ip-range",
+        "10.96.0.0/12,fd00:10:96::/112",
+        "--target",
+        "ipvs",
+    ];
+    let out = t.path().join("out");
+    let r = svc(
+        &[&case[..], &["--all-nodes", "--out", out.to_str().unwrap()]].concat(),
+        None,
+        &root(),
+    );
+    r.expect(0);
+    let list = |dir: &std::path::Path| {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let names = list(&out);
+    let mut want = Vec::new();
+    for node in ["node-1", "node-2"] {
+        for fam in ["ipv4", "ipv6"] {
+            for part in ["addresses", "ipset", "iptables", "ipvsadm"] {
+                want.push(format!("{node}.{fam}.{part}.ipvs"));
+            }
+        }
+    }
+    assert_eq!(names, want);
+    for (node, fam, part) in [
+        ("node-2", "ipv6", "ipvsadm"),
+        ("node-1", "ipv4", "iptables"),
+        ("node-1", "ipv6", "ipset"),
+    ] {
+        let single = svc(
+            &[
+                &case[..],
+                &["--node", node, "--family", fam, "--part", part],
+            ]
+            .concat(),
+            None,
+            &root(),
+        );
+        single.expect(0);
+        let file = std::fs::read_to_string(out.join(format!("{node}.{fam}.{part}.ipvs"))).unwrap();
+        assert_eq!(single.stdout, file, "{node}.{fam}.{part}");
+    }
+    let only = t.path().join("only");
+    let r = svc(
+        &[
+            &case[..],
+            &[
+                "--all-nodes",
+                "--out",
+                only.to_str().unwrap(),
+                "--part",
+                "ipset",
+            ],
+        ]
+        .concat(),
+        None,
+        &root(),
+    );
+    r.expect(0);
+    assert_eq!(
+        list(&only),
+        [
+            "node-1.ipv4.ipset.ipvs",
+            "node-1.ipv6.ipset.ipvs",
+            "node-2.ipv4.ipset.ipvs",
+            "node-2.ipv6.ipset.ipvs"
+        ]
+    );
+}

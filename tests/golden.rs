@@ -77,6 +77,11 @@ const TARGET_ARGS: &[(&str, &[&str])] = &[(
 
 /// Compile one case for one target through the CLI.
 pub fn compile_case(case: &str, target: &str) -> String {
+    compile_case_with(case, target, &[])
+}
+
+/// [`compile_case`] with more flags after the case's own (`--part`).
+pub fn compile_case_with(case: &str, target: &str, extra: &[&str]) -> String {
     let dir = format!("golden/cases/{case}");
     let args = case_args(case);
     let mut a: Vec<&str> = vec![&dir, "--target", target];
@@ -86,6 +91,7 @@ pub fn compile_case(case: &str, target: &str) -> String {
             a.extend(extra.iter());
         }
     }
+    a.extend(extra);
     let r = svc(&a, None, &root());
     r.expect(0);
     r.stdout

@@ -336,3 +336,70 @@ mod tests {
         assert_eq!(conf.key("mode").to_string(), "data[config.conf].mode");
     }
 }
+
+/// A Go `time.Duration` string (`15m`, `1h30m`, `900s`, `0`, `1.5s`) in whole seconds,
+/// truncated as `Duration.Seconds()` cast to an integer is. Negative values are errors
+/// (kube-proxy rejects negative IPVS timeouts).
+pub fn go_duration_secs(text: &str) -> Result<u32, String> {
+    let t = text.trim();
+    if t == "0" {
+        return Ok(0);
+    }
+    if t.starts_with('-') {
+        return Err("must not be negative".into());
+    }
+    let mut rest = t.strip_prefix('+').unwrap_or(t);
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut nanos: f64 = 0.0;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let num: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| format!("`{t}` is not a duration such as 900s or 15m"))?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            "" => return Err(format!("`{t}` has a number without a unit (write 900s)")),
+            u => return Err(format!("`{t}`: unknown unit `{u}` (ns, us, ms, s, m, h)")),
+        };
+        rest = &rest[unit_len..];
+        nanos += num * scale;
+    }
+    let secs = (nanos / 1e9).trunc();
+    if secs > f64::from(u32::MAX) {
+        return Err(format!("`{t}` is too long"));
+    }
+    Ok(secs as u32)
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::go_duration_secs as d;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(d("0"), Ok(0));
+        assert_eq!(d("0s"), Ok(0));
+        assert_eq!(d("900s"), Ok(900));
+        assert_eq!(d("15m"), Ok(900));
+        assert_eq!(d("1h2m3s"), Ok(3723));
+        assert_eq!(d("1.9s"), Ok(1));
+        assert_eq!(d("1500ms"), Ok(1));
+        assert!(d("-5s").is_err());
+        assert!(d("5").is_err());
+        assert!(d("5d").is_err());
+        assert!(d("").is_err());
+    }
+}

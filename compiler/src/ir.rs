@@ -71,6 +71,34 @@ pub struct ProxyConfig {
     pub ipvs_scheduler: String,
     /// `conntrack.tcpBeLiberal` (0 when unset): kube-proxy leaves out the INVALID drop when set.
     pub conntrack_tcp_be_liberal: bool,
+    /// The rest of the `ipvs` section. Left out of the IR's JSON when nothing is set, so
+    /// modules of other modes serialise as before.
+    #[serde(skip_serializing_if = "IpvsConfig::is_unset")]
+    pub ipvs: IpvsConfig,
+}
+
+/// KubeProxyConfiguration's `ipvs` section (besides `scheduler`), as IPVS mode uses it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpvsConfig {
+    /// `strictARP`: kube-proxy sets `arp_ignore=1` and `arp_announce=2` on all interfaces.
+    #[serde(rename = "strictARP")]
+    pub strict_arp: bool,
+    /// `tcpTimeout`, `tcpFinTimeout`, `udpTimeout` in whole seconds (what `ipvsadm --set`
+    /// takes); 0 = unset, the kernel's value is kept.
+    pub tcp_timeout: u32,
+    pub tcp_fin_timeout: u32,
+    pub udp_timeout: u32,
+    /// `excludeCIDRs`: virtual servers inside these are never removed by kube-proxy's
+    /// cleanup (it does not own them).
+    #[serde(rename = "excludeCIDRs")]
+    pub exclude_cidrs: Vec<Cidr>,
+}
+
+impl IpvsConfig {
+    pub fn is_unset(&self) -> bool {
+        *self == IpvsConfig::default()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -315,6 +343,13 @@ pub struct NodeView {
     /// One entry per (service, port) that the proxy handles on this family, sorted by
     /// (namespace, name, port name, protocol). Headless and ExternalName services are not here.
     pub ports: Vec<PortView>,
+    /// The module's `ipvs.scheduler` and `ipvs` section, copied for the IPVS back end, whose
+    /// renderer sees views and not the module. Not in the view's JSON: the module's
+    /// `proxy` already shows them.
+    #[serde(skip)]
+    pub ipvs_scheduler: String,
+    #[serde(skip)]
+    pub ipvs: IpvsConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -195,6 +195,12 @@ pub struct ProxyConfigDoc {
     pub masquerade_bits: Vec<(Sp<i64>, &'static str)>,
     pub localhost_node_ports: Option<Sp<bool>>,
     pub ipvs_scheduler: Option<Sp<String>>,
+    /// `ipvs.strictARP`.
+    pub ipvs_strict_arp: Option<Sp<bool>>,
+    /// `ipvs.tcpTimeout`, `ipvs.tcpFinTimeout`, `ipvs.udpTimeout`: Go durations as written.
+    pub ipvs_timeouts: [Option<Sp<String>>; 3],
+    /// `ipvs.excludeCIDRs`.
+    pub ipvs_exclude_cidrs: Vec<Sp<String>>,
     pub tcp_be_liberal: Option<Sp<bool>>,
 }
 
@@ -1208,6 +1214,15 @@ fn proxy_config(root: &Node, path: &Path, d: &mut Decoder) -> ProxyConfigDoc {
         .and_then(|n| d.map(n, &p("ipvs"), "ipvs settings", Some(ipvs)))
     {
         out.ipvs_scheduler = d.str_(i.get("scheduler"), &p("ipvs.scheduler"));
+        out.ipvs_strict_arp = d.bool_(i.get("strictARP"), &p("ipvs.strictARP"));
+        for (slot, (key, path)) in out.ipvs_timeouts.iter_mut().zip([
+            ("tcpTimeout", "ipvs.tcpTimeout"),
+            ("tcpFinTimeout", "ipvs.tcpFinTimeout"),
+            ("udpTimeout", "ipvs.udpTimeout"),
+        ]) {
+            *slot = d.str_(i.get(key), &p(path));
+        }
+        out.ipvs_exclude_cidrs = d.str_list(i.get("excludeCIDRs"), &p("ipvs.excludeCIDRs"));
     }
     let ct = &[
         "maxPerCore",

@@ -56,6 +56,7 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             node_port_addresses: vec![],
             ipvs_scheduler: "rr".into(),
             conntrack_tcp_be_liberal: false,
+            ipvs: Default::default(),
         },
         services,
         nodes,

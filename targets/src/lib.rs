@@ -17,6 +17,7 @@ pub use registry::{File, Flag, NodeRenderer, Params, Render, RenderError, Sharin
 pub mod dns;
 pub mod env;
 pub mod iptables;
+pub mod ipvs;
 pub mod ir;
 pub mod nftables;
 pub mod template;
@@ -27,6 +28,7 @@ pub static TARGETS: &[&Target] = &[
     &iptables::TARGET,
     &nftables::TARGET,
     &nftables::JSON_TARGET,
+    &ipvs::TARGET,
     &dns::TARGET,
     &env::TARGET,
     &env::JSON_TARGET,

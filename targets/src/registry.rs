@@ -80,6 +80,20 @@ pub enum Sharing {
 pub trait NodeRenderer: Send + Sync {
     /// The document for `view` into `out` (cleared first), reusing its memory.
     fn render_into(&self, view: &NodeView, out: &mut String);
+
+    /// The names of the parts a document has, when it has several that load separately
+    /// (`--part NAME` writes one; `--all-nodes --out DIR` writes `DIR/NODE.FAMILY.PART.EXT`
+    /// for each); empty (the default): one document.
+    fn parts(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// One part of [`parts`](NodeRenderer::parts) for `view`, alone and loadable as is,
+    /// into `out` (cleared first). Only called with a name `parts` lists.
+    fn render_part_into(&self, view: &NodeView, part: &str, out: &mut String) {
+        let _ = (view, out);
+        unreachable!("render_part_into(`{part}`) on a renderer without parts")
+    }
 }
 
 impl Target {

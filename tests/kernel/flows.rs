@@ -3,8 +3,9 @@
 //! check who answered and whether the source was masqueraded.
 //!
 //! `flows` syntax, one flow a line (`#` comments):
-//! `[TARGET] FROM PROTO DEST EXPECT`, where TARGET (optional, `[iptables]` or
-//! `[nftables]`) limits the line to one target, and EXPECT is one of
+//! `[TARGETS] FROM PROTO DEST EXPECT`, where TARGETS (optional: `[iptables]`,
+//! `[nftables]`, `[ipvs]` or a comma list such as `[iptables,ipvs]`) limits the line to
+//! those targets, and EXPECT is one of
 //! - `answer B1,B2,.. [direct|masq]`: 40 probes; every answer comes from the set, every
 //!   backend of the set answers at least once; `direct`: the backend saw the sender's own
 //!   address, `masq`: it saw another (the node's);
@@ -138,10 +139,11 @@ pub fn reload(lab: &Lab, target: &str, text: &str) {
 /// Run every flow of a case; returns the failures (empty = all good).
 pub fn check_flows(lab: &Lab, target: &str, flows: &[Flow]) -> Vec<String> {
     let mut failures = Vec::new();
-    for f in flows
-        .iter()
-        .filter(|f| f.target.as_deref().is_none_or(|t| t == target))
-    {
+    for f in flows.iter().filter(|f| {
+        f.target
+            .as_deref()
+            .is_none_or(|t| t.split(',').any(|t| t == target))
+    }) {
         let fam = if f.dst.is_ipv6() {
             Family::V6
         } else {

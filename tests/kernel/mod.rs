@@ -51,6 +51,7 @@ mod apply;
 mod differential;
 pub mod echo;
 mod flows;
+mod ipvs;
 pub mod lab;
 mod selftest;
 pub mod sys;

@@ -185,6 +185,7 @@ pub fn proxy_config(doc: Option<&ProxyConfigDoc>) -> ir::ProxyConfig {
         _ if cluster_cidrs.is_empty() => DetectLocalMode::None,
         _ => DetectLocalMode::ClusterCIDR,
     };
+    let ipvs = ipvs_config(&d);
     ir::ProxyConfig {
         mode: d
             .mode
@@ -218,5 +219,27 @@ pub fn proxy_config(doc: Option<&ProxyConfigDoc>) -> ir::ProxyConfig {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "rr".into()),
         conntrack_tcp_be_liberal: d.tcp_be_liberal.is_some_and(|b| b.v),
+        ipvs,
+    }
+}
+
+/// The `ipvs` section; values the validation pass rejected are left unset.
+fn ipvs_config(d: &ProxyConfigDoc) -> ir::IpvsConfig {
+    let secs = |t: &Option<crate::decode::Sp<String>>| {
+        t.as_ref()
+            .and_then(|t| crate::decode::go_duration_secs(&t.v).ok())
+            .unwrap_or(0)
+    };
+    let [tcp, fin, udp] = &d.ipvs_timeouts;
+    ir::IpvsConfig {
+        strict_arp: d.ipvs_strict_arp.as_ref().is_some_and(|b| b.v),
+        tcp_timeout: secs(tcp),
+        tcp_fin_timeout: secs(fin),
+        udp_timeout: secs(udp),
+        exclude_cidrs: d
+            .ipvs_exclude_cidrs
+            .iter()
+            .filter_map(|c| c.v.parse().ok())
+            .collect(),
     }
 }

@@ -127,6 +127,8 @@ pub fn node_view(
             .collect(),
         node_ips,
         ports,
+        ipvs_scheduler: proxy.ipvs_scheduler.clone(),
+        ipvs: proxy.ipvs.clone(),
     })
 }
 

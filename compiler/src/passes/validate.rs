@@ -110,6 +110,7 @@
 //! | SVC316 | error    | ClusterConfig `serviceClusterIPRange`: not CIDRs, or more than one per family |
 //! | SVC317 | error    | ClusterConfig `serviceNodePortRange` is not `LOW-HIGH` within 1-65535 |
 //! | SVC318 | error    | ClusterConfig `clusterDomain` is not a DNS-1123 subdomain |
+//! | SVC319 | error    | `ipvs` section: a timeout is not a duration, or an `excludeCIDRs` entry is not a CIDR |
 
 mod config;
 mod cross;

@@ -2,8 +2,10 @@
 //! kube-proxy's setup (canary chains and jumps from the built-in chains), the `filter` and
 //! `nat` tables with their chain declarations, rule lines and `COMMIT`, and the static
 //! chains every node has. Rules are collected in [`Sections`] (declarations and rules per
-//! table) and the document is assembled by [`write_document`], so a back end that writes
-//! the same kind of document (kube-proxy's IPVS mode) can reuse all of it.
+//! table) and the document is assembled by [`write_document`]. kube-proxy's IPVS mode
+//! (`crate::ipvs`) writes the same kind of document with its own chains: it reuses
+//! [`Sections`], [`write_tables`] (nat first there), [`write_jumps`] for its setup, and the
+//! rules both modes share ([`masquerade_rules`], [`forward_rules`]).
 
 use super::{MarkFormat, Options};
 use crate::common::quote;
@@ -37,17 +39,38 @@ pub(super) fn write_document<'s, I>(
         write_setup(text);
         text.push_str("# The restore data of a full sync.\n");
     }
+    write_tables(text, &[Table::Filter, Table::Nat], sections);
+}
+
+/// A table of the restore data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Table {
+    Filter,
+    Nat,
+}
+
+/// `tables` in this order, each as `*TABLE`, the declarations of every section, their
+/// rules, `COMMIT`; appended to `text`.
+pub(crate) fn write_tables<'s, I>(text: &mut String, tables: &[Table], sections: impl Fn() -> I)
+where
+    I: Iterator<Item = &'s Sections>,
+{
     // Sized first, so the document is copied together once.
     text.reserve(sections().map(Sections::len).sum::<usize>() + 64);
-    for (table, chains, rules) in [
-        (
-            "filter",
-            Sections::filter_chains as Part,
-            Sections::filter_rules as Part,
-        ),
-        ("nat", Sections::nat_chains, Sections::nat_rules),
-    ] {
-        let _ = writeln!(text, "*{table}");
+    for table in tables {
+        let (name, chains, rules) = match table {
+            Table::Filter => (
+                "filter",
+                Sections::filter_chains as Part,
+                Sections::filter_rules as Part,
+            ),
+            Table::Nat => (
+                "nat",
+                Sections::nat_chains as Part,
+                Sections::nat_rules as Part,
+            ),
+        };
+        let _ = writeln!(text, "*{name}");
         sections().for_each(|s| text.push_str(chains(s)));
         sections().for_each(|s| text.push_str(rules(s)));
         text.push_str("COMMIT\n");
@@ -57,10 +80,19 @@ pub(super) fn write_document<'s, I>(
 /// A section of [`Sections`].
 type Part = fn(&Sections) -> &str;
 
+/// A jump kube-proxy ensures from a built-in chain: (table, from, to, extra match, comment).
+pub(crate) type Jump = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+);
+
 /// kube-proxy's jump rules, in the order it ensures them (its own list, then the copy of
 /// kubelet's KUBE-FIREWALL jumps): (table, from, to, extra match, comment).
 #[rustfmt::skip]
-const JUMPS: &[(&str, &str, &str, &str, &str)] = &[
+const JUMPS: &[Jump] = &[
     ("filter", "INPUT", "KUBE-EXTERNAL-SERVICES", CT_NEW, "kubernetes externally-visible service portals"),
     ("filter", "FORWARD", "KUBE-EXTERNAL-SERVICES", CT_NEW, "kubernetes externally-visible service portals"),
     ("filter", "INPUT", "KUBE-NODEPORTS", "", "kubernetes health check service ports"),
@@ -96,18 +128,53 @@ pub(super) fn write_setup(out: &mut String) {
                 let _ = writeln!(out, ":{to} - [0:0]");
             }
         }
-        for &(_, from, to, extra, comment) in JUMPS.iter().filter(|j| j.0 == table) {
-            let _ = write!(out, "-I {from}");
-            if !extra.is_empty() {
-                let _ = write!(out, " {extra}");
-            }
-            if !comment.is_empty() {
-                let _ = write!(out, " -m comment --comment {}", quote(comment));
-            }
-            let _ = writeln!(out, " -j {to}");
-        }
+        write_jumps(out, table, JUMPS);
         out.push_str("COMMIT\n");
     }
+}
+
+/// The `-I` lines of `jumps` in `table`, in order (each prepended: later ones end up above).
+pub(crate) fn write_jumps(out: &mut String, table: &str, jumps: &[Jump]) {
+    for &(_, from, to, extra, comment) in jumps.iter().filter(|j| j.0 == table) {
+        let _ = write!(out, "-I {from}");
+        if !extra.is_empty() {
+            let _ = write!(out, " {extra}");
+        }
+        if !comment.is_empty() {
+            let _ = write!(out, " -m comment --comment {}", quote(comment));
+        }
+        let _ = writeln!(out, " -j {to}");
+    }
+}
+
+/// The masquerade mark as `opts.mark` spells it.
+pub(crate) fn mark_string(mark: u32, format: MarkFormat) -> String {
+    match format {
+        MarkFormat::Padded => format!("{mark:#010x}"),
+        MarkFormat::Short => format!("{mark:#x}"),
+    }
+}
+
+/// KUBE-POSTROUTING (masquerade what KUBE-MARK-MASQ marked) and KUBE-MARK-MASQ itself, the
+/// same in iptables and IPVS mode.
+pub(crate) fn masquerade_rules(out: &mut Sections, mark: &str, random_fully: bool) {
+    out.nat_rule(format_args!(
+        "-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN"
+    ));
+    // Clear the mark so a packet that goes through the stack again is not masqueraded twice.
+    out.nat_rule(format_args!(
+        "-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}"
+    ));
+    out.nat_rule(format_args!("-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{}",
+        if random_fully { " --random-fully" } else { "" }));
+    out.nat_rule(format_args!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"));
+}
+
+/// KUBE-FORWARD's accept rules (marked traffic, then its established flows), the same in
+/// iptables and IPVS mode.
+pub(crate) fn forward_rules(out: &mut Sections, mark: &str) {
+    out.filter_rule(format_args!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"));
+    out.filter_rule(format_args!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"));
 }
 
 pub(super) const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -133,20 +200,20 @@ pub struct Sections {
 
 impl Sections {
     /// Declares a chain of `filter`.
-    pub(super) fn filter_chain(&mut self, name: impl Display) {
+    pub(crate) fn filter_chain(&mut self, name: impl Display) {
         let _ = writeln!(self.filter_chains, ":{name} - [0:0]");
     }
     /// Declares a chain of `nat`.
-    pub(super) fn nat_chain(&mut self, name: impl Display) {
+    pub(crate) fn nat_chain(&mut self, name: impl Display) {
         let _ = writeln!(self.nat_chains, ":{name} - [0:0]");
     }
     /// One rule line of `filter` (`-A CHAIN ...`).
-    pub(super) fn filter_rule(&mut self, rule: fmt::Arguments) {
+    pub(crate) fn filter_rule(&mut self, rule: fmt::Arguments) {
         let _ = self.filter_rules.write_fmt(rule);
         self.filter_rules.push('\n');
     }
     /// One rule line of `nat`.
-    pub(super) fn nat_rule(&mut self, rule: fmt::Arguments) {
+    pub(crate) fn nat_rule(&mut self, rule: fmt::Arguments) {
         let _ = self.nat_rules.write_fmt(rule);
         self.nat_rules.push('\n');
     }
@@ -179,10 +246,7 @@ pub(super) struct StaticRules<'a> {
 
 impl<'a> StaticRules<'a> {
     pub(super) fn new(view: &'a NodeView, opts: &'a Options) -> Self {
-        let mark = match opts.mark {
-            MarkFormat::Padded => format!("{:#010x}", view.masquerade_mark),
-            MarkFormat::Short => format!("{:#x}", view.masquerade_mark),
-        };
+        let mark = mark_string(view.masquerade_mark, opts.mark);
         StaticRules { view, opts, mark }
     }
 
@@ -206,18 +270,7 @@ impl<'a> StaticRules<'a> {
             out.nat_chain(chain);
         }
 
-        let mark = &self.mark;
-        out.nat_rule(format_args!(
-            "-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN"
-        ));
-        // Clear the mark so a packet that goes through the stack again is not
-        // masqueraded twice.
-        out.nat_rule(format_args!(
-            "-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}"
-        ));
-        out.nat_rule(format_args!("-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{}",
-            if self.opts.random_fully { " --random-fully" } else { "" }));
-        out.nat_rule(format_args!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"));
+        masquerade_rules(out, &self.mark, self.opts.random_fully);
 
         if self.view.martian_rule {
             // route_localnet (needed for localhost node ports) lets remote hosts reach
@@ -231,7 +284,6 @@ impl<'a> StaticRules<'a> {
     pub(super) fn tail(&self, out: &mut Sections) {
         self.write_nodeports_tail(out);
 
-        let mark = &self.mark;
         if self.view.drop_invalid {
             // INVALID packets would otherwise reach the pod un-NATed and reset connections.
             let nfacct = if self.opts.nfacct {
@@ -243,8 +295,7 @@ impl<'a> StaticRules<'a> {
                 "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{nfacct} -j DROP"
             ));
         }
-        out.filter_rule(format_args!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"));
-        out.filter_rule(format_args!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"));
+        forward_rules(out, &self.mark);
     }
 
     /// The jump to KUBE-NODEPORTS; it must stay the last rule of nat KUBE-SERVICES.

@@ -23,7 +23,7 @@
 //! chains) and is meant to be shared with kube-proxy's IPVS mode; `ports` writes one
 //! service port's rules. Ports are rendered through [`common::render_ports`].
 
-mod document;
+pub(crate) mod document;
 mod ports;
 
 use crate::common::{self, render_ports, PortCache, PortRendering};

@@ -187,6 +187,34 @@ fn proxy(cx: &mut Cx, p: &ProxyConfigDoc) {
             "ipvs.scheduler",
         );
     }
+    for (t, path) in
+        p.ipvs_timeouts
+            .iter()
+            .zip(["ipvs.tcpTimeout", "ipvs.tcpFinTimeout", "ipvs.udpTimeout"])
+    {
+        let Some(t) = t else { continue };
+        if let Err(e) = crate::decode::go_duration_secs(&t.v) {
+            cx.push(
+                Diagnostic::error("SVC319", format!("invalid {path} `{}`: {e}", t.v))
+                    .at(t.span)
+                    .path(path)
+                    .hint("write a duration such as 900s or 15m (0 keeps the kernel's value)"),
+            );
+        }
+    }
+    for c in &p.ipvs_exclude_cidrs {
+        if let Err(e) = parse_cidr(&c.v) {
+            cx.push(
+                Diagnostic::error(
+                    "SVC319",
+                    format!("ipvs.excludeCIDRs entry `{}` is not a valid CIDR: {e}", c.v),
+                )
+                .at(c.span)
+                .path("ipvs.excludeCIDRs")
+                .hint("write CIDRs such as 10.96.0.0/12"),
+            );
+        }
+    }
 }
 
 /// `LOW-HIGH`, `BASE+OFFSET` or a single port, as `--service-node-port-range` accepts.

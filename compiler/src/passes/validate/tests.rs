@@ -906,6 +906,17 @@ fn kube_proxy_configuration() {
     );
     assert_eq!(codes(&kpc("nodePortAddresses: [10.0.0.1]\n")), ["SVC314"]);
     assert_eq!(codes(&kpc("ipvs: {scheduler: roundrobin}\n")), ["SVC315"]);
+    assert_eq!(codes(&kpc("ipvs: {tcpTimeout: 900}\n")), ["SVC319"]);
+    assert_eq!(codes(&kpc("ipvs: {tcpTimeout: 15min}\n")), ["SVC319"]);
+    assert_eq!(codes(&kpc("ipvs: {udpTimeout: -1s}\n")), ["SVC319"]);
+    assert_eq!(
+        codes(&kpc("ipvs: {excludeCIDRs: [10.0.0.0]}\n")),
+        ["SVC319"]
+    );
+    assert!(codes(&kpc(
+        "ipvs: {strictARP: true, tcpTimeout: 15m, tcpFinTimeout: 30s, udpTimeout: 0s, excludeCIDRs: [10.0.0.0/8]}\n"
+    ))
+    .is_empty());
 }
 
 #[test]
