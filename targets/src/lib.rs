@@ -6,6 +6,7 @@
 //! decision a pass recorded there.
 
 pub mod common;
+pub mod ebpf;
 pub mod iptables;
 pub mod ir;
 pub mod nftables;
