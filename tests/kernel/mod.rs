@@ -49,8 +49,9 @@
 
 mod apply;
 mod differential;
+mod ebpf;
 pub mod echo;
-mod flows;
+pub mod flows;
 pub mod lab;
 mod selftest;
 pub mod sys;
