@@ -871,3 +871,112 @@ fn affinity_udp_and_outside_the_cgroup() {
         probe_set(&seen)
     );
 }
+
+/// Scale: the maps of a generated 10,000-service cluster (the shape of `svc-compile gen
+/// --services 10000 --endpoints 10 --nodes 10`, or the manifests in the file named by
+/// `SVC_EBPF_SCALE_FILE`) rendered and loaded, with timings printed. Not run by default:
+/// `cargo test --release --test main ebpf_scale -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn ebpf_scale() {
+    let test = "kernel ebpf scale";
+    let Some((obj, cgroot)) = prerequisites(test) else {
+        return;
+    };
+    let text = match std::env::var("SVC_EBPF_SCALE_FILE") {
+        Ok(p) => std::fs::read_to_string(p).expect("read SVC_EBPF_SCALE_FILE"),
+        Err(_) => svc_compiler::synth::generate(
+            &svc_compiler::synth::Shape {
+                services: 10_000,
+                endpoints: 10,
+                nodes: 10,
+                seed: 1,
+            },
+            svc_compiler::synth::Format::YamlStream,
+        ),
+    };
+    let mut sources = SourceMap::default();
+    let f = sources.add("cluster.yaml", text);
+    let opts = svc_compiler::Options {
+        allocate: true,
+        ..Default::default()
+    };
+    let comp = svc_compiler::compile(&sources, &[f], &opts);
+    assert!(!comp.diags.has_errors());
+    let sel = NodeSelection {
+        name: comp.module.nodes[0].name.clone(),
+        ips: vec![],
+    };
+    let v = node_view(&comp.module, &sel, IpFamily::IPv4).unwrap();
+    let t = Instant::now();
+    let l = ebpf::layout(&v, None, ebpf::DEFAULT_MAX_ENTRIES).unwrap();
+    println!(
+        "{} ports, {} entries, {} frontends, {} backends: layout {:?}",
+        v.ports.len(),
+        l.entries.len(),
+        l.ids.services.len(),
+        l.ids.backends.len(),
+        t.elapsed()
+    );
+    let pins = Pins::new();
+    let o = ebpf::Options {
+        pin_dir: pins.0.display().to_string(),
+        ..Default::default()
+    };
+    for (name, format) in [
+        ("json", ebpf::Format::Json),
+        ("batch", ebpf::Format::Batch),
+        ("table", ebpf::Format::Table),
+    ] {
+        let t = Instant::now();
+        let s = ebpf::write_string(
+            &v,
+            None,
+            &ebpf::Options {
+                format,
+                ..o.clone()
+            },
+        )
+        .unwrap();
+        println!("render {name}: {:?}, {} bytes", t.elapsed(), s.len());
+    }
+    let cg = Cgroup::new(&cgroot);
+    let t = Instant::now();
+    let ebpf_obj = open(&obj, &l, &pins);
+    let opened = t.elapsed();
+    let t = Instant::now();
+    fill(&l, &pins).expect("fill");
+    let filled = t.elapsed();
+    let t = Instant::now();
+    let loaded = attach(ebpf_obj, &cg);
+    println!(
+        "loader: create and pin maps {opened:?}, write {} entries {filled:?}, load and attach {:?}",
+        l.entries.len(),
+        t.elapsed()
+    );
+    drop(loaded);
+    let pins2 = Pins::new();
+    let batch = ebpf::write_batch(
+        &v,
+        &ebpf::Options {
+            pin_dir: pins2.0.display().to_string(),
+            ..o.clone()
+        },
+    )
+    .unwrap();
+    let tmp = crate::support::TempDir::new("ebpf-scale");
+    let file = tmp.path().join("maps.batch");
+    std::fs::write(&file, batch).unwrap();
+    let t = Instant::now();
+    let out = Command::new("bpftool")
+        .args(["batch", "file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("bpftool batch file: {:?}", t.elapsed());
+}

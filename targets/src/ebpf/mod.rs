@@ -20,7 +20,6 @@ pub use layout::{
     MapId, MapSpec, Scope, DEFAULT_MAX_ENTRIES,
 };
 
-use serde_json::{json, Value};
 use std::fmt::Write as _;
 use svc_compiler::ir::NodeView;
 
@@ -79,16 +78,25 @@ pub fn write_table(view: &NodeView, opts: &Options) -> Result<String, Error> {
 /// `0a 60 00 0a`: bpftool's byte spelling (input after `hex`, and its dumps).
 pub fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 3);
+    push_hex(&mut s, bytes);
+    s
+}
+
+/// Appends `bytes` as [`hex`] does.
+fn push_hex(s: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for (i, b) in bytes.iter().enumerate() {
         if i > 0 {
             s.push(' ');
         }
-        let _ = write!(s, "{b:02x}");
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
     }
-    s
 }
 
-fn decoded(e: &Entry) -> Value {
+/// The decoded form of an entry as a one-line JSON object. Every string in it is an
+/// address, a number or a fixed word: nothing needs escaping.
+fn push_decoded(s: &mut String, e: &Entry) {
     match e {
         Entry::Master {
             frontend,
@@ -98,19 +106,15 @@ fn decoded(e: &Entry) -> Value {
             flags,
             affinity_timeout,
         } => {
-            let mut v = json!({
-                "frontend": frontend.to_string(),
-                "slot": 0,
-                "count": count,
-                "qcount": qcount,
-                "revNat": rev_nat,
-                "flags": format!("{flags:#06x}"),
-                "flagsText": flags_text(*flags),
-            });
+            let _ = write!(
+                s,
+                r#"{{"frontend": "{frontend}", "slot": 0, "count": {count}, "qcount": {qcount}, "revNat": {rev_nat}, "flags": "{flags:#06x}", "flagsText": "{}""#,
+                flags_text(*flags)
+            );
             if let Some(t) = affinity_timeout {
-                v["affinityTimeout"] = json!(t);
+                let _ = write!(s, r#", "affinityTimeout": {t}"#);
             }
-            v
+            s.push('}');
         }
         Entry::Slot {
             frontend,
@@ -119,81 +123,114 @@ fn decoded(e: &Entry) -> Value {
             backend,
             rev_nat,
             flags,
-        } => json!({
-            "frontend": frontend.to_string(),
-            "slot": slot,
-            "backendId": backend_id,
-            "backend": backend.to_string(),
-            "revNat": rev_nat,
-            "flags": format!("{flags:#06x}"),
-        }),
+        } => {
+            let _ = write!(
+                s,
+                r#"{{"frontend": "{frontend}", "slot": {slot}, "backendId": {backend_id}, "backend": "{backend}", "revNat": {rev_nat}, "flags": "{flags:#06x}"}}"#
+            );
+        }
         Entry::Backend {
             id,
             backend,
             terminating,
-        } => json!({
-            "id": id,
-            "backend": backend.to_string(),
-            "state": if *terminating { "terminating" } else { "active" },
-        }),
-        Entry::RevNat { id, frontend } => json!({
-            "id": id,
-            "address": frontend.addr.to_string(),
-        }),
+        } => {
+            let state = if *terminating {
+                "terminating"
+            } else {
+                "active"
+            };
+            let _ = write!(
+                s,
+                r#"{{"id": {id}, "backend": "{backend}", "state": "{state}"}}"#
+            );
+        }
+        Entry::RevNat { id, frontend } => {
+            let _ = write!(s, r#"{{"id": {id}, "address": "{}"}}"#, frontend.addr);
+        }
         Entry::AffinityMatch {
             backend_id,
             rev_nat,
-        } => json!({ "backendId": backend_id, "revNat": rev_nat }),
-        Entry::SourceRange { rev_nat, cidr } => json!({
-            "revNat": rev_nat,
-            "cidr": cidr.network().to_string(),
-        }),
+        } => {
+            let _ = write!(s, r#"{{"backendId": {backend_id}, "revNat": {rev_nat}}}"#);
+        }
+        Entry::SourceRange { rev_nat, cidr } => {
+            let _ = write!(
+                s,
+                r#"{{"revNat": {rev_nat}, "cidr": "{}"}}"#,
+                cidr.network()
+            );
+        }
     }
 }
 
+/// Written by hand (one entry a line): a generic JSON value tree of 10,000 services'
+/// maps costs ten times as long.
 fn json_of(l: &Layout) -> String {
-    let maps: Vec<Value> = l
-        .maps
-        .iter()
-        .map(|m| {
-            let entries: Vec<Value> = l
-                .entries
-                .iter()
-                .filter(|e| e.map() == m.id)
-                .map(|e| json!({ "key": hex(&e.key()), "value": hex(&e.value()), "decoded": decoded(e) }))
-                .collect();
-            json!({
-                "name": m.name,
-                "type": m.id.kind(),
-                "keySize": m.key_size,
-                "valueSize": m.value_size,
-                "maxEntries": m.max_entries,
-                "flags": m.id.flags(),
-                "entries": entries,
-            })
-        })
-        .collect();
-    let services: serde_json::Map<String, Value> = l
-        .ids
-        .services
-        .iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    let backends: serde_json::Map<String, Value> = l
-        .ids
-        .backends
-        .iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    let doc = json!({
-        "ebpfVersion": 1,
-        "node": l.node,
-        "family": l.family.as_str(),
-        "maps": maps,
-        "ids": { "services": services, "backends": backends },
-    });
-    let mut s = serde_json::to_string_pretty(&doc).expect("JSON serialises");
-    s.push('\n');
+    let mut s = String::with_capacity(l.entries.len() * 200);
+    let _ = write!(
+        s,
+        "{{\n  \"ebpfVersion\": 1,\n  \"node\": {},\n  \"family\": \"{}\",\n  \"maps\": [",
+        serde_json::to_string(&l.node).expect("a string serialises"),
+        l.family.as_str()
+    );
+    for (mi, m) in l.maps.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{}\n    {{\n      \"name\": \"{}\",\n      \"type\": \"{}\",\n      \"keySize\": {},\n      \"valueSize\": {},\n      \"maxEntries\": {},\n      \"flags\": {},\n      \"entries\": [",
+            if mi > 0 { "," } else { "" },
+            m.name,
+            m.id.kind(),
+            m.key_size,
+            m.value_size,
+            m.max_entries,
+            m.id.flags()
+        );
+        let mut first = true;
+        for e in l.entries.iter().filter(|e| e.map() == m.id) {
+            s.push_str(if first { "\n        " } else { ",\n        " });
+            first = false;
+            s.push_str(r#"{"key": ""#);
+            push_hex(&mut s, &e.key());
+            s.push_str(r#"", "value": ""#);
+            push_hex(&mut s, &e.value());
+            s.push_str(r#"", "decoded": "#);
+            push_decoded(&mut s, e);
+            s.push('}');
+        }
+        s.push_str(if first {
+            "]\n    }"
+        } else {
+            "\n      ]\n    }"
+        });
+    }
+    s.push_str("\n  ],\n  \"ids\": {\n    \"services\": {");
+    let ids = |s: &mut String, it: &mut dyn Iterator<Item = (String, u64)>| {
+        let mut first = true;
+        for (k, v) in it {
+            s.push_str(if first { "\n      " } else { ",\n      " });
+            first = false;
+            let _ = write!(s, "\"{k}\": {v}");
+        }
+        s.push_str(if first { "}" } else { "\n    }" });
+    };
+    ids(
+        &mut s,
+        &mut l
+            .ids
+            .services
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v as u64)),
+    );
+    s.push_str(",\n    \"backends\": {");
+    ids(
+        &mut s,
+        &mut l
+            .ids
+            .backends
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v as u64)),
+    );
+    s.push_str("\n  }\n}\n");
     s
 }
 

@@ -258,6 +258,22 @@ fn renderings_are_deterministic_and_agree() {
         .map(|m| m["entries"].as_array().unwrap().len())
         .sum();
     assert_eq!(n, l.entries.len());
+    let dns = json["maps"][0]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["key"] == "0a 60 00 0a 00 35 00 00 11 00 00 00")
+        .unwrap();
+    assert_eq!(dns["value"], "00 00 00 00 02 00 00 03 00 00 00 00");
+    assert_eq!(
+        dns["decoded"],
+        serde_json::json!({"frontend": "10.96.0.10:53/UDP", "slot": 0, "count": 2, "qcount": 0,
+            "revNat": 3, "flags": "0x0000", "flagsText": "ClusterIP, non-routable"})
+    );
+    assert_eq!(json["ids"]["backends"]["10.244.2.3:53/UDP"], 4);
+    assert_eq!(json["maps"][5]["name"], "cilium_lb4_source_range");
+    assert_eq!(json["maps"][5]["flags"], 1);
+    assert_eq!(json["maps"][6]["entries"], serde_json::json!([]));
     let table = write_table(&a, &Options::default()).unwrap();
     // The widest key, `192.0.2.10:30082/TCP/i (1)`, is 26 wide: values start at 29.
     let row = |k: &str, v: &str| format!("{k:<29}{v}\n");
