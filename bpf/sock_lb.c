@@ -1,16 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // svc-compile's socket load balancer: the part of Cilium's socket LB (bpf_sock.c) that
-// serves the IPv4 service maps `svc-compile --target ebpf` writes. Written for
+// serves the service maps `svc-compile --target ebpf` writes (lb4 and lb6). Written for
 // svc-compile from the map layouts in Cilium's bpf/lib/lb.h; not Cilium's code.
 //
-// Hooks (cgroup v2, attached to one cgroup):
-//   connect4     translate service address → backend (TCP: random slot, UDP: by socket
+// Hooks (cgroup v2, attached to one cgroup), each for IPv4 (…4) and IPv6 (…6):
+//   connect      translate service address → backend (TCP: random slot, UDP: by socket
 //                cookie), record the reverse mapping; no backend → EHOSTUNREACH
-//   sendmsg4     the same for unconnected UDP
-//   recvmsg4     backend → service address on the source of received datagrams
-//   getpeername4 backend → service address for the peer of a translated socket
+//   sendmsg      the same for unconnected UDP
+//   recvmsg      backend → service address on the source of received datagrams
+//   getpeername  backend → service address for the peer of a translated socket
 //
-// Build: clang -O2 -g -target bpf -c sock_lb.c -o sock_lb.o  (needs libbpf-dev headers)
+// Build (libbpf-dev headers; Debian keeps asm/ under the multiarch directory):
+//   clang -O2 -g -target bpf -I/usr/include/$(cc -dumpmachine) -c sock_lb.c -o sock_lb.o
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -167,6 +168,112 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cilium_lb4_reverse_sk SEC(".maps");
 
+union v6addr {
+	__u8 addr[16];
+	__u32 p[4];
+};
+
+struct lb6_key {
+	union v6addr address;
+	__be16 dport;
+	__u16 backend_slot;
+	__u8 proto;
+	__u8 scope;
+	__u8 pad[2];
+};
+
+struct lb6_backend {
+	union v6addr address;
+	__be16 port;
+	__u8 proto;
+	__u8 flags;
+	__u16 cluster_id;
+	__u8 zone;
+	__u8 pad;
+};
+
+struct lb6_reverse_nat {
+	union v6addr address;
+	__be16 port;
+} __attribute__((packed));
+
+struct lb6_affinity_key {
+	union v6addr client_id; /* netns cookie in the first 8 bytes */
+	__u16 rev_nat_id;
+	__u8 netns_cookie : 1, reserved : 7;
+	__u8 pad1;
+	__u32 pad2;
+} __attribute__((packed));
+
+struct lb6_src_range_key {
+	__u32 prefixlen;
+	__u16 rev_nat_id;
+	__u16 pad;
+	union v6addr addr;
+};
+
+struct ipv6_revnat_tuple {
+	__u64 cookie;
+	union v6addr address;
+	__be16 port;
+	__u16 pad;
+} __attribute__((packed));
+
+struct ipv6_revnat_entry {
+	union v6addr address;
+	__be16 port;
+	__u16 rev_nat_index;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb6_key);
+	__type(value, struct lb4_service); /* lb6_service has the same layout */
+	__uint(max_entries, LB_MAP_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cilium_lb6_services_v2 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb6_backend);
+	__uint(max_entries, LB_MAP_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cilium_lb6_backends_v3 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u16);
+	__type(value, struct lb6_reverse_nat);
+	__uint(max_entries, LB_MAP_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cilium_lb6_reverse_nat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_affinity_key);
+	__type(value, struct lb_affinity_val);
+	__uint(max_entries, LB_MAP_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cilium_lb6_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb6_src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, LB_MAP_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cilium_lb6_source_range SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ipv6_revnat_tuple);
+	__type(value, struct ipv6_revnat_entry);
+	__uint(max_entries, LB_MAP_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cilium_lb6_reverse_sk SEC(".maps");
+
 /* Slot 0 of the address; for a two-scope service the internal scope's entry, since a
  * socket is always in-cluster traffic (Cilium's scope switch). */
 static __always_inline struct lb4_service *lookup_service(struct lb4_key *key)
@@ -305,6 +412,154 @@ static __always_inline void xlate_rev(struct bpf_sock_addr *ctx)
 	ctx->user_port = (__u32)rval->port;
 }
 
+/* IPv6: the same steps over the lb6 maps. IPv4-mapped destinations on IPv6 sockets
+ * are not translated. */
+static __always_inline struct lb4_service *lookup_service6(struct lb6_key *key)
+{
+	struct lb4_service *svc;
+
+	key->scope = SCOPE_EXT;
+	key->backend_slot = 0;
+	svc = bpf_map_lookup_elem(&cilium_lb6_services_v2, key);
+	if (svc && (svc->flags2 & SVC_FLAG2_TWO_SCOPES)) {
+		key->scope = SCOPE_INT;
+		svc = bpf_map_lookup_elem(&cilium_lb6_services_v2, key);
+	}
+	return svc;
+}
+
+static __always_inline __u32 affinity_backend6(const struct lb4_service *svc,
+						struct lb6_affinity_key *akey)
+{
+	struct lb_affinity_val *val = bpf_map_lookup_elem(&cilium_lb6_affinity, akey);
+	struct lb_affinity_match match = {};
+	__u64 now = now_sec();
+
+	if (!val)
+		return 0;
+	if (val->last_used + (svc->affinity_timeout & AFFINITY_TIMEOUT_MASK) <= now) {
+		bpf_map_delete_elem(&cilium_lb6_affinity, akey);
+		return 0;
+	}
+	match.backend_id = val->backend_id;
+	match.rev_nat_id = svc->rev_nat_index;
+	if (!bpf_map_lookup_elem(&cilium_lb_affinity_match, &match))
+		return 0;
+	val->last_used = now;
+	return val->backend_id;
+}
+
+static __always_inline void ctx_get_ip6(const struct bpf_sock_addr *ctx, union v6addr *a)
+{
+	a->p[0] = ctx->user_ip6[0];
+	a->p[1] = ctx->user_ip6[1];
+	a->p[2] = ctx->user_ip6[2];
+	a->p[3] = ctx->user_ip6[3];
+}
+
+static __always_inline void ctx_set_ip6(struct bpf_sock_addr *ctx, const union v6addr *a)
+{
+	ctx->user_ip6[0] = a->p[0];
+	ctx->user_ip6[1] = a->p[1];
+	ctx->user_ip6[2] = a->p[2];
+	ctx->user_ip6[3] = a->p[3];
+}
+
+static __always_inline int xlate_fwd6(struct bpf_sock_addr *ctx)
+{
+	struct lb6_key key = {}, orig;
+	struct lb4_service *svc, *slot_svc;
+	struct lb6_backend *backend = 0;
+	struct lb6_affinity_key akey = {};
+	struct ipv6_revnat_tuple rkey = {};
+	struct ipv6_revnat_entry rval = {};
+	__u32 backend_id = 0;
+	int affinity;
+
+	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
+		return 0;
+	ctx_get_ip6(ctx, &key.address);
+	key.dport = (__be16)ctx->user_port;
+	key.proto = ctx->protocol;
+	orig = key;
+	svc = lookup_service6(&key);
+	if (!svc)
+		return 0;
+	if (svc->count == 0)
+		return -EHOSTUNREACH;
+
+	affinity = svc->flags & SVC_FLAG_AFFINITY;
+	if (affinity) {
+		__u64 cookie = bpf_get_netns_cookie(ctx);
+
+		__builtin_memcpy(akey.client_id.addr, &cookie, sizeof(cookie));
+		akey.rev_nat_id = svc->rev_nat_index;
+		akey.netns_cookie = 1;
+		backend_id = affinity_backend6(svc, &akey);
+		if (backend_id)
+			backend = bpf_map_lookup_elem(&cilium_lb6_backends_v3, &backend_id);
+	}
+	if (!backend) {
+		__u32 r = ctx->protocol == IPPROTO_TCP ? bpf_get_prandom_u32()
+						       : (__u32)bpf_get_socket_cookie(ctx);
+		key.backend_slot = (r % svc->count) + 1;
+		slot_svc = bpf_map_lookup_elem(&cilium_lb6_services_v2, &key);
+		if (!slot_svc)
+			return -EHOSTUNREACH;
+		backend_id = slot_svc->backend_id;
+		backend = bpf_map_lookup_elem(&cilium_lb6_backends_v3, &backend_id);
+		if (!backend)
+			return -EHOSTUNREACH;
+		if (affinity) {
+			struct lb_affinity_val aval = {
+				.last_used = now_sec(),
+				.backend_id = backend_id,
+			};
+			bpf_map_update_elem(&cilium_lb6_affinity, &akey, &aval, BPF_ANY);
+		}
+	}
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.address = backend->address;
+	rkey.port = backend->port;
+	rval.address = orig.address;
+	rval.port = orig.dport;
+	rval.rev_nat_index = svc->rev_nat_index;
+	if (bpf_map_update_elem(&cilium_lb6_reverse_sk, &rkey, &rval, BPF_ANY) < 0)
+		return -EHOSTUNREACH;
+
+	ctx_set_ip6(ctx, &backend->address);
+	ctx->user_port = (__u32)backend->port;
+	return 0;
+}
+
+static __always_inline void xlate_rev6(struct bpf_sock_addr *ctx)
+{
+	struct ipv6_revnat_tuple rkey = {};
+	struct ipv6_revnat_entry *rval;
+	struct lb6_key key = {};
+	struct lb4_service *svc;
+	union v6addr peer;
+
+	ctx_get_ip6(ctx, &peer);
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.address = peer;
+	rkey.port = (__be16)ctx->user_port;
+	rval = bpf_map_lookup_elem(&cilium_lb6_reverse_sk, &rkey);
+	if (!rval)
+		return;
+	key.address = rval->address;
+	key.dport = rval->port;
+	key.proto = ctx->protocol;
+	svc = lookup_service6(&key);
+	if (!svc || svc->rev_nat_index != rval->rev_nat_index) {
+		bpf_map_delete_elem(&cilium_lb6_reverse_sk, &rkey);
+		return;
+	}
+	ctx_set_ip6(ctx, &rval->address);
+	ctx->user_port = (__u32)rval->port;
+}
+
 SEC("cgroup/connect4")
 int sock4_connect(struct bpf_sock_addr *ctx)
 {
@@ -336,6 +591,40 @@ SEC("cgroup/getpeername4")
 int sock4_getpeername(struct bpf_sock_addr *ctx)
 {
 	xlate_rev(ctx);
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/connect6")
+int sock6_connect(struct bpf_sock_addr *ctx)
+{
+	if (xlate_fwd6(ctx) == -EHOSTUNREACH) {
+		bpf_set_retval(-EHOSTUNREACH);
+		return SYS_REJECT;
+	}
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/sendmsg6")
+int sock6_sendmsg(struct bpf_sock_addr *ctx)
+{
+	if (xlate_fwd6(ctx) == -EHOSTUNREACH) {
+		bpf_set_retval(-EHOSTUNREACH);
+		return SYS_REJECT;
+	}
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/recvmsg6")
+int sock6_recvmsg(struct bpf_sock_addr *ctx)
+{
+	xlate_rev6(ctx);
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/getpeername6")
+int sock6_getpeername(struct bpf_sock_addr *ctx)
+{
+	xlate_rev6(ctx);
 	return SYS_PROCEED;
 }
 

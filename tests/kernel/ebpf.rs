@@ -262,6 +262,10 @@ fn attach(mut ebpf: aya::Ebpf, cgroup: &Cgroup) -> Loaded {
         "sock4_sendmsg",
         "sock4_recvmsg",
         "sock4_getpeername",
+        "sock6_connect",
+        "sock6_sendmsg",
+        "sock6_recvmsg",
+        "sock6_getpeername",
     ] {
         let p: &mut CgroupSockAddr = ebpf
             .program_mut(name)
@@ -328,7 +332,7 @@ fn tcp_once(dst: SocketAddr) -> Seen {
 /// An unconnected socket: sendmsg4 translates the destination, recvmsg4 the source.
 fn udp_once(dst: SocketAddr) -> Seen {
     let run = || -> io::Result<Seen> {
-        let s = UdpSocket::bind("0.0.0.0:0")?;
+        let s = UdpSocket::bind(if dst.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" })?;
         s.set_read_timeout(Some(PROBE_TIMEOUT))?;
         s.send_to(b"probe\n", dst)?;
         let mut buf = [0u8; 512];
@@ -633,9 +637,6 @@ fn batch_file_loads_and_dump_equals_json() {
     let tmp = crate::support::TempDir::new("ebpf-batch");
     for case in case_dirs() {
         let v = case_view(&case);
-        if v.family == IpFamily::IPv6 {
-            println!("{case}: IPv6 maps are checked by bpftool only (no IPv6 hooks yet)");
-        }
         let pins = Pins::new();
         let o = ebpf::Options {
             pin_dir: pins.0.display().to_string(),
@@ -665,23 +666,21 @@ fn batch_file_loads_and_dump_equals_json() {
                 m.name
             );
         }
-        if v.family == IpFamily::IPv4 {
-            // The program reuses the batch's maps, and the verifier accepts it.
-            let cg = Cgroup::new(&cgroot);
-            drop(attach(open(&obj, &l, &pins), &cg));
-            // Our loader into fresh pins writes the same bytes.
-            let pins2 = Pins::new();
-            let loaded = load(&obj, &l, &pins2, &cg);
-            for m in &l.maps {
-                assert_eq!(
-                    dump(&pins2, m.name),
-                    json_entries(&json, m.name),
-                    "{case}: loader, {}",
-                    m.name
-                );
-            }
-            drop(loaded);
+        // The program reuses the batch's maps, and the verifier accepts it.
+        let cg = Cgroup::new(&cgroot);
+        drop(attach(open(&obj, &l, &pins), &cg));
+        // Our loader into fresh pins writes the same bytes.
+        let pins2 = Pins::new();
+        let loaded = load(&obj, &l, &pins2, &cg);
+        for m in &l.maps {
+            assert_eq!(
+                dump(&pins2, m.name),
+                json_entries(&json, m.name),
+                "{case}: loader, {}",
+                m.name
+            );
         }
+        drop(loaded);
     }
 }
 
@@ -695,7 +694,7 @@ fn probe_set(seen: &[Seen]) -> BTreeSet<String> {
         .collect()
 }
 
-/// For every IPv4 golden case, each flow of its `flows` file that a socket load balancer
+/// For every golden case (IPv4 and IPv6), each flow of its `flows` file that a socket load balancer
 /// serves (in-cluster clients — the node and its pods — to a cluster IP): from a process
 /// in the cgroup, 40 connections (TCP) or 40 sockets (UDP) reach exactly the flow's
 /// backend set (one backend of it for `sticky`), the peer address is the service's;
@@ -716,9 +715,6 @@ fn golden_cluster_ips_through_the_socket_lb() {
             continue;
         };
         let v = case_view(&case);
-        if v.family != IpFamily::IPv4 {
-            continue;
-        }
         let cluster_ips: BTreeSet<SocketAddr> = v
             .ports
             .iter()
