@@ -296,18 +296,19 @@ static __always_inline __u64 now_sec(void)
 }
 
 /* The backend this network namespace was pinned to, if the pin has not expired and the
- * backend still serves the service (affinity_match); 0 otherwise. */
-static __always_inline __u32 affinity_backend(const struct lb4_service *svc,
-					       struct lb4_affinity_key *akey)
+ * backend still serves the service (affinity_match); 0 otherwise. `affinity` is the
+ * family's affinity map, `akey` its key (inlined: the verifier sees the map itself). */
+static __always_inline __u32 affinity_backend(void *affinity, const struct lb4_service *svc,
+					       const void *akey)
 {
-	struct lb_affinity_val *val = bpf_map_lookup_elem(&cilium_lb4_affinity, akey);
+	struct lb_affinity_val *val = bpf_map_lookup_elem(affinity, akey);
 	struct lb_affinity_match match = {};
 	__u64 now = now_sec();
 
 	if (!val)
 		return 0;
 	if (val->last_used + (svc->affinity_timeout & AFFINITY_TIMEOUT_MASK) <= now) {
-		bpf_map_delete_elem(&cilium_lb4_affinity, akey);
+		bpf_map_delete_elem(affinity, akey);
 		return 0;
 	}
 	match.backend_id = val->backend_id;
@@ -316,6 +317,27 @@ static __always_inline __u32 affinity_backend(const struct lb4_service *svc,
 		return 0;
 	val->last_used = now;
 	return val->backend_id;
+}
+
+/* Pins the namespace to the backend just chosen. */
+static __always_inline void affinity_pin(void *affinity, const void *akey, __u32 backend_id)
+{
+	struct lb_affinity_val aval = {
+		.last_used = now_sec(),
+		.backend_id = backend_id,
+	};
+
+	bpf_map_update_elem(affinity, akey, &aval, BPF_ANY);
+}
+
+/* The slot a new connection takes: TCP at random, UDP by socket so that one socket's
+ * datagrams stay on one backend. */
+static __always_inline __u16 pick_slot(struct bpf_sock_addr *ctx, const struct lb4_service *svc)
+{
+	__u32 r = ctx->protocol == IPPROTO_TCP ? bpf_get_prandom_u32()
+					       : (__u32)bpf_get_socket_cookie(ctx);
+
+	return (r % svc->count) + 1;
 }
 
 static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx)
@@ -346,15 +368,12 @@ static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx)
 		akey.client_id = bpf_get_netns_cookie(ctx);
 		akey.rev_nat_id = svc->rev_nat_index;
 		akey.netns_cookie = 1;
-		backend_id = affinity_backend(svc, &akey);
+		backend_id = affinity_backend(&cilium_lb4_affinity, svc, &akey);
 		if (backend_id)
 			backend = bpf_map_lookup_elem(&cilium_lb4_backends_v3, &backend_id);
 	}
 	if (!backend) {
-		/* TCP: a random slot; UDP: by socket, so one socket's datagrams stay together. */
-		__u32 r = ctx->protocol == IPPROTO_TCP ? bpf_get_prandom_u32()
-						       : (__u32)bpf_get_socket_cookie(ctx);
-		key.backend_slot = (r % svc->count) + 1;
+		key.backend_slot = pick_slot(ctx, svc);
 		slot_svc = bpf_map_lookup_elem(&cilium_lb4_services_v2, &key);
 		if (!slot_svc)
 			return -EHOSTUNREACH;
@@ -362,13 +381,8 @@ static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx)
 		backend = bpf_map_lookup_elem(&cilium_lb4_backends_v3, &backend_id);
 		if (!backend)
 			return -EHOSTUNREACH;
-		if (affinity) {
-			struct lb_affinity_val aval = {
-				.last_used = now_sec(),
-				.backend_id = backend_id,
-			};
-			bpf_map_update_elem(&cilium_lb4_affinity, &akey, &aval, BPF_ANY);
-		}
+		if (affinity)
+			affinity_pin(&cilium_lb4_affinity, &akey, backend_id);
 	}
 
 	rkey.cookie = bpf_get_socket_cookie(ctx);
@@ -428,27 +442,6 @@ static __always_inline struct lb4_service *lookup_service6(struct lb6_key *key)
 	return svc;
 }
 
-static __always_inline __u32 affinity_backend6(const struct lb4_service *svc,
-						struct lb6_affinity_key *akey)
-{
-	struct lb_affinity_val *val = bpf_map_lookup_elem(&cilium_lb6_affinity, akey);
-	struct lb_affinity_match match = {};
-	__u64 now = now_sec();
-
-	if (!val)
-		return 0;
-	if (val->last_used + (svc->affinity_timeout & AFFINITY_TIMEOUT_MASK) <= now) {
-		bpf_map_delete_elem(&cilium_lb6_affinity, akey);
-		return 0;
-	}
-	match.backend_id = val->backend_id;
-	match.rev_nat_id = svc->rev_nat_index;
-	if (!bpf_map_lookup_elem(&cilium_lb_affinity_match, &match))
-		return 0;
-	val->last_used = now;
-	return val->backend_id;
-}
-
 static __always_inline void ctx_get_ip6(const struct bpf_sock_addr *ctx, union v6addr *a)
 {
 	a->p[0] = ctx->user_ip6[0];
@@ -495,14 +488,12 @@ static __always_inline int xlate_fwd6(struct bpf_sock_addr *ctx)
 		__builtin_memcpy(akey.client_id.addr, &cookie, sizeof(cookie));
 		akey.rev_nat_id = svc->rev_nat_index;
 		akey.netns_cookie = 1;
-		backend_id = affinity_backend6(svc, &akey);
+		backend_id = affinity_backend(&cilium_lb6_affinity, svc, &akey);
 		if (backend_id)
 			backend = bpf_map_lookup_elem(&cilium_lb6_backends_v3, &backend_id);
 	}
 	if (!backend) {
-		__u32 r = ctx->protocol == IPPROTO_TCP ? bpf_get_prandom_u32()
-						       : (__u32)bpf_get_socket_cookie(ctx);
-		key.backend_slot = (r % svc->count) + 1;
+		key.backend_slot = pick_slot(ctx, svc);
 		slot_svc = bpf_map_lookup_elem(&cilium_lb6_services_v2, &key);
 		if (!slot_svc)
 			return -EHOSTUNREACH;
@@ -510,13 +501,8 @@ static __always_inline int xlate_fwd6(struct bpf_sock_addr *ctx)
 		backend = bpf_map_lookup_elem(&cilium_lb6_backends_v3, &backend_id);
 		if (!backend)
 			return -EHOSTUNREACH;
-		if (affinity) {
-			struct lb_affinity_val aval = {
-				.last_used = now_sec(),
-				.backend_id = backend_id,
-			};
-			bpf_map_update_elem(&cilium_lb6_affinity, &akey, &aval, BPF_ANY);
-		}
+		if (affinity)
+			affinity_pin(&cilium_lb6_affinity, &akey, backend_id);
 	}
 
 	rkey.cookie = bpf_get_socket_cookie(ctx);
@@ -560,24 +546,27 @@ static __always_inline void xlate_rev6(struct bpf_sock_addr *ctx)
 	ctx->user_port = (__u32)rval->port;
 }
 
-SEC("cgroup/connect4")
-int sock4_connect(struct bpf_sock_addr *ctx)
+/* connect and sendmsg: a service without a backend fails the call (Cilium's connect4
+ * does the same); anything else proceeds, translated or not. */
+static __always_inline int verdict(int err)
 {
-	if (xlate_fwd(ctx) == -EHOSTUNREACH) {
+	if (err == -EHOSTUNREACH) {
 		bpf_set_retval(-EHOSTUNREACH);
 		return SYS_REJECT;
 	}
 	return SYS_PROCEED;
 }
 
+SEC("cgroup/connect4")
+int sock4_connect(struct bpf_sock_addr *ctx)
+{
+	return verdict(xlate_fwd(ctx));
+}
+
 SEC("cgroup/sendmsg4")
 int sock4_sendmsg(struct bpf_sock_addr *ctx)
 {
-	if (xlate_fwd(ctx) == -EHOSTUNREACH) {
-		bpf_set_retval(-EHOSTUNREACH);
-		return SYS_REJECT;
-	}
-	return SYS_PROCEED;
+	return verdict(xlate_fwd(ctx));
 }
 
 SEC("cgroup/recvmsg4")
@@ -597,21 +586,13 @@ int sock4_getpeername(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect6")
 int sock6_connect(struct bpf_sock_addr *ctx)
 {
-	if (xlate_fwd6(ctx) == -EHOSTUNREACH) {
-		bpf_set_retval(-EHOSTUNREACH);
-		return SYS_REJECT;
-	}
-	return SYS_PROCEED;
+	return verdict(xlate_fwd6(ctx));
 }
 
 SEC("cgroup/sendmsg6")
 int sock6_sendmsg(struct bpf_sock_addr *ctx)
 {
-	if (xlate_fwd6(ctx) == -EHOSTUNREACH) {
-		bpf_set_retval(-EHOSTUNREACH);
-		return SYS_REJECT;
-	}
-	return SYS_PROCEED;
+	return verdict(xlate_fwd6(ctx));
 }
 
 SEC("cgroup/recvmsg6")

@@ -286,6 +286,45 @@ fn load(obj: &Path, layout: &Layout, pins: &Pins, cgroup: &Cgroup) -> Loaded {
     attach(ebpf, cgroup)
 }
 
+/// A lab whose pods serve TCP and UDP on [`BACKEND_PORT`], a fresh cgroup, and the
+/// program attached to it with a view's maps. Fields drop in order: the program (its
+/// links) first, the lab last.
+struct Served {
+    loaded: Option<Loaded>,
+    pins: Pins,
+    cg: Cgroup,
+    lab: Lab,
+}
+
+impl Served {
+    fn new(tag: &str, obj: &Path, cgroot: &Path, view: &NodeView) -> Served {
+        let mut lab = Lab::new(tag, &LabSpec::default()).expect("lab");
+        lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
+        lab.serve(Proto::Udp, BACKEND_PORT).expect("serve udp");
+        let mut s = Served {
+            loaded: None,
+            pins: Pins::new(),
+            cg: Cgroup::new(cgroot),
+            lab,
+        };
+        s.reload(obj, view);
+        s
+    }
+
+    /// Replaces the program and its maps with `view`'s, in new pins.
+    fn reload(&mut self, obj: &Path, view: &NodeView) {
+        self.loaded = None;
+        self.pins = Pins::new();
+        let l = ebpf::layout(view, None, ebpf::DEFAULT_MAX_ENTRIES).unwrap();
+        self.loaded = Some(load(obj, &l, &self.pins, &self.cg));
+    }
+
+    /// `n` probes from `host`, inside the cgroup.
+    fn probes(&self, host: &str, proto: Proto, dst: SocketAddr, n: usize) -> Vec<Seen> {
+        probes(Some(&self.cg), self.lab.netns(host), proto, dst, n)
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Probes from inside the cgroup
 // ---------------------------------------------------------------------------------------
@@ -728,22 +767,16 @@ fn golden_cluster_ips_through_the_socket_lb() {
         if flows.is_empty() {
             continue;
         }
-        let mut lab = Lab::new(&format!("eb{}", case.len()), &LabSpec::default()).expect("lab");
-        lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
-        lab.serve(Proto::Udp, BACKEND_PORT).expect("serve udp");
-        let pins = Pins::new();
-        let cg = Cgroup::new(&cgroot);
-        let l = ebpf::layout(&v, None, ebpf::DEFAULT_MAX_ENTRIES).unwrap();
-        let _loaded = load(&obj, &l, &pins, &cg);
+        let served = Served::new(&format!("eb{}", case.len()), &obj, &cgroot, &v);
         for f in &flows {
             checked += 1;
             let what = format!("{case} line {}: {} {:?} {}", f.line, f.from, f.proto, f.dst);
-            let netns = lab.netns(&f.from).to_string();
+            let netns = served.lab.netns(&f.from).to_string();
             let n = match f.expect {
                 Expect::Sticky(_) => 20,
                 _ => 40,
             };
-            let seen = probes(Some(&cg), &netns, f.proto, f.dst, n);
+            let seen = served.probes(&f.from, f.proto, f.dst, n);
             let reached = probe_set(&seen);
             let wrong_peer = seen
                 .iter()
@@ -797,38 +830,30 @@ fn golden_cluster_ips_through_the_socket_lb() {
     );
 }
 
-/// Affinity pins one client (a network namespace) to one backend across connections
-/// while another service without affinity still spreads; UDP replies and getpeername
-/// show the service address; a process outside the cgroup is not translated even though
-/// a backend is reachable.
+/// Affinity pins one client (a network namespace) to one backend across connections,
+/// and the pin expires after the service's timeout; UDP replies come from the service
+/// address and different sockets spread; a process outside the cgroup is not translated
+/// even though the backends are reachable.
 #[test]
 fn affinity_udp_and_outside_the_cgroup() {
     let test = "kernel ebpf affinity and udp";
     let Some((obj, cgroot)) = prerequisites(test) else {
         return;
     };
-    let mut lab = Lab::new("ebaff", &LabSpec::default()).expect("lab");
-    lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
-    lab.serve(Proto::Udp, BACKEND_PORT).expect("serve udp");
-    let pins = Pins::new();
-    let cg = Cgroup::new(&cgroot);
-    let v = case_view("affinity");
-    let l = ebpf::layout(&v, None, ebpf::DEFAULT_MAX_ENTRIES).unwrap();
-    let _loaded = load(&obj, &l, &pins, &cg);
+    let mut v = case_view("affinity");
+    let mut served = Served::new("ebaff", &obj, &cgroot, &v);
     let vip: SocketAddr = "10.96.0.19:80".parse().unwrap();
-    let mut pinned = BTreeSet::new();
     for from in ["node", "pod-a", "pod-b"] {
-        let seen = probes(Some(&cg), lab.netns(from), Proto::Tcp, vip, 15);
-        let set = probe_set(&seen);
-        assert_eq!(set.len(), 1, "{from} not pinned: {seen:?}");
-        pinned.extend(set);
+        let seen = served.probes(from, Proto::Tcp, vip, 15);
+        assert_eq!(probe_set(&seen).len(), 1, "{from} not pinned: {seen:?}");
     }
     // One affinity entry per client network namespace.
-    let aff = dump(&pins, "cilium_lb4_affinity");
+    let aff = dump(&served.pins, "cilium_lb4_affinity");
     assert_eq!(aff.len(), 3, "affinity entries: {aff:?}");
 
     // Outside the cgroup: untranslated (no answer), while a backend itself answers.
-    let outside = probes(None, lab.netns("pod-a"), Proto::Tcp, vip, 1);
+    let netns = served.lab.netns("pod-a");
+    let outside = probes(None, netns, Proto::Tcp, vip, 1);
     assert!(
         !matches!(outside[0], Seen::Answer { .. }),
         "outside the cgroup: {outside:?}"
@@ -836,25 +861,38 @@ fn affinity_udp_and_outside_the_cgroup() {
     let direct = SocketAddr::new(IpAddr::V4("10.244.1.3".parse().unwrap()), BACKEND_PORT);
     assert!(
         matches!(
-            probe_in(lab.netns("pod-a"), Proto::Tcp, direct, PROBE_TIMEOUT),
+            probe_in(netns, Proto::Tcp, direct, PROBE_TIMEOUT),
             Outcome::Answered { .. }
         ),
         "the lab's backend itself does not answer"
     );
 
+    // A 1 s timeout: one connection every 2.05 s is never pinned, so ten of them do not
+    // all land on one of the four backends (chance of a false failure (1/4)^9 ≈ 4·10⁻⁶).
+    for p in &mut v.ports {
+        p.affinity_timeout = p.affinity_timeout.map(|_| 1);
+    }
+    served.reload(&obj, &v);
+    let mut chosen = BTreeSet::new();
+    for _ in 0..10 {
+        chosen.extend(probe_set(&served.probes("pod-a", Proto::Tcp, vip, 1)));
+        std::thread::sleep(Duration::from_millis(2050));
+    }
+    assert!(
+        chosen.len() > 1,
+        "the pin did not expire: always {chosen:?}"
+    );
+
     // UDP: the udp case's service from a pod: replies come from the service address.
-    drop(_loaded);
-    let pins = Pins::new();
     let v = case_view("udp");
-    let l = ebpf::layout(&v, None, ebpf::DEFAULT_MAX_ENTRIES).unwrap();
-    let _loaded = load(&obj, &l, &pins, &cg);
+    served.reload(&obj, &v);
     let pv = v
         .ports
         .iter()
         .find(|p| p.protocol == svc_compiler::ir::Protocol::UDP)
         .expect("a UDP port");
     let dst = SocketAddr::new(pv.cluster_ip.unwrap(), pv.port);
-    let seen = probes(Some(&cg), lab.netns("pod-a"), Proto::Udp, dst, 40);
+    let seen = served.probes("pod-a", Proto::Udp, dst, 40);
     for s in &seen {
         match s {
             Seen::Answer { peer, .. } => assert_eq!(*peer, dst, "UDP reply source"),
