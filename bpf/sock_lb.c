@@ -557,56 +557,29 @@ static __always_inline int verdict(int err)
 	return SYS_PROCEED;
 }
 
-SEC("cgroup/connect4")
-int sock4_connect(struct bpf_sock_addr *ctx)
-{
-	return verdict(xlate_fwd(ctx));
-}
+/* The eight entry points: forward translation on connect and sendmsg, reverse on
+ * recvmsg and getpeername, per family. */
+#define FWD_HOOK(sec, name, xlate)                          \
+	SEC(sec)                                            \
+	int name(struct bpf_sock_addr *ctx)                 \
+	{                                                   \
+		return verdict(xlate(ctx));                 \
+	}
+#define REV_HOOK(sec, name, xlate)                          \
+	SEC(sec)                                            \
+	int name(struct bpf_sock_addr *ctx)                 \
+	{                                                   \
+		xlate(ctx);                                 \
+		return SYS_PROCEED;                         \
+	}
 
-SEC("cgroup/sendmsg4")
-int sock4_sendmsg(struct bpf_sock_addr *ctx)
-{
-	return verdict(xlate_fwd(ctx));
-}
-
-SEC("cgroup/recvmsg4")
-int sock4_recvmsg(struct bpf_sock_addr *ctx)
-{
-	xlate_rev(ctx);
-	return SYS_PROCEED;
-}
-
-SEC("cgroup/getpeername4")
-int sock4_getpeername(struct bpf_sock_addr *ctx)
-{
-	xlate_rev(ctx);
-	return SYS_PROCEED;
-}
-
-SEC("cgroup/connect6")
-int sock6_connect(struct bpf_sock_addr *ctx)
-{
-	return verdict(xlate_fwd6(ctx));
-}
-
-SEC("cgroup/sendmsg6")
-int sock6_sendmsg(struct bpf_sock_addr *ctx)
-{
-	return verdict(xlate_fwd6(ctx));
-}
-
-SEC("cgroup/recvmsg6")
-int sock6_recvmsg(struct bpf_sock_addr *ctx)
-{
-	xlate_rev6(ctx);
-	return SYS_PROCEED;
-}
-
-SEC("cgroup/getpeername6")
-int sock6_getpeername(struct bpf_sock_addr *ctx)
-{
-	xlate_rev6(ctx);
-	return SYS_PROCEED;
-}
+FWD_HOOK("cgroup/connect4", sock4_connect, xlate_fwd)
+FWD_HOOK("cgroup/sendmsg4", sock4_sendmsg, xlate_fwd)
+REV_HOOK("cgroup/recvmsg4", sock4_recvmsg, xlate_rev)
+REV_HOOK("cgroup/getpeername4", sock4_getpeername, xlate_rev)
+FWD_HOOK("cgroup/connect6", sock6_connect, xlate_fwd6)
+FWD_HOOK("cgroup/sendmsg6", sock6_sendmsg, xlate_fwd6)
+REV_HOOK("cgroup/recvmsg6", sock6_recvmsg, xlate_rev6)
+REV_HOOK("cgroup/getpeername6", sock6_getpeername, xlate_rev6)
 
 char _license[] SEC("license") = "GPL";
