@@ -290,6 +290,32 @@ static __always_inline struct lb4_service *lookup_service(struct lb4_key *key)
 	return svc;
 }
 
+/* The node's own network namespace, where a loopback address reaches node ports (the
+ * loader sets it; 0 means the initial namespace). */
+volatile const __u64 host_netns_cookie = 0;
+
+static __always_inline int in_host_netns(struct bpf_sock_addr *ctx)
+{
+	__u64 host = host_netns_cookie ? host_netns_cookie : bpf_get_netns_cookie(0);
+
+	return bpf_get_netns_cookie(ctx) == host;
+}
+
+/* A service at this address, or else, for a loopback address in the node's namespace,
+ * the node-port surrogate (address 0) of the port. Cilium also takes the node's other
+ * addresses here; svc-compile writes every node address as its own frontend instead.
+ * Only node ports have surrogate entries, so no port-range check is needed. */
+static __always_inline struct lb4_service *lookup_or_surrogate(struct bpf_sock_addr *ctx,
+								struct lb4_key *key)
+{
+	struct lb4_service *svc = lookup_service(key);
+
+	if (svc || (bpf_ntohl(key->address) >> 24) != 127 || !in_host_netns(ctx))
+		return svc;
+	key->address = 0;
+	return lookup_service(key);
+}
+
 static __always_inline __u64 now_sec(void)
 {
 	return bpf_ktime_get_ns() / NSEC_PER_SEC;
@@ -357,7 +383,7 @@ static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx)
 	key.dport = (__be16)ctx->user_port;
 	key.proto = ctx->protocol;
 	orig = key;
-	svc = lookup_service(&key);
+	svc = lookup_or_surrogate(ctx, &key);
 	if (!svc)
 		return 0; /* not a service: leave the socket alone */
 	if (svc->count == 0)
@@ -417,7 +443,7 @@ static __always_inline void xlate_rev(struct bpf_sock_addr *ctx)
 	key.address = rval->address;
 	key.dport = rval->port;
 	key.proto = ctx->protocol;
-	svc = lookup_service(&key);
+	svc = lookup_or_surrogate(ctx, &key);
 	if (!svc || svc->rev_nat_index != rval->rev_nat_index) {
 		bpf_map_delete_elem(&cilium_lb4_reverse_sk, &rkey);
 		return;
@@ -440,6 +466,22 @@ static __always_inline struct lb4_service *lookup_service6(struct lb6_key *key)
 		svc = bpf_map_lookup_elem(&cilium_lb6_services_v2, key);
 	}
 	return svc;
+}
+
+static __always_inline int is_v6_loopback(const union v6addr *a)
+{
+	return !a->p[0] && !a->p[1] && !a->p[2] && a->p[3] == bpf_htonl(1);
+}
+
+static __always_inline struct lb4_service *lookup_or_surrogate6(struct bpf_sock_addr *ctx,
+								 struct lb6_key *key)
+{
+	struct lb4_service *svc = lookup_service6(key);
+
+	if (svc || !is_v6_loopback(&key->address) || !in_host_netns(ctx))
+		return svc;
+	__builtin_memset(&key->address, 0, sizeof(key->address));
+	return lookup_service6(key);
 }
 
 static __always_inline void ctx_get_ip6(const struct bpf_sock_addr *ctx, union v6addr *a)
@@ -475,7 +517,7 @@ static __always_inline int xlate_fwd6(struct bpf_sock_addr *ctx)
 	key.dport = (__be16)ctx->user_port;
 	key.proto = ctx->protocol;
 	orig = key;
-	svc = lookup_service6(&key);
+	svc = lookup_or_surrogate6(ctx, &key);
 	if (!svc)
 		return 0;
 	if (svc->count == 0)
@@ -537,7 +579,7 @@ static __always_inline void xlate_rev6(struct bpf_sock_addr *ctx)
 	key.address = rval->address;
 	key.dport = rval->port;
 	key.proto = ctx->protocol;
-	svc = lookup_service6(&key);
+	svc = lookup_or_surrogate6(ctx, &key);
 	if (!svc || svc->rev_nat_index != rval->rev_nat_index) {
 		bpf_map_delete_elem(&cilium_lb6_reverse_sk, &rkey);
 		return;

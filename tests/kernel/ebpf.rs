@@ -12,7 +12,7 @@
 //! the cgroup; they are bounded in time and reaped.
 //!
 //! The loader here (open the object with aya, pin maps by name, write the entries in
-//! Cilium's order, attach four programs) is what `apply --target ebpf` will do from src/.
+//! Cilium's order, attach eight programs) is what `apply --target ebpf` will do from src/.
 
 use super::echo::{probe_in, PROBE_TIMEOUT};
 use super::flows::{parse_flows, Expect, BACKEND_PORT};
@@ -231,10 +231,12 @@ struct Loaded {
 }
 
 /// Opens the object with its maps pinned by name under `pins` (kept if they exist,
-/// e.g. made by a bpftool batch file) and sized from the layout.
-fn open(obj: &Path, layout: &Layout, pins: &Pins) -> aya::Ebpf {
+/// e.g. made by a bpftool batch file) and sized from the layout. `host_netns` is the
+/// cookie of the node's network namespace (0: the initial one).
+fn open(obj: &Path, layout: &Layout, pins: &Pins, host_netns: u64) -> aya::Ebpf {
     let mut loader = aya::EbpfLoader::new();
     loader.default_map_pin_directory(&pins.0);
+    loader.override_global("host_netns_cookie", &host_netns, true);
     for m in &layout.maps {
         loader.map_max_entries(m.name, m.max_entries);
     }
@@ -280,10 +282,32 @@ fn attach(mut ebpf: aya::Ebpf, cgroup: &Cgroup) -> Loaded {
     Loaded { _ebpf: ebpf }
 }
 
-fn load(obj: &Path, layout: &Layout, pins: &Pins, cgroup: &Cgroup) -> Loaded {
-    let ebpf = open(obj, layout, pins);
+fn load(obj: &Path, layout: &Layout, pins: &Pins, cgroup: &Cgroup, host_netns: u64) -> Loaded {
+    let ebpf = open(obj, layout, pins, host_netns);
     fill(layout, pins).expect("write the maps");
     attach(ebpf, cgroup)
+}
+
+/// The cookie of a network namespace (SO_NETNS_COOKIE of a socket made there).
+fn netns_cookie(netns: &str) -> u64 {
+    super::sys::in_netns(netns, || {
+        let s = UdpSocket::bind("0.0.0.0:0").expect("socket");
+        let mut cookie = 0u64;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `cookie`.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                71, // SO_NETNS_COOKIE
+                (&mut cookie as *mut u64).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "SO_NETNS_COOKIE: {}", io::Error::last_os_error());
+        cookie
+    })
+    .expect("enter netns")
 }
 
 /// A lab whose pods serve TCP and UDP on [`BACKEND_PORT`], a fresh cgroup, and the
@@ -316,7 +340,8 @@ impl Served {
         self.loaded = None;
         self.pins = Pins::new();
         let l = ebpf::layout(view, None, ebpf::DEFAULT_MAX_ENTRIES).unwrap();
-        self.loaded = Some(load(obj, &l, &self.pins, &self.cg));
+        let node = netns_cookie(self.lab.netns("node"));
+        self.loaded = Some(load(obj, &l, &self.pins, &self.cg, node));
     }
 
     /// `n` probes from `host`, inside the cgroup.
@@ -707,10 +732,10 @@ fn batch_file_loads_and_dump_equals_json() {
         }
         // The program reuses the batch's maps, and the verifier accepts it.
         let cg = Cgroup::new(&cgroot);
-        drop(attach(open(&obj, &l, &pins), &cg));
+        drop(attach(open(&obj, &l, &pins, 0), &cg));
         // Our loader into fresh pins writes the same bytes.
         let pins2 = Pins::new();
-        let loaded = load(&obj, &l, &pins2, &cg);
+        let loaded = load(&obj, &l, &pins2, &cg, 0);
         for m in &l.maps {
             assert_eq!(
                 dump(&pins2, m.name),
@@ -976,7 +1001,7 @@ fn ebpf_scale() {
     }
     let cg = Cgroup::new(&cgroot);
     let t = Instant::now();
-    let ebpf_obj = open(&obj, &l, &pins);
+    let ebpf_obj = open(&obj, &l, &pins, 0);
     let opened = t.elapsed();
     let t = Instant::now();
     fill(&l, &pins).expect("fill");
@@ -1013,4 +1038,49 @@ fn ebpf_scale() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!("bpftool batch file: {:?}", t.elapsed());
+}
+
+/// A node port on a loopback address from the node's own namespace finds the service
+/// through its 0.0.0.0 surrogate entry (and getpeername shows the loopback address);
+/// from a pod's namespace the same address is not translated.
+#[test]
+fn loopback_node_port_uses_the_surrogate() {
+    let test = "kernel ebpf loopback node port";
+    let Some((obj, cgroot)) = prerequisites(test) else {
+        return;
+    };
+    let v = case_view("nodeport");
+    let pv = v
+        .ports
+        .iter()
+        .find(|p| p.node_port.is_some() && p.protocol == svc_compiler::ir::Protocol::TCP)
+        .expect("a TCP node port");
+    let want: BTreeSet<String> = pv
+        .cluster_endpoints
+        .iter()
+        .map(
+            |&i| match pv.endpoints[i as usize].ip.to_string().as_str() {
+                "10.244.1.2" => "pod-a".to_string(),
+                "10.244.1.3" => "pod-b".to_string(),
+                "10.244.2.2" => "pod-r1".to_string(),
+                "10.244.2.3" => "pod-r2".to_string(),
+                other => panic!("endpoint {other} is no lab pod"),
+            },
+        )
+        .collect();
+    let served = Served::new("eblo", &obj, &cgroot, &v);
+    let dst = SocketAddr::new("127.0.0.1".parse().unwrap(), pv.node_port.unwrap());
+    let seen = served.probes("node", Proto::Tcp, dst, 40);
+    assert_eq!(probe_set(&seen), want, "{seen:?}");
+    for s in &seen {
+        assert!(
+            matches!(s, Seen::Answer { peer, .. } if *peer == dst),
+            "{s:?}"
+        );
+    }
+    let seen = served.probes("pod-a", Proto::Tcp, dst, 1);
+    assert!(
+        !matches!(seen[0], Seen::Answer { .. }),
+        "from a pod: {seen:?}"
+    );
 }
