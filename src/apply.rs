@@ -25,8 +25,10 @@
 //! the hash of the document it belongs to; a pair that does not match (a kill between the
 //! two writes) counts as no record, so the next apply loads everything.
 
-use crate::cli::{ApplyArgs, Command, Target};
-use crate::run::{compile_inputs, print_diagnostics, read_file, Fail};
+use crate::cli::{ApplyArgs, Command};
+use crate::compile::{compile_inputs, node_jobs, target_params};
+use crate::report::{exit_code, print_diagnostics, Fail};
+use crate::run::read_file;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -36,87 +38,15 @@ use std::process::{self, Stdio};
 use std::time::{Duration, Instant};
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
-use svc_compiler::passes::node::{node_view, NodeSelection};
-use svc_targets::plan::{self, Commands, Family, Mode, Plan, Prepared, Previous};
+use svc_compiler::passes::node::node_view;
+use svc_targets::plan::{self, Commands, Family, Mode, Plan, Planner, Prepared, Previous, Tool};
+use svc_targets::{Render, Sharing, Target};
 
 const DEFAULT_STATE_ROOT: &str = "/var/lib/svc-compile";
 const DEFAULT_LOCK_TIMEOUT: f64 = 30.0;
 
 pub fn run(cmd: &Command) -> u8 {
-    match apply(cmd) {
-        Ok(code) => code,
-        Err(Fail(msg)) => {
-            eprintln!("svc-compile: {msg}");
-            2
-        }
-    }
-}
-
-/// The back end, with what differs between the two.
-#[derive(Clone, Copy)]
-enum Backend {
-    Iptables,
-    Nftables,
-}
-
-impl Backend {
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Iptables => "iptables",
-            Backend::Nftables => "nftables",
-        }
-    }
-    fn ext(self) -> &'static str {
-        match self {
-            Backend::Iptables => "rules",
-            Backend::Nftables => "nft",
-        }
-    }
-    fn commands(self, family: Family) -> Commands {
-        match self {
-            Backend::Iptables => plan::iptables::commands(family),
-            Backend::Nftables => plan::nftables::commands(family),
-        }
-    }
-    fn family_of(self, doc: &str) -> Option<Family> {
-        match self {
-            Backend::Iptables => plan::iptables::family_of(doc),
-            Backend::Nftables => plan::nftables::family_of(doc),
-        }
-    }
-    fn prepare(
-        self,
-        doc: &str,
-        family: Family,
-        prev: Option<Previous>,
-        kernel: &str,
-        full: bool,
-    ) -> Result<Prepared, String> {
-        match self {
-            Backend::Iptables => plan::iptables::prepare(doc, family, prev, kernel, full),
-            Backend::Nftables => plan::nftables::prepare(doc, family, prev, kernel, full),
-        }
-    }
-    /// The programs an apply runs, with the package that has them.
-    fn tools(self, family: Family) -> Vec<(&'static str, &'static str)> {
-        let mut v = match (self, family) {
-            (Backend::Iptables, Family::V4) => {
-                vec![
-                    ("iptables-save", "iptables"),
-                    ("iptables-restore", "iptables"),
-                ]
-            }
-            (Backend::Iptables, Family::V6) => {
-                vec![
-                    ("ip6tables-save", "iptables"),
-                    ("ip6tables-restore", "iptables"),
-                ]
-            }
-            (Backend::Nftables, _) => vec![("nft", "nftables")],
-        };
-        v.extend([("unshare", "util-linux"), ("sh", "dash")]);
-        v
-    }
+    exit_code(apply(cmd))
 }
 
 /// A document to apply: its family, its text, where it came from.
@@ -125,18 +55,16 @@ type Document = (Family, String, String);
 /// Where and how this apply runs.
 struct Ctx<'a> {
     args: &'a ApplyArgs,
-    backend: Backend,
+    target: &'static Target,
+    planner: &'static dyn Planner,
     state: PathBuf,
     lock: Option<File>,
 }
 
 fn apply(cmd: &Command) -> Result<u8, Fail> {
     let args = cmd.apply.as_ref().expect("an apply command");
-    let backend = match cmd.target {
-        Target::Iptables => Backend::Iptables,
-        Target::Nftables => Backend::Nftables,
-        _ => unreachable!("checked by cli"),
-    };
+    let target = cmd.target;
+    let planner = target.planner.expect("checked by cli");
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Err(Fail(
@@ -158,7 +86,8 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
     }));
     let mut ctx = Ctx {
         args,
-        backend,
+        target,
+        planner,
         state,
         lock: None,
     };
@@ -168,7 +97,7 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
         Vec::new() // read under the lock
     } else if let Some(from) = &args.from {
         let doc = read_file(Path::new(from))?;
-        let family = match (cmd.family, backend.family_of(&doc)) {
+        let family = match (cmd.family, planner.family_of(&doc)) {
             (Some(f), _) => family_of_ip(f),
             (None, Some(f)) => f,
             (None, None) => {
@@ -179,7 +108,7 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
         };
         vec![(family, doc, from.clone())]
     } else {
-        match compile(cmd, backend)? {
+        match compile(cmd)? {
             Ok(docs) => docs,
             Err(code) => return Ok(code),
         }
@@ -193,7 +122,7 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
         docs.iter().map(|d| d.0).collect()
     };
     for f in &families {
-        check_tools(backend.tools(*f), args.netns.is_some())?;
+        check_tools(planner.tools(*f), args.netns.is_some())?;
     }
 
     // Dry runs change nothing: no state directory is created, the lock is taken only if
@@ -214,7 +143,7 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
     let docs = if args.rollback {
         let mut docs = Vec::new();
         for f in families {
-            let p = ctx.dir(f).join(format!("previous.{}", backend.ext()));
+            let p = ctx.dir(f).join(format!("previous.{}", target.ext));
             if let Ok(doc) = fs::read_to_string(&p) {
                 docs.push((f, doc, p.display().to_string()));
             }
@@ -222,7 +151,7 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
         if docs.is_empty() {
             return Err(Fail(format!(
                 "nothing to roll back to: no earlier {} apply recorded in {}",
-                backend.name(),
+                target.name,
                 ctx.state.display()
             )));
         }
@@ -245,25 +174,16 @@ fn family_of_ip(f: IpFamily) -> Family {
 
 /// Compiles the manifests for the node: one document per family (the `--family`, or every
 /// family of the service CIDRs). `Err(code)` when the input has errors (printed).
-fn compile(cmd: &Command, backend: Backend) -> Result<Result<Vec<Document>, u8>, Fail> {
-    let (sources, comp) = compile_inputs(cmd)?;
-    let mut diags = comp.diags;
-    let families: Vec<IpFamily> = match cmd.family {
-        Some(f) => vec![f],
-        None => comp
-            .settings
-            .service_cidrs
-            .iter()
-            .map(|c| c.family())
-            .collect(),
+fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
+    let Render::Node(new) = cmd.target.render else {
+        unreachable!("targets with a planner render per node")
     };
-    let sel = NodeSelection {
-        name: cmd.node.clone().expect("checked by cli"),
-        ips: cmd.node_ips.clone(),
-    };
+    let params = target_params(cmd)?;
+    let (sources, mut comp) = compile_inputs(cmd)?;
+    let mut diags = std::mem::take(&mut comp.diags);
     let mut views: Vec<NodeView> = Vec::new();
     if !diags.has_errors() {
-        for f in families {
+        for (sel, f) in node_jobs(cmd, &comp, true) {
             match node_view(&comp.module, &sel, f) {
                 Ok(v) => views.push(v),
                 Err(d) => diags.push(d),
@@ -274,25 +194,34 @@ fn compile(cmd: &Command, backend: Backend) -> Result<Result<Vec<Document>, u8>,
     if diags.has_errors() {
         return Ok(Err(1));
     }
-    let what = format!("the manifests for node {}", sel.name);
+    let what = format!(
+        "the manifests for node {}",
+        cmd.node.as_deref().expect("checked by cli")
+    );
+    let renderer = new(&params, Sharing::One);
     Ok(Ok(views
         .iter()
         .map(|v| {
-            let doc = match backend {
-                Backend::Iptables => svc_targets::iptables::write_string(v, &Default::default()),
-                Backend::Nftables => svc_targets::nftables::write_string(v, &Default::default()),
-            };
+            let mut doc = String::new();
+            renderer.render_into(v, &mut doc);
             (family_of_ip(v.family), doc, what.clone())
         })
         .collect()))
 }
 
-/// One clear line when a program is missing.
-fn check_tools(tools: Vec<(&str, &str)>, netns: bool) -> Result<(), Fail> {
+/// One clear line when a program is missing: the planner's, the scratch namespace's
+/// (`unshare`, `sh`) and `ip` for `--netns`.
+fn check_tools(tools: Vec<Tool>, netns: bool) -> Result<(), Fail> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = |tool: &str| std::env::split_paths(&path).any(|d| d.join(tool).is_file());
-    let ip = netns.then_some(("ip", "iproute2"));
-    for (tool, pkg) in tools.into_iter().chain(ip) {
+    let tool = |program, package| Tool { program, package };
+    let frame = [tool("unshare", "util-linux"), tool("sh", "dash")];
+    let ip = netns.then_some(tool("ip", "iproute2"));
+    for Tool {
+        program: tool,
+        package: pkg,
+    } in tools.into_iter().chain(frame).chain(ip)
+    {
         if !found(tool) {
             return Err(Fail(format!(
                 "{tool} not found in PATH; install {pkg} (Debian/Ubuntu: apt-get install {pkg})"
@@ -424,7 +353,7 @@ fn shell_line(argv: &[String]) -> String {
 impl Ctx<'_> {
     fn dir(&self, family: Family) -> PathBuf {
         self.state
-            .join(format!("{}-{}", self.backend.name(), family.as_str()))
+            .join(format!("{}-{}", self.target.name, family.as_str()))
     }
 
     /// `argv` inside the node's network namespace.
@@ -455,8 +384,10 @@ impl Ctx<'_> {
         let out = run_captured(&argv)?;
         if out.ok {
             Ok(out.stdout)
-        } else if matches!(self.backend, Backend::Nftables)
-            && out.stderr.contains(plan::nftables::ABSENT)
+        } else if self
+            .planner
+            .absent()
+            .is_some_and(|absent| out.stderr.contains(absent))
         {
             Ok(String::new())
         } else {
@@ -470,11 +401,10 @@ impl Ctx<'_> {
 
     fn apply_one(&self, family: Family, doc: &str, source: &str) -> Result<(), Fail> {
         let start = Instant::now();
-        let backend = self.backend;
-        let cmds = backend.commands(family);
+        let cmds = self.planner.commands(family);
         let dir = self.dir(family);
-        let ext = backend.ext();
-        let what = format!("{} {}", backend.name(), family.as_str());
+        let ext = self.target.ext;
+        let what = format!("{} {}", self.target.name, family.as_str());
 
         let kernel = self.read_node(&cmds)?;
         let applied_doc = fs::read_to_string(dir.join(format!("applied.{ext}"))).ok();
@@ -499,7 +429,8 @@ impl Ctx<'_> {
         // as a full load.
         let mut full = self.args.full;
         let (plan, load_path) = loop {
-            let prep = backend
+            let prep = self
+                .planner
                 .prepare(doc, family, previous, &kernel, full)
                 .map_err(|e| Fail(format!("cannot apply {source}: {e}")))?;
             let canonical = self.scratch(&prep, &cmds, ext, source)?;

@@ -1,74 +1,169 @@
-//! Arguments, in two stages: flags as written, then a checked [`Command`].
+//! Arguments, in two stages: clap reads the flags as written ([`Cli`]), then they are
+//! checked and turned into a [`Command`] with the same one-line messages as every other
+//! usage error. Targets, their `--help` lines and their own flags come from the registry
+//! ([`svc_targets::TARGETS`]); nothing here names a target.
 
+use clap::builder::{PossibleValue, PossibleValuesParser};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use svc_compiler::net::{Cidr, IpFamily};
 use svc_compiler::passes::{parse_port_range, parse_service_cidrs};
+use svc_targets::{Params, Target};
 
-pub const USAGE: &str = "\
-svc-compile: compile Kubernetes Service manifests into kube-proxy dataplane rulesets
+const ABOUT: &str = "Compile Kubernetes Service manifests into kube-proxy dataplane rulesets";
 
-USAGE:
-    svc-compile check PATHS... [OPTIONS]
-    svc-compile PATHS... --target TARGET [--node NAME | --all-nodes --out DIR] [OPTIONS]
-    svc-compile apply PATHS... --target iptables|nftables --node NAME [APPLY OPTIONS] [OPTIONS]
-    svc-compile apply --from FILE | --rollback --target iptables|nftables [APPLY OPTIONS]
-    svc-compile gen --services N --endpoints M --nodes K [--seed S] [--format F] [-o FILE]
-
+const AFTER_HELP: &str = "\
 PATHS are files, directories (read recursively: *.yaml, *.yml, *.json) or `-` for stdin.
 Multi-document YAML, JSON and `kind: List` dumps (kubectl get ... -o yaml) are accepted.
+`svc-compile PATHS... [OPTIONS]` is `svc-compile compile PATHS... [OPTIONS]`.";
 
-TARGETS:
-    ir              the resolved IR as JSON (with --node: plus that node's view)
-    iptables        iptables-restore input, as kube-proxy's iptables mode loads it
-    nftables        nft -f input, as kube-proxy's nftables mode loads it
-    nftables-json   the same as nft -j -f input
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success (warnings may have been printed)
+  1  the input has errors (each printed as error[SVCnnn] at file:line:col)
+  2  usage, I/O or apply failure (apply: nothing or the previous state is loaded)";
 
-OPTIONS:
-    --target TARGET                    output format (default: ir)
-    --node NAME                        compile for this node (a Node manifest, or --node-ip)
-    --node-ip IP                       the node's IP (repeatable); for nodes without a manifest
-    --family ipv4|ipv6                 the IP family to compile for (default: the primary
-                                       family of --service-cluster-ip-range)
-    --all-nodes                        compile for every Node manifest (needs --out)
-    --out DIR                          write one file per node and family into DIR
-    -o, --output FILE                  write the output to FILE instead of stdout
-    --service-cluster-ip-range CIDRS   comma-separated, one per family (default 10.96.0.0/12)
-    --service-node-port-range RANGE    default 30000-32767
-    --cluster-domain DOMAIN            default cluster.local
-    --no-allocate                      compile objects exactly as given (a live-cluster dump)
-    --lock FILE                        keep allocations stable across commits (read if present)
-    --write-lock                       write the allocations back to the --lock file
-    --format text|json|sarif           how diagnostics are printed (default: text;
-                                       sarif for code-scanning in CI)
-    -h, --help                         this text
-    -V, --version                      the version
+#[derive(Parser)]
+#[command(
+    name = "svc-compile",
+    version,
+    about = ABOUT,
+    args_override_self = true,
+    propagate_version = true,
+    disable_help_subcommand = true,
+    subcommand_required = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    sub: Sub,
+}
 
-APPLY OPTIONS (load the result on this node; needs root, see README.md):
-    --netns NAME                       load inside network namespace NAME (ip netns)
-    --dry-run                          print the commands and documents, change nothing
-    --from FILE                        apply an already compiled document
-    --rollback                         apply the document loaded before the last apply
-    --full                             rewrite everything owned, not only what changed
-    --state-dir DIR                    default /var/lib/svc-compile/<netns or host>
-    --lock-timeout SECONDS             wait at most this long for another apply (default 30)
+#[derive(Subcommand)]
+enum Sub {
+    /// Validate the manifests; exit 1 on errors
+    Check(CompileFlags),
+    /// Compile the manifests for a target (the default command)
+    Compile(CompileFlags),
+    /// Compile for this node and load the result here (needs root; see README.md)
+    Apply {
+        #[command(flatten)]
+        compile: CompileFlags,
+        #[command(flatten)]
+        apply: ApplyFlags,
+    },
+    /// Write a synthetic cluster for benchmarks (deterministic from the seed)
+    Gen(GenFlags),
+    /// Print shell completions
+    Completions {
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Print the man page (roff)
+    Man,
+}
 
-GEN (a synthetic cluster for benchmarks; deterministic from the seed):
-    --services N / --endpoints M / --nodes K   N services with M endpoints each on K nodes
-    --seed S                           default 1
-    --format yaml|yaml-stream|json     a kind: List as kubectl prints it (default yaml),
-                                       or one YAML document per object
+#[derive(Clone, Copy, ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
 
-EXIT CODES:
-    0  success (warnings may have been printed)
-    1  the input has errors (each printed as error[SVCnnn] at file:line:col)
-    2  usage, I/O or apply failure (apply: nothing or the previous state is loaded)
-";
+#[derive(Args)]
+struct CompileFlags {
+    /// Files, directories or `-` for stdin
+    #[arg(value_name = "PATHS")]
+    paths: Vec<String>,
+    /// What to write
+    #[arg(long, value_name = "TARGET", default_value = "ir")]
+    target: String,
+    /// Compile for this node (a Node manifest, or --node-ip)
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// The node's IP (repeatable); for nodes without a manifest
+    #[arg(long, value_name = "IP")]
+    node_ip: Vec<String>,
+    /// The IP family to compile for [default: the primary family of --service-cluster-ip-range]
+    #[arg(long, value_name = "ipv4|ipv6")]
+    family: Option<String>,
+    /// Compile for every Node manifest (needs --out)
+    #[arg(long)]
+    all_nodes: bool,
+    /// Write one file per node and family into DIR
+    #[arg(long, value_name = "DIR")]
+    out: Option<String>,
+    /// Write the output to FILE instead of stdout
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<String>,
+    /// Comma-separated, one per family [default: 10.96.0.0/12]
+    #[arg(long, value_name = "CIDRS")]
+    service_cluster_ip_range: Option<String>,
+    /// [default: 30000-32767]
+    #[arg(long, value_name = "RANGE")]
+    service_node_port_range: Option<String>,
+    /// [default: cluster.local]
+    #[arg(long, value_name = "DOMAIN")]
+    cluster_domain: Option<String>,
+    /// Compile objects exactly as given (a live-cluster dump)
+    #[arg(long)]
+    no_allocate: bool,
+    /// Keep allocations stable across commits (read if present)
+    #[arg(long, value_name = "FILE")]
+    lock: Option<String>,
+    /// Write the allocations back to the --lock file
+    #[arg(long)]
+    write_lock: bool,
+    /// How diagnostics are printed (sarif: for code scanning in CI)
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "sarif"])]
+    format: String,
+}
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Target {
-    Ir,
-    Iptables,
-    Nftables,
-    NftablesJson,
+#[derive(Args)]
+#[command(next_help_heading = "Apply options")]
+struct ApplyFlags {
+    /// Load inside network namespace NAME (ip netns)
+    #[arg(long, value_name = "NAME")]
+    netns: Option<String>,
+    /// Print the commands and documents, change nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Apply an already compiled document
+    #[arg(long, value_name = "FILE")]
+    from: Option<String>,
+    /// Apply the document loaded before the last apply
+    #[arg(long)]
+    rollback: bool,
+    /// Rewrite everything owned, not only what changed
+    #[arg(long)]
+    full: bool,
+    /// [default: /var/lib/svc-compile/<netns or host>]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<String>,
+    /// Wait at most this long for another apply [default: 30]
+    #[arg(long, value_name = "SECONDS")]
+    lock_timeout: Option<String>,
+}
+
+#[derive(Args)]
+struct GenFlags {
+    /// Services to generate
+    #[arg(long, value_name = "N", default_value = "1000")]
+    services: String,
+    /// Endpoints per service
+    #[arg(long, value_name = "M", default_value = "10")]
+    endpoints: String,
+    /// Nodes the endpoints are spread over
+    #[arg(long, value_name = "K", default_value = "1")]
+    nodes: String,
+    /// The generator's seed
+    #[arg(long, value_name = "S", default_value = "1")]
+    seed: String,
+    /// A kind: List as kubectl prints it, or one YAML document per object
+    #[arg(long, value_name = "FORMAT", default_value = "yaml", value_parser = ["yaml", "yaml-stream", "json"])]
+    format: String,
+    /// Write to FILE instead of stdout
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,11 +173,12 @@ pub enum Format {
     Sarif,
 }
 
-#[derive(Debug)]
 pub struct Command {
     pub check: bool,
     pub paths: Vec<String>,
-    pub target: Target,
+    pub target: &'static Target,
+    /// The target's own flags, as given (a file flag's value is still the path).
+    pub params: Params,
     pub node: Option<String>,
     pub node_ips: Vec<std::net::IpAddr>,
     pub family: Option<IpFamily>,
@@ -113,7 +209,8 @@ pub struct ApplyArgs {
 }
 
 pub enum Parsed {
-    Help(String),
+    /// Text to print on stdout, then exit 0 (help, version, completions, man page).
+    Print(String),
     Run(Command),
     Gen(GenCommand),
 }
@@ -125,174 +222,327 @@ pub struct GenCommand {
     pub output: Option<String>,
 }
 
-fn parse_gen(args: &[String]) -> Result<Parsed, String> {
-    use svc_compiler::synth::{Format, Shape, MAX_NODES};
-    let mut shape = Shape {
-        services: 1000,
-        endpoints: 10,
-        nodes: 1,
-        seed: 1,
+/// The parser, with every target of `targets` and its flags.
+fn command(targets: &[&'static Target]) -> clap::Command {
+    let mut help = String::from("Targets:\n");
+    let width = targets.iter().map(|t| t.name.len()).max().unwrap_or(0);
+    for t in targets {
+        help += &format!("  {:width$}  {}\n", t.name, t.about);
+    }
+    let after = format!("{AFTER_HELP}\n\n{help}\n{EXIT_CODES}");
+    let values: Vec<PossibleValue> = targets
+        .iter()
+        .map(|t| PossibleValue::new(t.name).help(t.about))
+        .collect();
+    let mut flags: Vec<clap::Arg> = Vec::new();
+    for f in targets.iter().flat_map(|t| t.flags) {
+        if flags.iter().any(|a| a.get_id() == f.name) {
+            continue; // two targets may share a flag name
+        }
+        flags.push(
+            clap::Arg::new(f.name)
+                .long(f.name)
+                .value_name(f.value_name)
+                .help(f.help)
+                .help_heading("Target options")
+                .action(ArgAction::Append),
+        );
+    }
+    let compiling = |c: clap::Command| {
+        c.mut_arg("target", |a| {
+            a.value_parser(PossibleValuesParser::new(values.clone()))
+        })
+        .args(flags.clone())
+        .after_help(EXIT_CODES)
     };
-    let (mut format, mut output) = (Format::YamlList, None);
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let number = |v: &String| {
-            v.parse::<usize>()
-                .map_err(|_| format!("{flag} `{v}` is not a number"))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Parsed::Help(USAGE.to_string())),
-            "--services" => shape.services = number(value()?)?,
-            "--endpoints" => shape.endpoints = number(value()?)?,
-            "--nodes" => shape.nodes = number(value()?)?,
-            "--seed" => shape.seed = number(value()?)? as u64,
-            "--format" => {
-                format = match value()?.as_str() {
-                    "yaml" => Format::YamlList,
-                    "yaml-stream" => Format::YamlStream,
-                    "json" => Format::Json,
-                    f => return Err(format!("--format `{f}`: use yaml, yaml-stream or json")),
-                }
+    Cli::command()
+        .after_help(after)
+        .mut_subcommand("check", compiling)
+        .mut_subcommand("compile", compiling)
+        .mut_subcommand("apply", compiling)
+}
+
+const SUBCOMMANDS: &[&str] = &["check", "compile", "apply", "gen", "completions", "man"];
+
+pub fn parse(args: &[String]) -> Result<Parsed, String> {
+    parse_with(args, svc_targets::TARGETS)
+}
+
+/// [`parse`] with the targets given (tests use made-up ones).
+pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result<Parsed, String> {
+    let mut cmd = command(targets);
+    // `svc-compile PATHS...` compiles, as it always has.
+    let first = args.first().map(String::as_str);
+    let default = match first {
+        None => true,
+        Some(a) => !SUBCOMMANDS.contains(&a) && !matches!(a, "-h" | "--help" | "-V" | "--version"),
+    };
+    let argv = std::iter::once("svc-compile")
+        .chain(default.then_some("compile"))
+        .chain(args.iter().map(String::as_str));
+    let matches = match cmd.try_get_matches_from_mut(argv) {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::DisplayHelp => {
+            return Ok(Parsed::Print(e.render().to_string()));
+        }
+        // clap names the subcommand (`svc-compile-check`); the program is one.
+        Err(e) if e.kind() == ErrorKind::DisplayVersion => {
+            return Ok(Parsed::Print(format!(
+                "svc-compile {}\n",
+                env!("CARGO_PKG_VERSION")
+            )));
+        }
+        Err(e) => return Err(message(&e, targets)),
+    };
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| message(&e, targets))?;
+    let sub_matches = matches.subcommand().map(|(_, m)| m);
+    match cli.sub {
+        Sub::Check(c) => compile_command(c, None, true, sub_matches, targets),
+        Sub::Compile(c) => compile_command(c, None, false, sub_matches, targets),
+        Sub::Apply { compile, apply } => {
+            compile_command(compile, Some(apply), false, sub_matches, targets)
+        }
+        Sub::Gen(g) => gen_command(g),
+        Sub::Completions { shell } => {
+            let shell = match shell {
+                Shell::Bash => clap_complete::Shell::Bash,
+                Shell::Zsh => clap_complete::Shell::Zsh,
+                Shell::Fish => clap_complete::Shell::Fish,
+            };
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "svc-compile", &mut out);
+            Ok(Parsed::Print(String::from_utf8_lossy(&out).into_owned()))
+        }
+        Sub::Man => man_page(cmd).map(Parsed::Print),
+    }
+}
+
+/// One roff page: the program's, then each command's synopsis and options (rather than
+/// references to per-command pages that are not installed).
+fn man_page(cmd: clap::Command) -> Result<String, String> {
+    let fail = |e: std::io::Error| format!("cannot render the man page: {e}");
+    let mut out = Vec::new();
+    let mut subs: Vec<clap::Command> = cmd.get_subcommands().cloned().collect();
+    subs.sort_by_key(|s| SUBCOMMANDS.iter().position(|n| *n == s.get_name()));
+    let notes = cmd
+        .get_after_help()
+        .map(|h| h.to_string())
+        .unwrap_or_default();
+    let page = clap_mangen::Man::new(cmd);
+    page.render_title(&mut out).map_err(fail)?;
+    page.render_name_section(&mut out).map_err(fail)?;
+    page.render_synopsis_section(&mut out).map_err(fail)?;
+    page.render_description_section(&mut out).map_err(fail)?;
+    for sub in subs {
+        let name = sub.get_name().to_string();
+        let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+        out.extend(format!(".SH \"SVC-COMPILE {}\"\n{about}\n", name.to_uppercase()).bytes());
+        let sub = clap_mangen::Man::new(sub.name(format!("svc-compile {name}")));
+        sub.render_synopsis_section(&mut out).map_err(fail)?;
+        sub.render_options_section(&mut out).map_err(fail)?;
+    }
+    // The notes of `--help` (paths, targets, exit codes) as written.
+    out.extend(b".SH NOTES\n.nf\n");
+    for line in notes.lines() {
+        out.extend(format!("\\&{}\n", line.replace('\\', "\\e")).bytes());
+    }
+    out.extend(b".fi\n");
+    page.render_version_section(&mut out).map_err(fail)?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// A clap error as one line, in the words of the rest of the CLI.
+fn message(e: &clap::Error, targets: &[&'static Target]) -> String {
+    let get = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    // `--format <FORMAT>` → `--format`; a positional `<SHELL>` → `shell`.
+    let name = |a: &str| {
+        let first = a.split([' ', '=']).next().unwrap_or_default();
+        match first.strip_prefix('<').and_then(|f| f.strip_suffix('>')) {
+            Some(positional) => positional.to_ascii_lowercase(),
+            None => first.to_string(),
+        }
+    };
+    let flag = get(ContextKind::InvalidArg).map(|a| name(&a));
+    match (e.kind(), flag) {
+        (ErrorKind::MissingRequiredArgument, _) => match e.get(ContextKind::InvalidArg) {
+            Some(ContextValue::Strings(missing)) => {
+                format!("missing {}", one_of(missing.iter().map(|m| name(m))))
             }
-            "-o" | "--output" => output = Some(value()?.clone()),
-            _ => return Err(format!("gen: unknown flag `{flag}`")),
+            _ => "an argument is missing".into(),
+        },
+        (ErrorKind::UnknownArgument, Some(f)) if APPLY_FLAGS.contains(&f.as_str()) => {
+            format!("{f} belongs to `svc-compile apply`")
+        }
+        (ErrorKind::UnknownArgument, Some(f)) if f.starts_with('-') => {
+            format!("unknown flag `{f}`")
+        }
+        (ErrorKind::UnknownArgument, Some(a)) => format!("unexpected argument `{a}`"),
+        (ErrorKind::InvalidValue, Some(f)) => match get(ContextKind::InvalidValue) {
+            Some(v) if v.is_empty() => format!("{f} needs a value"),
+            Some(v) if f == "--target" => format!(
+                "unknown target `{v}`: use {}",
+                one_of(targets.iter().map(|t| t.name))
+            ),
+            Some(v) => match e.get(ContextKind::ValidValue) {
+                Some(ContextValue::Strings(valid)) => {
+                    format!("{f} `{v}`: use {}", one_of(valid))
+                }
+                _ => format!("{f} `{v}` is not valid"),
+            },
+            None => format!("{f} needs a value"),
+        },
+        _ => {
+            // Other errors: clap's first line, without its `error: ` and quoting.
+            let text = e.render().to_string();
+            let line = text.lines().next().unwrap_or_default();
+            line.trim_start_matches("error: ").replace('\'', "`")
         }
     }
+}
+
+/// `a, b or c`.
+fn one_of<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> String {
+    let names: Vec<S> = names.into_iter().collect();
+    match names.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.as_ref().to_string(),
+        Some((last, rest)) => {
+            let rest: Vec<&str> = rest.iter().map(AsRef::as_ref).collect();
+            format!("{} or {}", rest.join(", "), last.as_ref())
+        }
+    }
+}
+
+const APPLY_FLAGS: &[&str] = &[
+    "--netns",
+    "--dry-run",
+    "--from",
+    "--rollback",
+    "--full",
+    "--state-dir",
+    "--lock-timeout",
+];
+
+fn gen_command(g: GenFlags) -> Result<Parsed, String> {
+    use svc_compiler::synth::{Format, Shape, MAX_NODES};
+    let number = |flag: &str, v: &str| {
+        v.parse::<usize>()
+            .map_err(|_| format!("{flag} `{v}` is not a number"))
+    };
+    let shape = Shape {
+        services: number("--services", &g.services)?,
+        endpoints: number("--endpoints", &g.endpoints)?,
+        nodes: number("--nodes", &g.nodes)?,
+        seed: number("--seed", &g.seed)? as u64,
+    };
+    let format = match g.format.as_str() {
+        "yaml" => Format::YamlList,
+        "yaml-stream" => Format::YamlStream,
+        _ => Format::Json,
+    };
     if !(1..=MAX_NODES).contains(&shape.nodes) {
         return Err(format!("--nodes must be between 1 and {MAX_NODES}"));
     }
     Ok(Parsed::Gen(GenCommand {
         shape,
         format,
-        output,
+        output: g.output,
     }))
 }
 
-pub fn parse(args: &[String]) -> Result<Parsed, String> {
-    if args.first().is_some_and(|a| a == "gen") {
-        return parse_gen(&args[1..]);
-    }
-    let mut cmd = Command {
-        check: false,
-        paths: vec![],
-        target: Target::Ir,
-        node: None,
-        node_ips: vec![],
-        family: None,
-        all_nodes: false,
-        out_dir: None,
-        output: None,
-        service_cidrs: None,
-        node_port_range: None,
-        cluster_domain: None,
-        allocate: true,
-        lock: None,
-        write_lock: false,
-        format: Format::Text,
-        apply: None,
-    };
-    let mut it = args.iter().peekable();
-    if it.peek().is_some_and(|a| *a == "check") {
-        cmd.check = true;
-        it.next();
-    } else if it.peek().is_some_and(|a| *a == "apply") {
-        cmd.apply = Some(Box::default());
-        it.next();
-    } else if it.peek().is_some_and(|a| *a == "compile") {
-        it.next();
-    }
-    let mut only_paths = false;
-    while let Some(a) = it.next() {
-        let mut value = |flag: &str| -> Result<String, String> {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        if only_paths || a == "-" || !a.starts_with('-') {
-            cmd.paths.push(a.clone());
+fn compile_command(
+    c: CompileFlags,
+    apply: Option<ApplyFlags>,
+    check: bool,
+    matches: Option<&clap::ArgMatches>,
+    targets: &[&'static Target],
+) -> Result<Parsed, String> {
+    let target = *targets
+        .iter()
+        .find(|t| t.name == c.target)
+        .expect("clap checks --target");
+    let mut params = Params::default();
+    for f in targets.iter().flat_map(|t| t.flags) {
+        let given: Vec<&String> = matches
+            .and_then(|m| m.get_many::<String>(f.name))
+            .into_iter()
+            .flatten()
+            .collect();
+        if given.is_empty() || params.get(f.name).is_some() {
             continue;
         }
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (a.as_str(), None),
+        let Some(own) = target.flags.iter().find(|o| o.name == f.name) else {
+            let owners: Vec<&str> = targets
+                .iter()
+                .filter(|t| t.flags.iter().any(|o| o.name == f.name))
+                .map(|t| t.name)
+                .collect();
+            return Err(format!(
+                "--{} belongs to --target {}",
+                f.name,
+                one_of(owners)
+            ));
         };
-        let mut v = |f: &str| inline.clone().map_or_else(|| value(f), Ok);
-        match flag {
-            "--" => only_paths = true,
-            "-h" | "--help" => return Ok(Parsed::Help(USAGE.to_string())),
-            "-V" | "--version" => {
-                return Ok(Parsed::Help(format!(
-                    "svc-compile {}\n",
-                    env!("CARGO_PKG_VERSION")
-                )))
-            }
-            "--target" => {
-                cmd.target = match v(flag)?.as_str() {
-                    "ir" => Target::Ir,
-                    "iptables" => Target::Iptables,
-                    "nftables" => Target::Nftables,
-                    "nftables-json" => Target::NftablesJson,
-                    t => {
-                        return Err(format!(
-                            "unknown target `{t}`: use ir, iptables, nftables or nftables-json"
-                        ))
-                    }
-                }
-            }
-            "--node" => cmd.node = Some(v(flag)?),
-            "--node-ip" => {
-                let s = v(flag)?;
-                cmd.node_ips.push(
-                    s.parse()
-                        .map_err(|_| format!("--node-ip `{s}` is not an IP address"))?,
-                );
-            }
-            "--family" => {
-                cmd.family = Some(match v(flag)?.to_ascii_lowercase().as_str() {
-                    "ipv4" | "4" => IpFamily::IPv4,
-                    "ipv6" | "6" => IpFamily::IPv6,
-                    f => return Err(format!("--family `{f}`: use ipv4 or ipv6")),
-                })
-            }
-            "--all-nodes" => cmd.all_nodes = true,
-            "--out" => cmd.out_dir = Some(v(flag)?),
-            "-o" | "--output" => cmd.output = Some(v(flag)?),
-            "--service-cluster-ip-range" => {
-                cmd.service_cidrs = Some(
-                    parse_service_cidrs(&v(flag)?)
-                        .map_err(|e| format!("--service-cluster-ip-range: {e}"))?,
-                )
-            }
-            "--service-node-port-range" => {
-                cmd.node_port_range = Some(
-                    parse_port_range(&v(flag)?)
-                        .map_err(|e| format!("--service-node-port-range: {e}"))?,
-                )
-            }
-            "--cluster-domain" => cmd.cluster_domain = Some(v(flag)?),
-            "--no-allocate" => cmd.allocate = false,
-            "--lock" => cmd.lock = Some(v(flag)?),
-            "--write-lock" => cmd.write_lock = true,
-            "--format" => {
-                cmd.format = match v(flag)?.as_str() {
-                    "text" => Format::Text,
-                    "json" => Format::Json,
-                    "sarif" => Format::Sarif,
-                    f => return Err(format!("--format `{f}`: use text, json or sarif")),
-                }
-            }
-            _ => match cmd.apply.as_mut() {
-                Some(apply) => parse_apply_flag(apply, flag, &mut v)?,
-                None if APPLY_FLAGS.contains(&flag) => {
-                    return Err(format!("{flag} belongs to `svc-compile apply`"))
-                }
-                None => return Err(format!("unknown flag `{a}`")),
-            },
+        if !own.repeatable && given.len() > 1 {
+            return Err(format!("--{} is given more than once", f.name));
+        }
+        for v in given {
+            params.push(own.name, v.clone());
         }
     }
+    let node_ips = c
+        .node_ip
+        .iter()
+        .map(|s| {
+            s.parse()
+                .map_err(|_| format!("--node-ip `{s}` is not an IP address"))
+        })
+        .collect::<Result<_, _>>()?;
+    let family = match c.family.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None => None,
+        Some("ipv4" | "4") => Some(IpFamily::IPv4),
+        Some("ipv6" | "6") => Some(IpFamily::IPv6),
+        Some(f) => return Err(format!("--family `{f}`: use ipv4 or ipv6")),
+    };
+    let service_cidrs = c
+        .service_cluster_ip_range
+        .map(|s| parse_service_cidrs(&s).map_err(|e| format!("--service-cluster-ip-range: {e}")))
+        .transpose()?;
+    let node_port_range = c
+        .service_node_port_range
+        .map(|s| parse_port_range(&s).map_err(|e| format!("--service-node-port-range: {e}")))
+        .transpose()?;
+    let format = match c.format.as_str() {
+        "json" => Format::Json,
+        "sarif" => Format::Sarif,
+        _ => Format::Text,
+    };
+    let apply = apply.map(apply_args).transpose()?.map(Box::new);
+    let cmd = Command {
+        check,
+        paths: c.paths,
+        target,
+        params,
+        node: c.node,
+        node_ips,
+        family,
+        all_nodes: c.all_nodes,
+        out_dir: c.out,
+        output: c.output,
+        service_cidrs,
+        node_port_range,
+        cluster_domain: c.cluster_domain,
+        allocate: !c.no_allocate,
+        lock: c.lock,
+        write_lock: c.write_lock,
+        format,
+        apply,
+    };
     if let Some(apply) = &cmd.apply {
-        check_apply(&cmd, apply)?;
+        check_apply(&cmd, apply, targets)?;
         return Ok(Parsed::Run(cmd));
     }
     if cmd.paths.is_empty() {
@@ -307,52 +557,48 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     if cmd.all_nodes && cmd.node.is_some() {
         return Err("use either --node or --all-nodes, not both".into());
     }
-    if !cmd.check && cmd.target != Target::Ir && cmd.node.is_none() && !cmd.all_nodes {
+    if !cmd.check && cmd.target.per_node() && cmd.node.is_none() && !cmd.all_nodes {
         return Err("this target needs --node NAME (or --all-nodes --out DIR)".into());
     }
     Ok(Parsed::Run(cmd))
 }
 
-const APPLY_FLAGS: &[&str] = &[
-    "--netns",
-    "--dry-run",
-    "--from",
-    "--rollback",
-    "--full",
-    "--state-dir",
-    "--lock-timeout",
-];
-
-/// One `apply` flag; anything else is unknown.
-fn parse_apply_flag(
-    apply: &mut ApplyArgs,
-    flag: &str,
-    value: &mut dyn FnMut(&str) -> Result<String, String>,
-) -> Result<(), String> {
-    match flag {
-        "--netns" => apply.netns = Some(value(flag)?),
-        "--dry-run" => apply.dry_run = true,
-        "--from" => apply.from = Some(value(flag)?),
-        "--rollback" => apply.rollback = true,
-        "--full" => apply.full = true,
-        "--state-dir" => apply.state_dir = Some(value(flag)?),
-        "--lock-timeout" => {
-            let s = value(flag)?;
-            apply.lock_timeout = Some(
-                s.parse::<f64>()
-                    .ok()
-                    .filter(|t| t.is_finite() && *t >= 0.0)
-                    .ok_or_else(|| format!("--lock-timeout `{s}`: give seconds, e.g. 30"))?,
-            );
-        }
-        _ => return Err(format!("unknown flag `{flag}`")),
-    }
-    Ok(())
+fn apply_args(a: ApplyFlags) -> Result<ApplyArgs, String> {
+    let lock_timeout = a
+        .lock_timeout
+        .map(|s| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|t| t.is_finite() && *t >= 0.0)
+                .ok_or_else(|| format!("--lock-timeout `{s}`: give seconds, e.g. 30"))
+        })
+        .transpose()?;
+    Ok(ApplyArgs {
+        netns: a.netns,
+        dry_run: a.dry_run,
+        from: a.from,
+        rollback: a.rollback,
+        full: a.full,
+        state_dir: a.state_dir,
+        lock_timeout,
+    })
 }
 
-fn check_apply(cmd: &Command, apply: &ApplyArgs) -> Result<(), String> {
-    if !matches!(cmd.target, Target::Iptables | Target::Nftables) {
-        return Err("apply needs --target iptables or --target nftables".into());
+fn check_apply(
+    cmd: &Command,
+    apply: &ApplyArgs,
+    targets: &[&'static Target],
+) -> Result<(), String> {
+    if cmd.target.planner.is_none() {
+        let appliable = targets
+            .iter()
+            .filter(|t| t.planner.is_some())
+            .map(|t| format!("--target {}", t.name));
+        let names: Vec<String> = appliable.collect();
+        if names.is_empty() {
+            return Err("apply: no target can be applied".into());
+        }
+        return Err(format!("apply needs {}", one_of(&names)));
     }
     let sources = [!cmd.paths.is_empty(), apply.from.is_some(), apply.rollback];
     match sources.iter().filter(|s| **s).count() {
@@ -370,4 +616,109 @@ fn check_apply(cmd: &Command, apply: &ApplyArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use svc_targets::{Flag, Render};
+
+    /// A cluster-wide target with flags of every kind, as DNS or templates will have.
+    const FAKE: Target = Target {
+        name: "fake",
+        about: "a target with flags",
+        ext: "txt",
+        render: Render::Cluster(|_, _, params| Ok(format!("{params:?}"))),
+        flags: &[
+            Flag {
+                name: "part",
+                value_name: "PART",
+                help: "a part (repeatable)",
+                repeatable: true,
+                file: false,
+            },
+            Flag {
+                name: "template",
+                value_name: "FILE",
+                help: "a template",
+                repeatable: false,
+                file: true,
+            },
+        ],
+        planner: None,
+    };
+    const TARGETS: &[&Target] = &[&svc_targets::ir::TARGET, &FAKE];
+
+    fn parse(args: &[&str]) -> Result<Command, String> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        match parse_with(&args, TARGETS)? {
+            Parsed::Run(cmd) => Ok(cmd),
+            _ => panic!("not a run"),
+        }
+    }
+
+    #[test]
+    fn the_parser_is_consistent() {
+        command(svc_targets::TARGETS).debug_assert();
+        command(TARGETS).debug_assert();
+    }
+
+    #[test]
+    fn target_flags_come_from_the_registry() {
+        let cmd = parse(&["m/", "--target", "fake", "--part", "a", "--part=b"]).unwrap();
+        assert_eq!(cmd.target.name, "fake");
+        assert_eq!(cmd.params.all("part"), ["a", "b"]);
+        assert_eq!(cmd.params.get("template"), None);
+        let cmd = parse(&["check", "m/", "--target", "fake", "--template", "t.txt"]).unwrap();
+        assert_eq!(cmd.params.get("template"), Some("t.txt"));
+        // A cluster-wide target needs no --node.
+        assert!(cmd.node.is_none());
+    }
+
+    #[test]
+    fn target_flags_are_checked() {
+        let err = |args: &[&str]| parse(args).err().expect("an error");
+        assert_eq!(
+            err(&["m/", "--part", "a"]),
+            "--part belongs to --target fake"
+        );
+        assert_eq!(
+            err(&[
+                "m/",
+                "--target",
+                "fake",
+                "--template",
+                "a",
+                "--template",
+                "b"
+            ]),
+            "--template is given more than once"
+        );
+        assert_eq!(
+            err(&["m/", "--target", "nope"]),
+            "unknown target `nope`: use ir or fake"
+        );
+        let Err(missing) = parse_with(&["completions".to_string()], TARGETS) else {
+            panic!("completions without a shell")
+        };
+        assert_eq!(missing, "missing shell");
+        assert_eq!(
+            err(&["apply", "--from", "x", "--target", "fake"]),
+            "apply: no target can be applied"
+        );
+    }
+
+    #[test]
+    fn help_lists_the_targets_and_their_flags() {
+        let args = |a: &[&str]| a.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let Ok(Parsed::Print(help)) = parse_with(&args(&["--help"]), TARGETS) else {
+            panic!("help")
+        };
+        assert!(help.contains("  fake  a target with flags"), "{help}");
+        let Ok(Parsed::Print(help)) = parse_with(&args(&["compile", "--help"]), TARGETS) else {
+            panic!("help")
+        };
+        assert!(help.contains("--template <FILE>"), "{help}");
+        assert!(help.contains("a part (repeatable)"), "{help}");
+    }
 }

@@ -4,6 +4,8 @@
 mod alloc;
 mod apply;
 mod cli;
+mod compile;
+mod report;
 mod run;
 
 use std::process::ExitCode;
@@ -18,10 +20,12 @@ fn main() -> ExitCode {
     alloc::purge_at_once();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match cli::parse(&args) {
-        Ok(cli::Parsed::Help(text)) => {
-            print!("{text}");
+        Ok(cli::Parsed::Print(text)) => {
+            // A closed pipe (`| head`) is not an error.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
             0
         }
+        Ok(cli::Parsed::Run(cmd)) if cmd.apply.is_some() => apply::run(&cmd),
         Ok(cli::Parsed::Run(cmd)) => run::run(cmd),
         Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
         Err(e) => {

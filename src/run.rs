@@ -1,112 +1,42 @@
 //! Running a command: the only place that reads files, writes files and prints.
 
-use crate::cli::{Command, Format, GenCommand, Target};
+use crate::cli::{Command, GenCommand};
+use crate::compile::{compile_inputs, node_jobs, target_params};
+use crate::report::{exit_code, print_diagnostics, Fail};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use svc_compiler::diag::{self, Severity};
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::allocate::write_lock;
 use svc_compiler::passes::node::{check_selection, node_view, NodeSelection};
 use svc_compiler::source::{FileId, SourceMap};
+use svc_targets::{Params, Render, Sharing};
 
-/// A tool failure (exit 2): one line that says what to do.
-pub(crate) struct Fail(pub(crate) String);
-
+/// `svc-compile check` and `svc-compile compile`.
 pub fn run(cmd: Command) -> u8 {
-    if cmd.apply.is_some() {
-        return crate::apply::run(&cmd);
-    }
-    match run_inner(&cmd) {
-        Ok(code) => code,
-        Err(Fail(msg)) => {
-            eprintln!("svc-compile: {msg}");
-            2
-        }
-    }
+    exit_code(run_inner(&cmd))
 }
 
 /// `svc-compile gen`: write a synthetic cluster.
 pub fn gen(cmd: GenCommand) -> u8 {
     let text = svc_compiler::synth::generate(&cmd.shape, cmd.format);
-    match write_output(cmd.output.as_deref(), &text) {
-        Ok(()) => 0,
-        Err(Fail(msg)) => {
-            eprintln!("svc-compile: {msg}");
-            2
-        }
-    }
-}
-
-/// Read the inputs (and the lock file, if it exists) and compile them.
-pub(crate) fn compile_inputs(
-    cmd: &Command,
-) -> Result<(SourceMap, svc_compiler::Compilation), Fail> {
-    let mut sources = SourceMap::default();
-    let inputs = read_inputs(&cmd.paths, &mut sources)?;
-    let lock = match &cmd.lock {
-        Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
-        _ => None,
-    };
-    let opts = svc_compiler::Options {
-        service_cidrs: cmd.service_cidrs.clone(),
-        node_port_range: cmd.node_port_range,
-        cluster_domain: cmd.cluster_domain.clone(),
-        allocate: cmd.allocate,
-        lock,
-    };
-    let comp = svc_compiler::compile(&sources, &inputs, &opts);
-    Ok((sources, comp))
+    exit_code(write_output(cmd.output.as_deref(), &text).map(|()| 0))
 }
 
 fn run_inner(cmd: &Command) -> Result<u8, Fail> {
+    let params = target_params(cmd)?;
     let (sources, mut comp) = compile_inputs(cmd)?;
     let mut diags = std::mem::take(&mut comp.diags);
 
     // Node views (per node and family), when the command asks for them: rendered into
-    // `output`, or (with --out) listed in `per_node` to be rendered file by file.
-    let mut output: Option<String> = None;
+    // `output`, or (with --out, for a per-node target) listed in `per_node` to be rendered
+    // file by file.
+    let target = cmd.target;
+    let mut output: Option<Result<String, String>> = None;
     let mut per_node: Vec<(NodeSelection, IpFamily)> = Vec::new();
     if !cmd.check && !diags.has_errors() {
-        let nodes: Vec<NodeSelection> = if cmd.all_nodes {
-            comp.module
-                .nodes
-                .iter()
-                .map(|n| NodeSelection {
-                    name: n.name.clone(),
-                    ips: vec![],
-                })
-                .collect()
-        } else {
-            cmd.node
-                .iter()
-                .map(|n| NodeSelection {
-                    name: n.clone(),
-                    ips: cmd.node_ips.clone(),
-                })
-                .collect()
-        };
-        let families: Vec<IpFamily> = match cmd.family {
-            Some(f) => vec![f],
-            None if cmd.out_dir.is_some() => comp
-                .settings
-                .service_cidrs
-                .iter()
-                .map(|c| c.family())
-                .collect(),
-            None => comp
-                .settings
-                .service_cidrs
-                .iter()
-                .map(|c| c.family())
-                .take(1)
-                .collect(),
-        };
-        let jobs: Vec<(NodeSelection, IpFamily)> = nodes
-            .into_iter()
-            .flat_map(|sel| families.iter().map(move |f| (sel.clone(), *f)))
-            .collect();
-        if cmd.out_dir.is_some() && cmd.target != Target::Ir {
+        let jobs = node_jobs(cmd, &comp, cmd.out_dir.is_some());
+        if cmd.out_dir.is_some() && target.per_node() {
             // One file per job, made and written in parallel after the checks below.
             for (sel, fam) in &jobs {
                 if let Err(d) = check_selection(&comp.module, sel, *fam) {
@@ -123,12 +53,20 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
                 }
             }
             if !diags.has_errors() {
-                let text = if cmd.target == Target::Ir {
-                    svc_targets::ir::write_string(&comp.module, &views)
-                } else {
-                    views.iter().map(|v| render(cmd.target, v)).collect()
-                };
-                output = Some(text);
+                output = Some(match target.render {
+                    Render::Cluster(render) => render(&comp.module, &views, &params),
+                    Render::Node(new) => {
+                        let renderer = new(&params, Sharing::One);
+                        let mut text = String::new();
+                        Ok(views
+                            .iter()
+                            .map(|v| {
+                                renderer.render_into(v, &mut text);
+                                std::mem::take(&mut text)
+                            })
+                            .collect())
+                    }
+                });
             }
         }
     }
@@ -146,17 +84,20 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
         return Ok(0);
     }
     match &cmd.out_dir {
-        Some(dir) if cmd.target != Target::Ir => {
+        Some(dir) if target.per_node() => {
             std::fs::create_dir_all(dir).map_err(|e| Fail(format!("cannot create {dir}: {e}")))?;
-            write_per_node(cmd.target, &comp.module, &per_node, Path::new(dir))?;
+            write_per_node(cmd, &params, &comp.module, &per_node, Path::new(dir))?;
         }
-        _ => write_output(
-            cmd.output
-                .as_deref()
-                .or(cmd.out_dir.as_deref().map(|_| ""))
-                .filter(|s| !s.is_empty()),
-            output.as_deref().unwrap_or_default(),
-        )?,
+        // A cluster-wide target prints its one document, --out or not.
+        _ => {
+            let text = output
+                .transpose()
+                .map_err(|e| Fail(format!("--target {}: {e}", target.name)))?;
+            write_output(
+                cmd.output.as_deref().filter(|s| !s.is_empty()),
+                text.as_deref().unwrap_or_default(),
+            )?
+        }
     }
     // The process ends here: freeing the IR piece by piece would only cost time.
     std::mem::forget(comp);
@@ -168,14 +109,18 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
 /// time per thread, so only a few rulesets are in memory at once. One renderer serves all
 /// nodes, so each service port that renders the same on many nodes is rendered once.
 fn write_per_node(
-    target: Target,
+    cmd: &Command,
+    params: &Params,
     module: &svc_compiler::ir::Module,
     jobs: &[(NodeSelection, IpFamily)],
     dir: &Path,
 ) -> Result<(), Fail> {
     use rayon::prelude::*;
+    let Render::Node(new) = cmd.target.render else {
+        unreachable!("only per-node targets write a file per node")
+    };
     crate::alloc::purge_later();
-    let renderer = Renderer::new(target);
+    let renderer = new(params, Sharing::Many);
     // Each thread reuses one text buffer: a fresh one per node would be paged in each time.
     jobs.par_iter()
         .try_for_each_init(String::new, |text, (sel, fam)| {
@@ -186,138 +131,10 @@ fn write_per_node(
                 IpFamily::IPv4 => "ipv4",
                 IpFamily::IPv6 => "ipv6",
             };
-            let ext = match target {
-                Target::Iptables => "rules",
-                Target::Nftables => "nft",
-                Target::NftablesJson | Target::Ir => "json",
-            };
-            let p = dir.join(format!("{}.{fam}.{ext}", sel.name));
+            let p = dir.join(format!("{}.{fam}.{}", sel.name, cmd.target.ext));
             std::fs::write(&p, text.as_bytes())
                 .map_err(|e| Fail(format!("cannot write {}: {e}", p.display())))
         })
-}
-
-/// One node's view, rendered on its own.
-fn render(target: Target, v: &NodeView) -> String {
-    match target {
-        Target::Ir => unreachable!("the ir target renders the module"),
-        Target::Iptables => svc_targets::iptables::write_string(v, &Default::default()),
-        Target::Nftables => svc_targets::nftables::write_string(v, &Default::default()),
-        Target::NftablesJson => svc_targets::nftables::write_json(v, &Default::default()),
-    }
-}
-
-/// A target's writer, shared by every node of a run.
-enum Renderer {
-    Iptables(svc_targets::iptables::Renderer),
-    Nftables(svc_targets::nftables::Renderer),
-    NftablesJson,
-}
-
-impl Renderer {
-    fn new(target: Target) -> Renderer {
-        match target {
-            Target::Ir => unreachable!("the ir target renders the module"),
-            Target::Iptables => Renderer::Iptables(Default::default()),
-            Target::Nftables => Renderer::Nftables(Default::default()),
-            Target::NftablesJson => Renderer::NftablesJson,
-        }
-    }
-    fn render_into(&self, v: &NodeView, text: &mut String) {
-        match self {
-            Renderer::Iptables(r) => r.write_into(v, text),
-            Renderer::Nftables(r) => r.write_into(v, text),
-            Renderer::NftablesJson => {
-                *text = svc_targets::nftables::write_json(v, &Default::default())
-            }
-        }
-    }
-}
-
-pub(crate) fn print_diagnostics(cmd: &Command, diags: &diag::Diagnostics, sources: &SourceMap) {
-    match cmd.format {
-        Format::Json | Format::Sarif => {
-            let items: Vec<_> = diags
-                .items
-                .iter()
-                .map(|d| diag::to_json(d, sources))
-                .collect();
-            let value = if cmd.format == Format::Sarif {
-                sarif(&items)
-            } else {
-                serde_json::to_value(&items).expect("diagnostics serialise")
-            };
-            let text = serde_json::to_string_pretty(&value).expect("diagnostics serialise");
-            // `check --format json` is the product: stdout. Otherwise stderr.
-            if cmd.check {
-                let _ = writeln!(std::io::stdout(), "{text}");
-            } else {
-                eprintln!("{text}");
-            }
-        }
-        Format::Text => {
-            let text = diag::render_all(diags, sources);
-            if cmd.check {
-                let _ = write!(std::io::stdout(), "{text}");
-                if !diags.has_errors() {
-                    let _ = writeln!(
-                        std::io::stdout(),
-                        "ok: {} file(s) checked, {} warning(s)",
-                        sources.files.len()
-                            - cmd.lock.iter().filter(|p| Path::new(p).exists()).count(),
-                        diags.count(Severity::Warning)
-                    );
-                }
-            } else {
-                eprint!("{text}");
-            }
-        }
-    }
-}
-
-/// SARIF 2.1.0, for code-scanning tools in CI.
-fn sarif(items: &[diag::JsonDiagnostic]) -> serde_json::Value {
-    use serde_json::json;
-    let mut rules: Vec<&str> = items.iter().map(|d| d.code).collect();
-    rules.sort_unstable();
-    rules.dedup();
-    let results: Vec<_> = items
-        .iter()
-        .map(|d| {
-            let level = match d.severity {
-                Severity::Error => "error",
-                Severity::Warning => "warning",
-                Severity::Note => "note",
-            };
-            let text = match d.hint {
-                Some(h) => format!("{} (help: {h})", d.message),
-                None => d.message.to_string(),
-            };
-            let locations: Vec<_> = d
-                .file
-                .map(|f| {
-                    json!({"physicalLocation": {
-                        "artifactLocation": {"uri": f},
-                        "region": {"startLine": d.line, "startColumn": d.column}
-                    }})
-                })
-                .into_iter()
-                .collect();
-            json!({"ruleId": d.code, "level": level, "message": {"text": text}, "locations": locations})
-        })
-        .collect();
-    json!({
-        "version": "2.1.0",
-        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
-        "runs": [{
-            "tool": {"driver": {
-                "name": "svc-compile",
-                "version": env!("CARGO_PKG_VERSION"),
-                "rules": rules.iter().map(|r| json!({"id": r})).collect::<Vec<_>>()
-            }},
-            "results": results
-        }]
-    })
 }
 
 fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {
@@ -343,7 +160,7 @@ pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {
 /// Files, directories (recursive, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
 /// Files are added in name order, whatever the order of the arguments, so that even
 /// "first defined here" in a diagnostic does not depend on how the command was typed.
-fn read_inputs(paths: &[String], sources: &mut SourceMap) -> Result<Vec<FileId>, Fail> {
+pub(crate) fn read_inputs(paths: &[String], sources: &mut SourceMap) -> Result<Vec<FileId>, Fail> {
     let mut files: Vec<(String, String)> = Vec::new();
     for p in paths {
         if p == "-" {

@@ -291,3 +291,99 @@ fn argument_order_changes_nothing_not_even_where_a_duplicate_is_reported() {
     one.expect(0);
     assert_eq!(one.stdout, two.stdout);
 }
+
+#[test]
+fn an_unknown_target_lists_the_registry() {
+    let r = svc(&["examples/", "--target", "nope"], None, &root());
+    r.expect(2);
+    let names: Vec<&str> = svc_targets::TARGETS.iter().map(|t| t.name).collect();
+    let first = r.stderr.lines().next().unwrap();
+    assert!(
+        first.starts_with("svc-compile: unknown target `nope`: use "),
+        "{first}"
+    );
+    for n in &names {
+        assert!(first.contains(&format!(" {n}")), "{n} missing: {first}");
+    }
+    assert!(r.stderr.contains("svc-compile --help"), "{}", r.stderr);
+}
+
+#[test]
+fn help_lists_every_target_with_its_line() {
+    let r = svc(&["--help"], None, &root());
+    r.expect(0);
+    for t in svc_targets::TARGETS {
+        let line = r
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(t.name));
+        assert!(
+            line.is_some_and(|l| l.ends_with(t.about)),
+            "{}: {}",
+            t.name,
+            r.stdout
+        );
+    }
+}
+
+#[test]
+fn completions_and_man_page() {
+    for shell in ["bash", "zsh", "fish"] {
+        let r = svc(&["completions", shell], None, &root());
+        r.expect(0);
+        // Subcommands, flags and the registry's targets are all completed.
+        for word in ["apply", "node-ip", "all-nodes", "nftables-json"] {
+            assert!(r.stdout.contains(word), "{shell}: no {word}");
+        }
+    }
+    let bash = svc(&["completions", "bash"], None, &root());
+    assert!(
+        bash.stdout.contains("complete -F _svc__compile"),
+        "{}",
+        bash.stdout
+    );
+    let r = svc(&["completions", "tcsh"], None, &root());
+    r.expect(2);
+    let man = svc(&["man"], None, &root());
+    man.expect(0);
+    assert!(man.stdout.contains(".TH svc-compile 1"), "{}", man.stdout);
+    for word in [
+        ".SH \"SVC-COMPILE APPLY\"",
+        "\\-\\-lock\\-timeout",
+        "nftables\\-json",
+    ] {
+        assert!(man.stdout.contains(word), "no {word} in the man page");
+    }
+}
+
+#[test]
+fn the_default_command_is_compile() {
+    let a = svc(
+        &["examples/", "--target", "iptables", "--node", "node-a"],
+        None,
+        &root(),
+    );
+    let b = svc(
+        &[
+            "compile",
+            "examples/",
+            "--target",
+            "iptables",
+            "--node",
+            "node-a",
+        ],
+        None,
+        &root(),
+    );
+    a.expect(0);
+    b.expect(0);
+    assert_eq!(a.stdout, b.stdout);
+    // Flags before the paths, `--` before a path that looks like a flag, `=` values.
+    let c = svc(
+        &["--target=iptables", "--node", "node-a", "--", "examples/"],
+        None,
+        &root(),
+    );
+    c.expect(0);
+    assert_eq!(a.stdout, c.stdout);
+}

@@ -1,16 +1,36 @@
 //! Golden snapshots. Adding a case is adding files:
 //! - `golden/cases/NAME/*.yaml` (+ optional `args`: extra flags, one per line; default
-//!   `--node node-a`) → snapshots of every target, `golden/snapshots/NAME.TARGET.snap`;
+//!   `--node node-a`) → snapshots of every target of the registry
+//!   (`svc_targets::TARGETS`), `golden/snapshots/NAME.TARGET.snap`;
 //! - `golden/errors/NAME.yaml` → the diagnostics exactly as `svc-compile check` prints
 //!   them, with the exit code.
+//!
+//! Every case is checked even when an earlier one fails; the test then fails once, naming
+//! each failing case (insta has written a `.snap.new` for each mismatch).
 //!
 //! Review changes with `cargo insta review` (or `INSTA_UPDATE=always cargo test` and git diff).
 
 use crate::support::{root, svc};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-/// Targets snapshotted for every case.
-pub const TARGETS: &[&str] = &["ir", "iptables", "nftables", "nftables-json"];
+/// Runs every check, then fails once listing those that failed (a failing case must not
+/// hide the ones after it).
+/// A named check.
+type Check<'a> = (String, Box<dyn FnOnce() + 'a>);
+
+fn check_each<'a>(checks: impl IntoIterator<Item = Check<'a>>) {
+    let failed: Vec<String> = checks
+        .into_iter()
+        .filter_map(|(name, check)| catch_unwind(AssertUnwindSafe(check)).err().map(|_| name))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} golden case(s) failed (see above):\n  {}",
+        failed.len(),
+        failed.join("\n  ")
+    );
+}
 
 fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
@@ -58,12 +78,19 @@ pub fn compile_case(case: &str, target: &str) -> String {
 #[test]
 fn golden_cases() {
     let s = settings();
-    for case in case_dirs() {
-        for target in TARGETS {
-            let out = compile_case(&case, target);
-            s.bind(|| insta::assert_snapshot!(format!("{case}.{target}"), out));
-        }
-    }
+    let cases = case_dirs();
+    assert!(!cases.is_empty());
+    check_each(cases.iter().flat_map(|case| {
+        let s = &s;
+        svc_targets::TARGETS.iter().map(move |t| {
+            let name = format!("{case}.{}", t.name);
+            let check = move || {
+                let out = compile_case(case, t.name);
+                s.bind(|| insta::assert_snapshot!(format!("{case}.{}", t.name), out));
+            };
+            (name, Box::new(check) as Box<dyn FnOnce() + '_>)
+        })
+    }));
 }
 
 #[test]
@@ -90,22 +117,29 @@ fn golden_errors() {
         .collect();
     files.sort();
     assert!(!files.is_empty());
-    for f in files {
-        let rel = format!("golden/errors/{f}");
-        let r = svc(&["check", &rel], None, &root());
-        assert!(
-            r.code == 0 || r.code == 1,
-            "`{}` exited {}: {}",
-            r.cmdline,
-            r.code,
-            r.stderr
-        );
-        let stem = Path::new(&f)
-            .file_stem()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        let text = format!("exit code: {}\n{}", r.code, r.stdout);
-        s.bind(|| insta::assert_snapshot!(format!("errors.{stem}"), text));
-    }
+    check_each(files.into_iter().map(|f| {
+        let s = &s;
+        let name = format!("errors/{f}");
+        let check = move || check_error(s, &f);
+        (name, Box::new(check) as Box<dyn FnOnce() + '_>)
+    }));
+}
+
+fn check_error(s: &insta::Settings, f: &str) {
+    let rel = format!("golden/errors/{f}");
+    let r = svc(&["check", &rel], None, &root());
+    assert!(
+        r.code == 0 || r.code == 1,
+        "`{}` exited {}: {}",
+        r.cmdline,
+        r.code,
+        r.stderr
+    );
+    let stem = Path::new(f)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let text = format!("exit code: {}\n{}", r.code, r.stdout);
+    s.bind(|| insta::assert_snapshot!(format!("errors.{stem}"), text));
 }

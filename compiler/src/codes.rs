@@ -14,7 +14,7 @@
 //! | SVC009 | error    | object without metadata.name |
 //! | SVC010 | error    | Endpoints address without `ip` |
 //! | SVC351 | error    | the service IP range is full |
-//! | SVC352 | error    | the node-port range is full |
+//! | SVC352 | error    | the node-port range is full (a nodePort or a healthCheckNodePort) |
 //! | SVC360 | error    | the lock file cannot be read |
 //! | SVC401 | error    | the node to compile for is unknown (no Node manifest, no --node-ip) |
 

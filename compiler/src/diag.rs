@@ -1,9 +1,9 @@
 //! Diagnostics: user mistakes are data.
 //!
 //! Every stage pushes into a [`Diagnostics`] collection and goes on; nothing stops at the
-//! first error. [`Diagnostics::sorted`] orders them by location and code so output is
-//! deterministic whatever the order of files, documents or passes. The same renderer
-//! serves the CLI and the snapshot tests.
+//! first error. [`Diagnostics::sort`] orders them by location, code and message (and drops
+//! exact duplicates) so output is deterministic whatever the order of files, documents or
+//! passes. The same renderer serves the CLI and the snapshot tests.
 
 use crate::source::{SourceMap, Span};
 use serde::Serialize;

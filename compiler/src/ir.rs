@@ -5,8 +5,9 @@
 //!   resolution and allocation. Target- and node-independent.
 //! - [`NodeView`]: what one node's proxy programs for one IP family, produced by
 //!   `passes::node`. Every kube-proxy decision (endpoint sets after traffic policies,
-//!   topology and terminating fallback; masquerading; node-port addresses; REJECT/DROP)
-//!   is recorded here once.
+//!   topology and terminating fallback; masquerading; node-port addresses; which
+//!   per-service chains exist; REJECT/DROP) is recorded here once, per proxy mode where
+//!   the modes differ ([`ByMode`]).
 //!
 //! Architecture Invariant: back ends only read these types. They never look at the
 //! Kubernetes objects and never recompute a decision recorded here.
@@ -157,7 +158,8 @@ pub struct Service {
     pub ip_families: Vec<IpFamily>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub external_name: Option<String>,
-    /// Sorted as written (kube-proxy keeps spec order; we sort for determinism).
+    /// In spec order, as kube-proxy keeps them (the order is part of the object, so it
+    /// does not depend on file order).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[serde(rename = "externalIPs")]
     pub external_ips: Vec<IpAddr>,
@@ -364,12 +366,35 @@ pub struct PortView {
     /// Any endpoint anywhere is ready, or serving and terminating — after topologyKeys:
     /// when no key matches this node, the service has no endpoints here (seed 000).
     pub has_endpoints: bool,
+    /// kube-proxy's `hasInternalEndpoints`: cluster-IP traffic has an endpoint to go to
+    /// (`has_endpoints`, and with ITP=Local a local one). When true, the internal policy
+    /// chain's endpoint set (`local_endpoints` with ITP=Local, else `cluster_endpoints`) is
+    /// not empty.
+    pub has_internal_endpoints: bool,
+    /// `hasExternalEndpoints`: the same for external traffic and ETP; false on a port that
+    /// is not externally accessible. When true, the external policy chain's endpoint set
+    /// is not empty.
+    pub has_external_endpoints: bool,
+    /// What the filter does with traffic to this port that has no endpoint to go to.
+    pub no_endpoints_verdict: NoEndpointsVerdict,
+    /// `usesExternalTrafficChain`: the external chain exists (`has_endpoints` on an
+    /// externally accessible port). Not tied to `has_external_endpoints`: without them it
+    /// still holds the short-circuit rules for pod and host traffic, which go to the
+    /// cluster policy chain (so `cluster_endpoints` is then not empty).
+    pub uses_external_chain: bool,
+    /// Whether the firewall chain (loadBalancerSourceRanges) exists. The modes differ:
+    /// iptables needs `has_endpoints` too (its FW chain jumps to the external chain), nftables
+    /// builds it whenever there are LoadBalancer IPs and source ranges.
+    pub uses_firewall_chain: ByMode<bool>,
     /// Every endpoint of this family, sorted by the string `ip:port`; the sets below index it.
     pub endpoints: Vec<EndpointView>,
     /// Endpoints used for cluster-wide traffic (after topology and the terminating
     /// fallback). Empty when nothing uses them. Indices into `endpoints`, ascending.
+    /// Not empty = the cluster policy chain exists (`len(clusterEndpoints) > 0 &&
+    /// UsesClusterEndpoints()`).
     pub cluster_endpoints: Vec<u32>,
-    /// Endpoints used for node-local traffic. Empty when nothing uses them.
+    /// Endpoints used for node-local traffic. Empty when nothing uses them. Not empty =
+    /// the local policy chain exists.
     pub local_endpoints: Vec<u32>,
     /// Why endpoints were filtered, for humans (`topologyKeys: zone`, `hints: zone a`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -389,10 +414,22 @@ impl PortView {
         v.dedup();
         v
     }
-    /// The internal (cluster IP) traffic uses the local set.
-    pub fn internal_uses_local(&self) -> bool {
-        self.internal_local
-    }
+}
+
+/// The filter's verdict for traffic that has no endpoint to go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum NoEndpointsVerdict {
+    /// The service has no usable endpoint anywhere: refuse the connection.
+    Reject,
+    /// Endpoints exist, but a Local policy leaves none on this node: drop silently.
+    Drop,
+}
+
+/// A decision that kube-proxy's proxy modes make differently, recorded for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct ByMode<T> {
+    pub iptables: T,
+    pub nftables: T,
 }
 
 #[derive(Clone, Debug, Serialize)]

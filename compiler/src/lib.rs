@@ -16,6 +16,9 @@ pub mod net;
 pub mod passes;
 pub mod source;
 pub mod synth;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod testing;
 pub mod tree;
 
 use diag::Diagnostics;

@@ -1369,7 +1369,7 @@ mod tests {
         // A broken run falls back to the whole parse (and its YAML diagnostics).
         let mut text = generate(&shape, Format::Json);
         let at = text.len() / 2;
-        text.insert_str(at, "}");
+        text.insert(at, '}');
         let (_, d) = parse_file(FileId(0), &text);
         assert!(!d.items.is_empty());
     }

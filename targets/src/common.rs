@@ -3,8 +3,9 @@
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Deref;
 use std::sync::{Arc, Mutex};
-use svc_compiler::ir::{EndpointView, PortView, ServiceId};
+use svc_compiler::ir::{EndpointView, NodeView, PortView, ServiceId};
 
 /// base32(sha256(s)) without padding, upper case (Go's `base32.StdEncoding`).
 pub fn sha256_base32(s: &str) -> String {
@@ -170,6 +171,135 @@ impl<S: PartialEq + Clone, R> PortCache<S, R> {
     }
 }
 
+/// A back end that renders a node's service ports one by one, to be driven by
+/// [`render_ports`] and [`Renderer`]: the shape the iptables and nftables writers share.
+pub trait PortRendering: 'static {
+    type Options: Default + Send + Sync;
+    /// What every port's rendering depends on besides the port (node-level settings).
+    type Settings: PartialEq + Clone + Send + Sync;
+    /// The rendering of one port, or of a run of consecutive ports appended together.
+    type Part: Default + Send + Sync;
+    /// The whole document for `view` into `out` (cleared first); its ports through
+    /// [`render_ports`] with `cache`.
+    fn render(
+        view: &NodeView,
+        opts: &Self::Options,
+        cache: Option<&PortCache<Self::Settings, Self::Part>>,
+        out: &mut String,
+    );
+}
+
+/// The rendering of some ports: made for this node, or one port's shared with other nodes.
+pub enum Piece<S, P> {
+    Own(P),
+    Shared(Arc<Cached<S, P>>),
+}
+
+impl<S, P> Deref for Piece<S, P> {
+    type Target = P;
+    fn deref(&self) -> &P {
+        match self {
+            Piece::Own(p) => p,
+            Piece::Shared(c) => &c.rendered,
+        }
+    }
+}
+
+/// Every port of `ports` rendered by `write` (which appends the given ports to a part),
+/// in order. Without a cache, in parallel: a window of ports at a time, cut into runs each
+/// written into one part, so that only a window's text is held twice. With a cache, port
+/// by port, each looked up first.
+pub fn render_ports<S, P>(
+    ports: &[PortView],
+    settings: &S,
+    cache: Option<&PortCache<S, P>>,
+    write: impl Fn(&mut P, &[PortView]) + Sync,
+) -> Vec<Piece<S, P>>
+where
+    S: PartialEq + Clone + Sync,
+    P: Default + Send,
+{
+    const RUN: usize = 64;
+    let part = |ports: &[PortView]| {
+        let mut part = P::default();
+        write(&mut part, ports);
+        part
+    };
+    match cache {
+        None => {
+            use rayon::prelude::*;
+            let mut pieces = Vec::new();
+            for window in ports.chunks(RUN * 32) {
+                let runs: Vec<P> = window.par_chunks(RUN).map(part).collect();
+                pieces.extend(runs.into_iter().map(Piece::Own));
+            }
+            pieces
+        }
+        Some(cache) => ports
+            .iter()
+            .map(|p| {
+                Piece::Shared(cache.get_or_render(settings, p, || part(std::slice::from_ref(p))))
+            })
+            .collect(),
+    }
+}
+
+/// Writes the documents of a [`PortRendering`] back end. Made for many nodes of one module
+/// (`--all-nodes`, [`Renderer::new`]), each distinct service port is rendered once: on most
+/// nodes most ports render the same, and nodes may be written in parallel. Made for one
+/// node ([`Renderer::single`]), ports are rendered in parallel instead. Either way the
+/// output is the back end's `write_string`.
+pub struct Renderer<B: PortRendering> {
+    opts: B::Options,
+    cache: Option<PortCache<B::Settings, B::Part>>,
+}
+
+impl<B: PortRendering> Default for Renderer<B> {
+    fn default() -> Self {
+        Renderer::new(B::Options::default())
+    }
+}
+
+impl<B: PortRendering> Renderer<B> {
+    /// For many nodes: ports shared between them.
+    pub fn new(opts: B::Options) -> Self {
+        Renderer {
+            opts,
+            cache: Some(PortCache::default()),
+        }
+    }
+
+    /// For one node: nothing kept between documents.
+    pub fn single(opts: B::Options) -> Self {
+        Renderer { opts, cache: None }
+    }
+
+    /// For the registry: shared or not.
+    pub fn boxed(sharing: crate::Sharing) -> Box<dyn crate::NodeRenderer> {
+        Box::new(match sharing {
+            crate::Sharing::One => Self::single(B::Options::default()),
+            crate::Sharing::Many => Self::default(),
+        })
+    }
+
+    pub fn write_string(&self, view: &NodeView) -> String {
+        let mut text = String::new();
+        self.write_into(view, &mut text);
+        text
+    }
+
+    /// [`Renderer::write_string`] into `out` (cleared first), reusing its memory.
+    pub fn write_into(&self, view: &NodeView, out: &mut String) {
+        B::render(view, &self.opts, self.cache.as_ref(), out)
+    }
+}
+
+impl<B: PortRendering> crate::NodeRenderer for Renderer<B> {
+    fn render_into(&self, view: &NodeView, out: &mut String) {
+        self.write_into(view, out)
+    }
+}
+
 /// A hash of what most often differs between two nodes' views of a port (which endpoints
 /// they use), so that a lookup compares few candidates. Equality is still checked in full.
 fn bucket(p: &PortView) -> u64 {
@@ -212,6 +342,11 @@ pub fn renders_same(a: &PortView, b: &PortView) -> bool {
         internal_local,
         external_local,
         has_endpoints,
+        has_internal_endpoints,
+        has_external_endpoints,
+        no_endpoints_verdict,
+        uses_external_chain,
+        uses_firewall_chain,
         endpoints,
         cluster_endpoints,
         local_endpoints,
@@ -234,6 +369,11 @@ pub fn renders_same(a: &PortView, b: &PortView) -> bool {
         && *port == b.port
         && *protocol == b.protocol
         && *has_endpoints == b.has_endpoints
+        && *has_internal_endpoints == b.has_internal_endpoints
+        && *has_external_endpoints == b.has_external_endpoints
+        && *no_endpoints_verdict == b.no_endpoints_verdict
+        && *uses_external_chain == b.uses_external_chain
+        && *uses_firewall_chain == b.uses_firewall_chain
         && *cluster_endpoints == b.cluster_endpoints
         && *local_endpoints == b.local_endpoints
         && *externally_accessible == b.externally_accessible

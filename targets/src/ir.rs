@@ -1,6 +1,17 @@
 //! The `ir` target: the resolved IR as stable JSON.
 
+use crate::{Render, Target};
 use svc_compiler::ir::{Module, NodeView};
+
+/// `--target ir`.
+pub const TARGET: Target = Target {
+    name: "ir",
+    about: "the resolved IR as JSON (with --node: plus that node's view)",
+    ext: "json",
+    render: Render::Cluster(|module, views, _| Ok(write_string(module, views))),
+    flags: &[],
+    planner: None,
+};
 
 /// `--target ir`: the module, and the per-node views when a node was selected.
 pub fn write_string(module: &Module, views: &[NodeView]) -> String {

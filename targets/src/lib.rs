@@ -1,16 +1,34 @@
-//! svc-compile back ends. Each module has the same small face: an `Options` struct and a
-//! `write_string` that turns IR into text; `plan` turns a compiled document and the kernel's
-//! current state (as text) into what `svc-compile apply` loads. Nothing here does I/O.
+//! svc-compile back ends. Each target is one module with the same small face: an
+//! `Options` struct, a `write_string` that turns IR into text, and a [`Target`] constant
+//! that describes it to the CLI (see [`registry`]); `plan` turns a compiled document and
+//! the kernel's current state (as text) into what `svc-compile apply` loads. Nothing here
+//! does I/O.
 //!
 //! Architecture Invariant: targets read `ir::Module` / `ir::NodeView` and never recompute a
 //! decision a pass recorded there.
 
 pub mod common;
+pub mod plan;
+pub mod registry;
+
+pub use registry::{Flag, NodeRenderer, Params, Render, Sharing, Target};
+
+// The targets: a module each, and one line each in `TARGETS`, in `--help` order.
 pub mod ebpf;
 pub mod iptables;
 pub mod ir;
 pub mod nftables;
-pub mod plan;
+
+/// Every target. The CLI, `--help`, `--out`, `apply` and the golden tests read this list.
+pub static TARGETS: &[&Target] = &[
+    &ir::TARGET,
+    &iptables::TARGET,
+    &nftables::TARGET,
+    &nftables::JSON_TARGET,
+];
+
+#[cfg(test)]
+mod testing;
 
 #[cfg(test)]
 mod tests {

@@ -472,8 +472,26 @@ fn hold_lock(path: &Path, wait: Duration) -> Option<File> {
     }
 }
 
+/// The kill moments' seed: `SVC_KILL_SEED` (decimal or `0x` hex) to repeat a run, else
+/// one derived from the process id. Printed either way.
+fn kill_seed(target: &str) -> u64 {
+    match std::env::var("SVC_KILL_SEED") {
+        Ok(v) => {
+            let t = v.trim();
+            let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+                Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+                None => t.replace('_', "").parse(),
+            };
+            parsed.unwrap_or_else(|_| panic!("SVC_KILL_SEED={v:?} is not a number"))
+        }
+        Err(_) => 0x9E37_79B9_7F4A_7C15 ^ u64::from(std::process::id()) ^ (target.len() as u64),
+    }
+}
+
 /// SIGKILL at random moments: afterwards (once a loader the killed apply left behind has
 /// finished, i.e. once the lock is free) the node shows exactly the old or the new state.
+/// The moments are random between 0 and 1.3 times an apply's measured time, drawn from a
+/// seed that `SVC_KILL_SEED` sets (the test prints the one it used).
 #[test]
 fn sigkill_at_random_moments_leaves_the_old_or_the_new_state() {
     const RUNS: usize = 50;
@@ -499,8 +517,11 @@ fn sigkill_at_random_moments_leaves_the_old_or_the_new_state() {
         }
         assert_ne!(states[0], states[1]);
         let mut current = 1;
-        let seed = 0x9E37_79B9_7F4A_7C15 ^ u64::from(std::process::id()) ^ (target.len() as u64);
-        let mut rng = Rng(seed);
+        let seed = kill_seed(target);
+        println!(
+            "[{target}] kill moments from seed {seed:#x} (repeat with SVC_KILL_SEED={seed:#x})"
+        );
+        let mut rng = Rng::new(seed);
         let (mut old, mut new, mut finished) = (0, 0, 0);
         for run in 0..RUNS {
             let next = 1 - current;
@@ -782,7 +803,7 @@ fn a_half_committed_iptables_load_is_put_back() {
     if !require_root("kernel apply: iptables revert") {
         return;
     }
-    use svc_targets::plan::{self, iptables, Family, Previous};
+    use svc_targets::plan::{self, iptables::Iptables, Family, Planner, Previous};
     let spec = LabSpec::bare();
     let lab = Lab::new("revert", &spec).expect("lab");
     install_foreign(&lab);
@@ -812,7 +833,9 @@ fn a_half_committed_iptables_load_is_put_back() {
         document: &applied,
         snapshot: &snapshot,
     };
-    let prep = iptables::prepare(&doc, Family::V4, Some(previous), &before, false).unwrap();
+    let prep = Iptables
+        .prepare(&doc, Family::V4, Some(previous), &before, false)
+        .unwrap();
     let scratch = Command::new("unshare")
         .args([
             "--net",

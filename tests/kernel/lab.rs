@@ -213,14 +213,38 @@ impl LabSpec {
 }
 
 /// Skips a kernel test when not root: prints
-/// `skipped: <test>: needs root (network namespaces)` and returns false.
+/// `skipped: <test>: needs root (network namespaces)` and returns false. Under
+/// `SVC_KERNEL=require` (set by CI) it fails the test instead.
 pub fn require_root(test: &str) -> bool {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    println!("skipped: {test}: needs root (network namespaces)");
+    skip(test, "needs root (network namespaces)");
     false
+}
+
+/// The environment variable that turns every skipped kernel test into a failure.
+pub const SVC_KERNEL: &str = "SVC_KERNEL";
+
+/// Skips a kernel test that cannot run here, saying why; panics instead when
+/// `SVC_KERNEL=require`, so that a run claiming to test the kernel cannot pass without.
+pub fn skip(test: &str, why: &str) {
+    let value = std::env::var(SVC_KERNEL).ok();
+    if kernel_required(value.as_deref()) {
+        panic!("{test}: {why}, and {SVC_KERNEL}=require forbids skipping kernel tests");
+    }
+    println!("skipped: {test}: {why}");
+}
+
+/// `SVC_KERNEL`: unset or empty = kernel tests skip where they cannot run, `require` = they
+/// fail. Anything else is a mistake, not a quiet default.
+fn kernel_required(value: Option<&str>) -> bool {
+    match value {
+        None | Some("") => false,
+        Some("require") => true,
+        Some(other) => panic!("{SVC_KERNEL}={other:?}: the only value is `require`"),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

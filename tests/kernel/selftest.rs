@@ -334,8 +334,8 @@ fn reject_and_drop() {
             });
         }
     });
-    // DROP: every probe times out, after the bound and not much later (in
-    // parallel, to keep the test short).
+    // DROP: every probe times out, not before the bound (in parallel, to keep
+    // the test short). No upper bound: a loaded machine may be late.
     std::thread::scope(|s| {
         for &fam in lab.families() {
             for proto in PROTOS {
@@ -347,8 +347,7 @@ fn reject_and_drop() {
                         assert_eq!(got, Outcome::TimedOut, "{from} {proto:?} {fam:?}");
                         let took = start.elapsed();
                         assert!(
-                            took >= PROBE_TIMEOUT - Duration::from_millis(50)
-                                && took < PROBE_TIMEOUT + Duration::from_secs(1),
+                            took >= PROBE_TIMEOUT - Duration::from_millis(50),
                             "{from} {proto:?} {fam:?}: TimedOut after {took:?}"
                         );
                     });
@@ -466,4 +465,62 @@ fn bad_specs_are_rejected() {
     let mut spec = LabSpec::default();
     spec.clients[0].name = "node".into();
     assert!(Lab::new("bad", &spec).is_err());
+}
+
+/// `SVC_KERNEL=require` turns a skipped kernel test into a failed one: this test binary,
+/// run again as nobody on one kernel test, passes saying `skipped:` without the variable
+/// and fails with it (and with a value it does not know).
+#[test]
+fn svc_kernel_require_fails_what_would_skip() {
+    if !require_root("svc_kernel_require_fails_what_would_skip") {
+        return;
+    }
+    // A copy nobody can run, wherever the build directory is (a checkout under /root is
+    // not).
+    let dir = crate::support::TempDir::new("svc-kernel");
+    let exe = dir.path().join("tests");
+    std::fs::copy(std::env::current_exe().expect("the test binary"), &exe).expect("copy");
+    for p in [dir.path(), exe.as_path()] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+    }
+    let test = "kernel::selftest::stale_namespaces_are_swept";
+    for (value, passes, says) in [
+        (
+            None,
+            true,
+            "skipped: stale_namespaces_are_swept: needs root",
+        ),
+        (
+            Some("require"),
+            false,
+            "needs root (network namespaces), and SVC_KERNEL=require forbids skipping",
+        ),
+        (
+            Some("yes"),
+            false,
+            "SVC_KERNEL=\"yes\": the only value is `require`",
+        ),
+    ] {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"]);
+        match value {
+            Some(v) => cmd.env(super::lab::SVC_KERNEL, v),
+            None => cmd.env_remove(super::lab::SVC_KERNEL),
+        };
+        let out = sys::run_bounded(&mut cmd, None, Duration::from_secs(60)).expect("run");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.success(), passes, "SVC_KERNEL={value:?}: {text}");
+        assert!(text.contains(says), "SVC_KERNEL={value:?}: {text}");
+        assert!(
+            text.contains("1 passed") == passes,
+            "SVC_KERNEL={value:?}: {text}"
+        );
+    }
 }

@@ -231,6 +231,105 @@ fn needs_hcnp(s: &Service) -> bool {
             .is_some_and(|p| p.v == "Local")
 }
 
+/// Where the node ports of one allocation phase come from.
+enum Phase<'a> {
+    /// Step 2: the lock file's value, when it is still free; otherwise left to step 3.
+    Lock(&'a LockEntry),
+    /// Step 3: a new value from the slot hashed from `key` (`namespace/name`) and the
+    /// field; a full range is SVC352.
+    New {
+        key: &'a str,
+        diags: &'a mut Diagnostics,
+    },
+}
+
+/// A node-port field of a service: a port's `nodePort` or the `healthCheckNodePort`.
+#[derive(Clone, Copy)]
+enum Field<'a> {
+    Port(usize, &'a crate::k8s::Port),
+    HealthCheck,
+}
+
+impl Field<'_> {
+    fn path(self) -> String {
+        match self {
+            Field::Port(pi, _) => format!("spec.ports[{pi}].nodePort"),
+            Field::HealthCheck => "spec.healthCheckNodePort".into(),
+        }
+    }
+}
+
+impl PortPool {
+    /// A value for `field` of service `s` in `phase`, taken from the pool.
+    fn take_for(&mut self, phase: &mut Phase, s: &Service, field: Field) -> Option<u16> {
+        match phase {
+            Phase::Lock(entry) => {
+                let kept = match field {
+                    Field::Port(_, p) => entry.node_ports.get(&port_key(p)).copied(),
+                    Field::HealthCheck => entry.health_check_node_port,
+                };
+                let np = kept.filter(|np| self.free(*np))?;
+                self.used.insert(np);
+                Some(np)
+            }
+            Phase::New { key, diags } => {
+                let slot = match field {
+                    Field::Port(_, p) => {
+                        let (pk, proto) = port_key(p);
+                        format!("{key}/{pk}/{proto}")
+                    }
+                    Field::HealthCheck => format!("{key}/healthCheckNodePort"),
+                };
+                let np = self.allocate(&slot);
+                if np.is_none() {
+                    let d = Diagnostic::error("SVC352", "the node-port range is full")
+                        .hint("widen --service-node-port-range");
+                    diags.push(match field {
+                        Field::Port(_, p) => d.at(p.span),
+                        // Nothing written to point at: the service, and the field by path.
+                        Field::HealthCheck => d.at(s.meta.name.span).path(field.path()),
+                    });
+                }
+                np
+            }
+        }
+    }
+}
+
+/// Fill what `a` still lacks of the node ports (`wanted.0`) and the health-check node port
+/// (`wanted.1`) in `phase`. Ports that differ only in protocol share one node port, in
+/// every phase.
+fn assign_node_ports(
+    s: &Service,
+    a: &mut Allocation,
+    wanted: (bool, bool),
+    ports: &mut PortPool,
+    mut phase: Phase,
+) {
+    let (node_ports, health_check) = wanted;
+    if node_ports {
+        for (pi, p) in s.ports.iter().enumerate() {
+            if a.node_ports[pi].is_some() {
+                continue;
+            }
+            let np = match sibling_node_port(s, &a.node_ports, pi) {
+                Some(np) => Some(np),
+                None => ports.take_for(&mut phase, s, Field::Port(pi, p)),
+            };
+            if np.is_some() {
+                a.node_ports[pi] = np;
+                a.allocated.push(Field::Port(pi, p).path());
+            }
+        }
+    }
+    if health_check && a.health_check_node_port.is_none() {
+        if let Some(np) = ports.take_for(&mut phase, s, Field::HealthCheck) {
+            a.health_check_node_port = Some(np);
+            a.allocated.push(Field::HealthCheck.path());
+        }
+    }
+}
+
 /// Allocate for every service (index-aligned with `objects.services`), and return the new lock.
 pub fn allocate(
     objects: &Objects,
@@ -352,34 +451,8 @@ pub fn allocate(
                 }
             }
         }
-        if node_ports_wanted[i] {
-            for (pi, p) in s.ports.iter().enumerate() {
-                if out[i].node_ports[pi].is_some() {
-                    continue;
-                }
-                if let Some(np) = sibling_node_port(s, &out[i].node_ports, pi) {
-                    out[i].node_ports[pi] = Some(np);
-                    out[i].allocated.push(format!("spec.ports[{pi}].nodePort"));
-                    continue;
-                }
-                if let Some(np) = entry
-                    .node_ports
-                    .get(&port_key(p))
-                    .filter(|np| ports.free(**np))
-                {
-                    ports.used.insert(*np);
-                    out[i].node_ports[pi] = Some(*np);
-                    out[i].allocated.push(format!("spec.ports[{pi}].nodePort"));
-                }
-            }
-        }
-        if hcnp_wanted[i] && out[i].health_check_node_port.is_none() {
-            if let Some(np) = entry.health_check_node_port.filter(|np| ports.free(*np)) {
-                ports.used.insert(np);
-                out[i].health_check_node_port = Some(np);
-                out[i].allocated.push("spec.healthCheckNodePort".into());
-            }
-        }
+        let wanted = (node_ports_wanted[i], hcnp_wanted[i]);
+        assign_node_ports(s, &mut out[i], wanted, &mut ports, Phase::Lock(entry));
     }
     // 3. New allocations.
     for &i in &order {
@@ -420,36 +493,9 @@ pub fn allocate(
                 .cluster_ips
                 .sort_by_key(|ip| IpFamily::of(ip) != *first);
         }
-        if node_ports_wanted[i] {
-            for (pi, p) in s.ports.iter().enumerate() {
-                if out[i].node_ports[pi].is_some() {
-                    continue;
-                }
-                if let Some(np) = sibling_node_port(s, &out[i].node_ports, pi) {
-                    out[i].node_ports[pi] = Some(np);
-                    out[i].allocated.push(format!("spec.ports[{pi}].nodePort"));
-                    continue;
-                }
-                let (pk, proto) = port_key(p);
-                match ports.allocate(&format!("{key}/{pk}/{proto}")) {
-                    Some(np) => {
-                        out[i].node_ports[pi] = Some(np);
-                        out[i].allocated.push(format!("spec.ports[{pi}].nodePort"));
-                    }
-                    None => diags.push(
-                        Diagnostic::error("SVC352", "the node-port range is full")
-                            .at(p.span)
-                            .hint("widen --service-node-port-range"),
-                    ),
-                }
-            }
-        }
-        if hcnp_wanted[i] && out[i].health_check_node_port.is_none() {
-            if let Some(np) = ports.allocate(&format!("{key}/healthCheckNodePort")) {
-                out[i].health_check_node_port = Some(np);
-                out[i].allocated.push("spec.healthCheckNodePort".into());
-            }
-        }
+        let wanted = (node_ports_wanted[i], hcnp_wanted[i]);
+        let phase = Phase::New { key, diags };
+        assign_node_ports(s, &mut out[i], wanted, &mut ports, phase);
         out[i].allocated.sort();
         let mut entry = LockEntry {
             cluster_ips: out[i].cluster_ips.clone(),
@@ -578,11 +624,11 @@ mod tests {
     use crate::ir::Module;
     use crate::source::SourceMap;
 
-    fn compile(yaml: &str, lock: Option<&str>) -> crate::Compilation {
+    fn compile_with_errors(yaml: &str, lock: Option<&str>) -> crate::Compilation {
         let mut sources = SourceMap::default();
         let f = sources.add("t.yaml", yaml);
         let lock = lock.map(|l| sources.add("lock.yaml", l));
-        let c = crate::compile(
+        crate::compile(
             &sources,
             &[f],
             &crate::Options {
@@ -590,7 +636,10 @@ mod tests {
                 lock,
                 ..Default::default()
             },
-        );
+        )
+    }
+    fn compile(yaml: &str, lock: Option<&str>) -> crate::Compilation {
+        let c = compile_with_errors(yaml, lock);
         assert!(!c.diags.has_errors(), "{:?}", c.diags.items);
         c
     }
@@ -663,5 +712,52 @@ mod tests {
         assert!(m.services[0].health_check_node_port.is_some());
         let default = module(&y.replace("  allocateLoadBalancerNodePorts: false\n", ""));
         assert!(default.services[0].ports[0].node_port.is_some());
+    }
+
+    /// Node ports and the health-check node port come from one range; whatever is
+    /// allocated last, a full range is SVC352 (the health-check port used to be skipped
+    /// silently), and lock values of both kinds are kept.
+    #[test]
+    fn node_ports_and_the_health_check_port_share_the_range() {
+        let y = |range: &str| {
+            format!(
+                "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\nserviceNodePortRange: {range}\n---\n\
+                 apiVersion: v1\nkind: Service\nmetadata: {{name: lb}}\nspec:\n  type: LoadBalancer\n  externalTrafficPolicy: Local\n  ports: [{{name: a, port: 80}}, {{name: b, port: 443}}]\n"
+            )
+        };
+        let m = module(&y("30000-30002"));
+        let s = &m.services[0];
+        let mut all: Vec<u16> = s.ports.iter().filter_map(|p| p.node_port).collect();
+        all.extend(s.health_check_node_port);
+        all.sort_unstable();
+        assert_eq!(all, [30000, 30001, 30002]);
+        assert_eq!(
+            s.allocated,
+            [
+                "spec.clusterIPs(IPv4)",
+                "spec.healthCheckNodePort",
+                "spec.ports[0].nodePort",
+                "spec.ports[1].nodePort"
+            ]
+        );
+
+        let full = compile_with_errors(&y("30000-30001"), None);
+        let errors: Vec<(&str, Option<&str>)> = full
+            .diags
+            .items
+            .iter()
+            .map(|d| (d.code, d.path.as_deref()))
+            .collect();
+        assert_eq!(errors, [("SVC352", Some("spec.healthCheckNodePort"))]);
+        assert_eq!(full.module.services[0].health_check_node_port, None);
+
+        // The lock phase keeps both kinds, whichever slot the hash would give.
+        let lock = "apiVersion: svc-compile/v1alpha1\nkind: AllocationLock\nservices:\n- service: default/lb\n  nodePorts:\n  - {port: \"a\", protocol: TCP, nodePort: 30002}\n  - {port: \"b\", protocol: TCP, nodePort: 30000}\n  healthCheckNodePort: 30001\n";
+        let c = compile(&y("30000-30002"), Some(lock));
+        let s = &c.module.services[0];
+        let got: Vec<Option<u16>> = s.ports.iter().map(|p| p.node_port).collect();
+        assert_eq!(got, [Some(30002), Some(30000)]);
+        assert_eq!(s.health_check_node_port, Some(30001));
+        assert!(super::write_lock(&c.lock).contains("healthCheckNodePort: 30001"));
     }
 }

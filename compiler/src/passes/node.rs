@@ -2,21 +2,25 @@
 //!
 //! This is the part of kube-proxy that does not depend on the dataplane: its per-family
 //! proxier setup (node IPs, local-traffic detector, `nodePortAddresses`,
-//! `localhostNodePorts`), the service tracker (which service ports exist on a family) and
+//! `localhostNodePorts`), the service tracker (which service ports exist on a family),
 //! `CategorizeEndpoints` (which endpoints each traffic policy uses on this node, after
-//! topology and the terminating fallback). Every decision lands in [`NodeView`] so that
-//! back ends only print.
+//! topology and the terminating fallback) and the per-port decisions of the proxiers'
+//! `syncProxyRules` (internal/external endpoints, REJECT or DROP, which chains exist;
+//! per mode where iptables and nftables differ). Every decision lands in [`NodeView`] so
+//! that back ends only print.
 //!
 //! Upstream references (kubernetes/kubernetes): `pkg/proxy/topology.go`,
 //! `pkg/proxy/serviceport.go`, `pkg/proxy/servicechangetracker.go`,
-//! `pkg/proxy/util/nodeport_addresses.go`, `pkg/proxy/iptables/proxier.go`
-//! (`NewProxier`, `syncProxyRules`) and `cmd/kube-proxy/app/server.go` (`primary`
-//! node-port addresses, local detectors). The deprecated `topologyKeys` follow seed 000.
+//! `pkg/proxy/util/nodeport_addresses.go`, `pkg/proxy/iptables/proxier.go` and
+//! `pkg/proxy/nftables/proxier.go` (`NewProxier`, `syncProxyRules`),
+//! `cmd/kube-proxy/app/server.go` (`primary` node-port addresses, local detectors). The
+//! deprecated `topologyKeys` follow seed 000.
 
 use crate::diag::Diagnostic;
 use crate::ir::{
-    DetectLocalMode, Endpoint, EndpointView, LocalDetector, Module, Node, NodePortAddress,
-    NodePortAddresses, NodeView, PortView, Service, ServicePort, ServiceType, TrafficPolicy,
+    ByMode, DetectLocalMode, Endpoint, EndpointView, LocalDetector, Module, NoEndpointsVerdict,
+    Node, NodePortAddress, NodePortAddresses, NodeView, PortView, Service, ServicePort,
+    ServiceType, TrafficPolicy,
 };
 use crate::net::{Cidr, IpFamily};
 use rayon::prelude::*;
@@ -412,7 +416,7 @@ fn port_view(
         this,
     );
 
-    PortView {
+    let mut view = PortView {
         service,
         namespace: svc.namespace.clone(),
         name: svc.name.clone(),
@@ -432,11 +436,66 @@ fn port_view(
         internal_local,
         external_local,
         has_endpoints: cat.has_endpoints,
+        // Written by `record_decisions` below, from the fields above.
+        has_internal_endpoints: false,
+        has_external_endpoints: false,
+        no_endpoints_verdict: NoEndpointsVerdict::Reject,
+        uses_external_chain: false,
+        uses_firewall_chain: ByMode {
+            iptables: false,
+            nftables: false,
+        },
         endpoints: views,
         cluster_endpoints: cat.cluster,
         local_endpoints: cat.local,
         topology: cat.topology,
-    }
+    };
+    record_decisions(&mut view);
+    view
+}
+
+/// The per-port decisions of both proxiers' `syncProxyRules`, made from what the view
+/// already says (policies, external destinations, endpoint sets): `has_internal_endpoints`,
+/// `has_external_endpoints`, `no_endpoints_verdict`, `uses_external_chain`,
+/// `uses_firewall_chain`.
+fn record_decisions(p: &mut PortView) {
+    // Internal/external endpoints exist when the policy's set does: with a Cluster policy
+    // the set is empty exactly when no endpoint is usable anywhere (the terminating
+    // fallback and hints never empty it), so `has_endpoints` alone is kube-proxy's answer.
+    let local_here = !p.local_endpoints.is_empty();
+    p.has_internal_endpoints = p.has_endpoints && (!p.internal_local || local_here);
+    // Only a port with external destinations has external endpoints (upstream computes
+    // the value for every port but reads it only for external destinations).
+    p.has_external_endpoints =
+        p.externally_accessible && p.has_endpoints && (!p.external_local || local_here);
+    let policy_set = |local: bool| {
+        if local {
+            &p.local_endpoints
+        } else {
+            &p.cluster_endpoints
+        }
+    };
+    debug_assert!(!p.has_internal_endpoints || !policy_set(p.internal_local).is_empty());
+    debug_assert!(!p.has_external_endpoints || !policy_set(p.external_local).is_empty());
+    // REJECT when nothing serves the service anywhere, DROP when only a Local policy
+    // leaves this node without endpoints.
+    p.no_endpoints_verdict = if p.has_endpoints {
+        NoEndpointsVerdict::Drop
+    } else {
+        NoEndpointsVerdict::Reject
+    };
+    // Even without external endpoints: the chain's short-circuit rules for pod and host
+    // traffic still apply ...
+    p.uses_external_chain = p.has_endpoints && p.externally_accessible;
+    // ... and go to the cluster policy chain, so that chain exists.
+    debug_assert!(!p.uses_external_chain || !p.cluster_endpoints.is_empty());
+    let source_ranges_apply = !p.load_balancer_ips.is_empty() && !p.source_ranges.is_empty();
+    p.uses_firewall_chain = ByMode {
+        // The FW chain accepts into the external chain, which exists only with endpoints.
+        iptables: p.has_endpoints && source_ranges_apply,
+        // The firewall verdict map drops other sources before NAT, endpoints or not.
+        nftables: source_ranges_apply,
+    };
 }
 
 struct Categorized {
@@ -650,53 +709,22 @@ fn topology_mode_from_hints(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{
-        ClusterConfig, LoadBalancerIngress, Protocol, ProxyConfig, TargetPort, TrafficPolicy,
-    };
-    use crate::net::join_host_port;
+    use crate::ir::{LoadBalancerIngress, Protocol, TrafficPolicy};
+    use crate::testing::{self, cidr, ip};
 
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-    fn cidr(s: &str) -> Cidr {
-        s.parse().unwrap()
-    }
-
+    /// The shared fixtures with this suite's ranges: services 10.96.0.0/12, pods
+    /// 10.244.0.0/16 (and their IPv6 twins).
     fn module(services: Vec<Service>, nodes: Vec<Node>) -> Module {
-        Module {
-            cluster: ClusterConfig {
-                service_cidrs: vec![cidr("10.96.0.0/12"), cidr("fd00:96::/112")],
-                node_port_range: (30000, 32767),
-                cluster_domain: "cluster.local".into(),
-            },
-            proxy: ProxyConfig {
-                mode: "iptables".into(),
-                cluster_cidrs: vec![cidr("10.244.0.0/16"), cidr("fd00:244::/56")],
-                detect_local: DetectLocalMode::ClusterCIDR,
-                masquerade_all: false,
-                masquerade_bit: 14,
-                localhost_node_ports: true,
-                node_port_addresses: vec![],
-                ipvs_scheduler: "rr".into(),
-                conntrack_tcp_be_liberal: false,
-            },
-            services,
-            nodes,
-        }
+        let mut m = testing::module(services, nodes);
+        m.cluster.service_cidrs = vec![cidr("10.96.0.0/12"), cidr("fd00:96::/112")];
+        m.proxy.cluster_cidrs = vec![cidr("10.244.0.0/16"), cidr("fd00:244::/56")];
+        m
     }
 
     fn node(name: &str, addrs: &[&str], zone: Option<&str>) -> Node {
-        let mut labels = BTreeMap::new();
-        labels.insert(LABEL_HOSTNAME.to_string(), name.to_string());
-        if let Some(z) = zone {
-            labels.insert(LABEL_ZONE.to_string(), z.to_string());
-        }
-        Node {
-            name: name.into(),
-            addresses: addrs.iter().map(|a| ip(a)).collect(),
-            labels,
-            pod_cidrs: vec![cidr("10.244.1.0/24"), cidr("fd00:244:0:1::/64")],
-        }
+        let mut n = testing::node(name, addrs, zone);
+        n.pod_cidrs = vec![cidr("10.244.1.0/24"), cidr("fd00:244:0:1::/64")];
+        n
     }
 
     /// Three nodes: n1 (this node) and n2 in zone a, n3 in zone b.
@@ -708,20 +736,9 @@ mod tests {
         ]
     }
 
+    /// A ready endpoint on port 8080 of `node` (none when empty).
     fn ep(addr: &str, node: &str) -> Endpoint {
-        Endpoint {
-            ip: ip(addr),
-            port: 8080,
-            addr: join_host_port(&ip(addr), 8080).into(),
-            node_name: (!node.is_empty()).then(|| node.into()),
-            zone: None,
-            ready: true,
-            serving: true,
-            terminating: false,
-            hint_zones: vec![],
-            hint_nodes: vec![],
-            source: "EndpointSlice ns/x".into(),
-        }
+        testing::endpoint(&format!("{addr}@{node}"), 8080)
     }
 
     fn terminating(mut e: Endpoint, serving: bool) -> Endpoint {
@@ -731,34 +748,12 @@ mod tests {
         e
     }
 
+    /// `ns/name` at 10.96.0.10 with one port `http` 80 → 8080 (node port 30080 unless
+    /// ClusterIP).
     fn svc(name: &str, kind: ServiceType, endpoints: Vec<Endpoint>) -> Service {
-        Service {
-            namespace: "ns".into(),
-            name: name.into(),
-            kind,
-            headless: false,
-            cluster_ips: vec![ip("10.96.0.10")],
-            ip_families: vec![IpFamily::IPv4],
-            external_name: None,
-            external_ips: vec![],
-            load_balancer_ingress: vec![],
-            load_balancer_source_ranges: vec![],
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: None,
-            topology_keys: vec![],
-            traffic_distribution: None,
-            ports: vec![ServicePort {
-                name: "http".into(),
-                protocol: Protocol::TCP,
-                port: 80,
-                node_port: (kind != ServiceType::ClusterIP).then_some(30080),
-                target_port: TargetPort::Number(8080),
-                endpoints,
-            }],
-            allocated: vec![],
-        }
+        let mut port = testing::port("http", 80, 8080, endpoints);
+        port.node_port = (kind != ServiceType::ClusterIP).then_some(30080);
+        testing::service("ns", name, kind, "10.96.0.10", vec![port])
     }
 
     fn sel(name: &str) -> NodeSelection {
@@ -769,7 +764,7 @@ mod tests {
     }
 
     fn view(m: &Module) -> NodeView {
-        node_view(m, &sel("n1"), IpFamily::IPv4).unwrap()
+        testing::view(m, "n1", IpFamily::IPv4)
     }
 
     /// The addresses of the endpoints at `idx`.
@@ -1113,6 +1108,63 @@ mod tests {
             assert_eq!(addrs(p, &p.cluster_endpoints), want_cluster, "{what}");
             assert_eq!(addrs(p, &p.local_endpoints), want_local, "{what}");
         }
+    }
+
+    /// syncProxyRules' decisions: (kind, ITP, ETP, endpoints) → has internal / external
+    /// endpoints, verdict, external chain; the firewall chain per mode.
+    #[test]
+    fn port_decisions() {
+        use NoEndpointsVerdict::{Drop, Reject};
+        use ServiceType::*;
+        use TrafficPolicy::*;
+        let local = || vec![ep("10.244.1.5", "n1"), ep("10.244.2.5", "n2")];
+        let remote = || vec![ep("10.244.2.5", "n2")];
+        #[rustfmt::skip]
+        let cases = [
+            // kind, itp, etp, endpoints, internal, external, verdict, ext chain
+            (ClusterIP, Cluster, Cluster, local(), true, false, Drop, false),
+            (ClusterIP, Cluster, Cluster, vec![], false, false, Reject, false),
+            (ClusterIP, Local, Cluster, remote(), false, false, Drop, false),
+            (ClusterIP, Local, Cluster, local(), true, false, Drop, false),
+            (NodePort, Cluster, Cluster, remote(), true, true, Drop, true),
+            (NodePort, Cluster, Local, remote(), true, false, Drop, true),
+            (NodePort, Cluster, Local, local(), true, true, Drop, true),
+            (NodePort, Local, Cluster, remote(), false, true, Drop, true),
+            (NodePort, Local, Local, vec![], false, false, Reject, false),
+        ];
+        for (kind, itp, etp, eps, internal, external, verdict, ext) in cases {
+            let mut s = svc("s", kind, eps);
+            s.internal_traffic_policy = itp;
+            s.external_traffic_policy = etp;
+            let m = module(vec![s], nodes());
+            let p = &view(&m).ports[0];
+            let what = format!("{kind:?} itp={itp:?} etp={etp:?} {:?}", p.endpoints);
+            assert_eq!(p.has_internal_endpoints, internal, "{what}");
+            assert_eq!(p.has_external_endpoints, external, "{what}");
+            assert_eq!(p.no_endpoints_verdict, verdict, "{what}");
+            assert_eq!(p.uses_external_chain, ext, "{what}");
+        }
+
+        // loadBalancerSourceRanges: iptables' FW chain needs endpoints, nftables' does not;
+        // neither without a captured LoadBalancer IP or without ranges.
+        let lb = |eps, ingress: bool, ranges: bool| {
+            let mut s = svc("lb", LoadBalancer, eps);
+            if ingress {
+                s.load_balancer_ingress = vec![LoadBalancerIngress {
+                    ip: ip("198.51.100.1"),
+                    proxy_mode: false,
+                }];
+            }
+            if ranges {
+                s.load_balancer_source_ranges = vec![cidr("203.0.113.0/24")];
+            }
+            view(&module(vec![s], nodes())).ports[0].uses_firewall_chain
+        };
+        let by_mode = |iptables, nftables| ByMode { iptables, nftables };
+        assert_eq!(lb(remote(), true, true), by_mode(true, true));
+        assert_eq!(lb(vec![], true, true), by_mode(false, true));
+        assert_eq!(lb(remote(), false, true), by_mode(false, false));
+        assert_eq!(lb(remote(), true, false), by_mode(false, false));
     }
 
     #[test]

@@ -62,9 +62,9 @@ mod text;
 #[cfg(test)]
 mod tests;
 
-use crate::common::{Cached, PortCache};
+use crate::common::{self, render_ports, PortCache, PortRendering};
+use crate::{Render, Target};
 use model::{Item, Place, PortSettings};
-use std::sync::Arc;
 use svc_compiler::ir::NodeView;
 use text::Layout;
 
@@ -87,7 +87,7 @@ impl Default for Options {
 /// The ruleset as `nft -f` text.
 pub fn write_string(view: &NodeView, opts: &Options) -> String {
     let mut out = String::new();
-    render(view, opts, None, &mut out);
+    Nftables::render(view, opts, None, &mut out);
     out
 }
 
@@ -102,145 +102,115 @@ pub fn write_json(view: &NodeView, opts: &Options) -> String {
     json::write(&model::build(view), opts)
 }
 
-/// Writes the `nft -f` text of many nodes of one module (`--all-nodes`), each distinct
-/// service port rendered once: on most nodes most ports render the same. Nodes may be
-/// written in parallel. The output is [`write_string`]'s.
-#[derive(Default)]
-pub struct Renderer {
-    opts: Options,
-    cache: PortCache<PortSettings, PortText>,
+/// `--target nftables`.
+pub const TARGET: Target = Target {
+    name: "nftables",
+    about: "nft -f input, as kube-proxy's nftables mode loads it",
+    ext: "nft",
+    render: Render::Node(|_, sharing| Renderer::boxed(sharing)),
+    flags: &[],
+    planner: Some(&crate::plan::nftables::Nftables),
+};
+
+/// `--target nftables-json`.
+pub const JSON_TARGET: Target = Target {
+    name: "nftables-json",
+    about: "the same as nft -j -f input",
+    ext: "json",
+    render: Render::Node(|_, _| Box::new(JsonRenderer)),
+    flags: &[],
+    planner: None,
+};
+
+/// [`write_json`] for the registry: the JSON is built whole, nothing is shared.
+struct JsonRenderer;
+
+impl crate::NodeRenderer for JsonRenderer {
+    fn render_into(&self, view: &NodeView, out: &mut String) {
+        *out = write_json(view, &Options::default());
+    }
 }
 
-/// A service port's section as text, and its elements, each as its line.
-struct PortText {
+/// Writes the `nft -f` text of many nodes (see [`common::Renderer`]).
+pub type Renderer = common::Renderer<Nftables>;
+
+/// The nftables back end, for [`common::Renderer`].
+pub struct Nftables;
+
+/// The section of some service ports as text, and their elements, each as its line.
+#[derive(Default)]
+pub struct PortText {
     text: String,
-    /// After the section; `None` when the port has no objects of its own.
+    /// After the section; `None` when the ports have no objects of their own.
     layout: Option<Layout>,
     /// (place in the output, line).
     elements: Vec<(Place, String)>,
 }
 
-impl Renderer {
-    pub fn new(opts: Options) -> Renderer {
-        Renderer {
-            opts,
-            cache: PortCache::default(),
-        }
-    }
+impl PortRendering for Nftables {
+    type Options = Options;
+    type Settings = PortSettings;
+    type Part = PortText;
 
-    pub fn write_string(&self, view: &NodeView) -> String {
-        let mut text = String::new();
-        self.write_into(view, &mut text);
-        text
-    }
+    /// The text of `model::build(view)` as `text::write` spells it, built port by port: the
+    /// fixed part, the port sections, then the elements of every map.
+    fn render(
+        view: &NodeView,
+        opts: &Options,
+        cache: Option<&PortCache<PortSettings, PortText>>,
+        out: &mut String,
+    ) {
+        let family = view.family;
+        let element_line = |e: model::Element| {
+            let place = e.place();
+            let mut line = String::new();
+            text::write_item(&mut line, family, &Item::Element(e));
+            (place, line)
+        };
+        out.clear();
+        text::header(out, &view.node_name, family, opts);
+        let fixed = model::fixed_part(view);
+        let mut layout = Layout::default();
+        text::write_items(out, family, &fixed.items, &mut layout);
+        let own_elements: Vec<_> = fixed.elements.into_iter().map(element_line).collect();
 
-    /// [`Renderer::write_string`] into `out` (cleared first), reusing its memory.
-    pub fn write_into(&self, view: &NodeView, out: &mut String) {
-        render(view, &self.opts, Some(&self.cache), out)
-    }
-}
-
-/// The text of `model::build(view)` as `text::write` spells it, built port by port (and
-/// with a cache, each port looked up first): the fixed part, the port sections, then the
-/// elements of every map.
-fn render(
-    view: &NodeView,
-    opts: &Options,
-    cache: Option<&PortCache<PortSettings, PortText>>,
-    out: &mut String,
-) {
-    let family = view.family;
-    let element_line = |e: model::Element| {
-        let place = e.place();
-        let mut line = String::new();
-        text::write_item(&mut line, family, &Item::Element(e));
-        (place, line)
-    };
-    out.clear();
-    text::header(out, &view.node_name, family, opts);
-    let fixed = model::fixed_part(view);
-    let mut layout = Layout::default();
-    text::write_items(out, family, &fixed.items, &mut layout);
-    let mut own_elements: Vec<_> = fixed.elements.into_iter().map(element_line).collect();
-
-    let settings = PortSettings::of(view);
-    let mut shared: Vec<Arc<Cached<PortSettings, PortText>>> = Vec::new();
-    match cache {
-        None => {
-            // Ports in parallel: a window of them at a time, cut into runs that are each
-            // written into one text, so that only a window's text is held twice.
-            use rayon::prelude::*;
-            const RUN: usize = 64;
-            let endpoints: usize = view.ports.iter().map(|p| p.endpoints.len()).sum();
-            // About what a port and an endpoint take, to grow the text rarely.
-            out.reserve(view.ports.len() * 1500 + endpoints * 400);
-            for window in view.ports.chunks(RUN * 32) {
-                let runs: Vec<_> = window
-                    .par_chunks(RUN)
-                    .map(|ports| {
-                        let (mut text, mut run_layout) = (String::new(), None);
-                        let mut elements = Vec::new();
-                        for p in ports {
-                            let part = model::port_part(&settings, p);
-                            let mut l = Layout::default();
-                            text::write_items(&mut text, family, &part.items, &mut l);
-                            if !part.items.is_empty() {
-                                run_layout = Some(l);
-                            }
-                            elements.extend(part.elements.into_iter().map(element_line));
-                        }
-                        (text, run_layout, elements)
-                    })
-                    .collect();
-                for (text, run_layout, elements) in runs {
-                    out.push_str(&text);
-                    layout = run_layout.unwrap_or(layout);
-                    own_elements.extend(elements);
+        let settings = PortSettings::of(view);
+        let pieces = render_ports(&view.ports, &settings, cache, |part, ports| {
+            for p in ports {
+                let items = model::port_part(&settings, p);
+                let mut l = Layout::default();
+                text::write_items(&mut part.text, family, &items.items, &mut l);
+                if !items.items.is_empty() {
+                    part.layout = Some(l);
                 }
+                part.elements
+                    .extend(items.elements.into_iter().map(element_line));
             }
+        });
+        let elements: usize = pieces
+            .iter()
+            .flat_map(|p| &p.elements)
+            .map(|e| e.1.len() + 1)
+            .sum();
+        out.reserve(pieces.iter().map(|p| p.text.len()).sum::<usize>() + elements + 1);
+        for p in &pieces {
+            out.push_str(&p.text);
+            layout = p.layout.unwrap_or(layout);
         }
-        Some(cache) => {
-            shared = view
-                .ports
-                .iter()
-                .map(|p| {
-                    cache.get_or_render(&settings, p, || {
-                        let part = model::port_part(&settings, p);
-                        let mut port_layout = Layout::default();
-                        let mut text = String::new();
-                        text::write_items(&mut text, family, &part.items, &mut port_layout);
-                        PortText {
-                            text,
-                            layout: (!part.items.is_empty()).then_some(port_layout),
-                            elements: part.elements.into_iter().map(element_line).collect(),
-                        }
-                    })
-                })
-                .collect();
-            let elements: usize = shared
-                .iter()
-                .flat_map(|c| &c.rendered.elements)
-                .map(|e| e.1.len() + 1)
-                .sum();
-            out.reserve(shared.iter().map(|c| c.rendered.text.len()).sum::<usize>() + elements + 1);
-            for c in &shared {
-                out.push_str(&c.rendered.text);
-                layout = c.rendered.layout.unwrap_or(layout);
-            }
-        }
-    }
 
-    // Every map's elements in place order, the first claim of a place winning (the fixed
-    // ones first, then the ports in order): a stable sort, then the first of each run.
-    let mut elements: Vec<&(Place, String)> = own_elements
-        .iter()
-        .chain(shared.iter().flat_map(|c| &c.rendered.elements))
-        .collect();
-    elements.sort_by_key(|e| e.0);
-    elements.dedup_by(|later, first| later.0 == first.0);
-    for (_, line) in elements {
-        layout.before(out, text::Kind::Element);
-        out.push_str(line);
-        out.push('\n');
+        // Every map's elements in place order, the first claim of a place winning (the
+        // fixed ones first, then the ports in order): a stable sort, then the first of
+        // each run.
+        let mut elements: Vec<&(Place, String)> = own_elements
+            .iter()
+            .chain(pieces.iter().flat_map(|p| &p.elements))
+            .collect();
+        elements.sort_by_key(|e| e.0);
+        elements.dedup_by(|later, first| later.0 == first.0);
+        for (_, line) in elements {
+            layout.before(out, text::Kind::Element);
+            out.push_str(line);
+            out.push('\n');
+        }
     }
 }

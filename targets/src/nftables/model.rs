@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::rc::Rc;
-use svc_compiler::ir::{LocalDetector, NodePortAddresses, NodeView, PortView, Protocol};
+use svc_compiler::ir::{
+    LocalDetector, NoEndpointsVerdict, NodePortAddresses, NodeView, PortView, Protocol,
+};
 use svc_compiler::net::{Cidr, FastIp, IpFamily};
 
 pub(super) const TABLE: &str = "kube-proxy";
@@ -399,7 +401,7 @@ type Elements = BTreeMap<Vec<Value>, (Option<String>, Option<Verdict>)>;
 /// What a service port's objects read of the node's view, beside the port itself: nodes
 /// that agree on these and on the port get the same objects for it.
 #[derive(Clone, PartialEq)]
-pub(super) struct PortSettings {
+pub struct PortSettings {
     pub family: IpFamily,
     masquerade_all: bool,
     local_detector: Option<LocalDetector>,
@@ -499,34 +501,27 @@ impl PortBuilder<'_> {
         let endpoint_chain = |i: u32| name(i).0.clone();
         let affinity_set = |i: u32| name(i).1.clone();
 
-        // Which chains exist. The node pass leaves cluster_endpoints / local_endpoints empty
-        // when no traffic uses them, so their emptiness is kube-proxy's
-        // `len(x) > 0 && svcInfo.UsesXEndpoints()`.
+        // Which chains exist, and where traffic goes: the node pass's decisions (see
+        // `PortView`); a non-empty endpoint set is a policy chain that exists.
         let uses_cluster = !p.cluster_endpoints.is_empty();
         let uses_local = !p.local_endpoints.is_empty();
-        let uses_external = p.has_endpoints && p.externally_accessible;
-        let uses_firewall = !p.load_balancer_ips.is_empty() && !p.source_ranges.is_empty();
-
-        let (internal_chain, internal_exists) = if p.internal_local {
-            (&local_chain, uses_local)
+        let uses_external = p.uses_external_chain;
+        let uses_firewall = p.uses_firewall_chain.nftables;
+        let internal_chain = if p.internal_local {
+            &local_chain
         } else {
-            (&cluster_chain, uses_cluster)
+            &cluster_chain
         };
-        let (external_policy_chain, external_policy_exists) = if p.external_local {
-            (&local_chain, uses_local)
+        let external_policy_chain = if p.external_local {
+            &local_chain
         } else {
-            (&cluster_chain, uses_cluster)
+            &cluster_chain
         };
-        // kube-proxy: hasInternalEndpoints / hasExternalEndpoints. Tying them to the chain's
-        // existence is the same under the IR's invariants and never references a missing chain.
-        let has_internal = p.has_endpoints && internal_exists;
-        let has_external = p.has_endpoints && external_policy_exists;
-        // Verdict when there is nothing to send the traffic to: REJECT when the service has
-        // no endpoints at all, DROP when only the Local policy has none here.
-        let no_endpoint_verdict = if p.has_endpoints {
-            Verdict::Drop
-        } else {
-            Verdict::Goto(REJECT_CHAIN.into())
+        let has_internal = p.has_internal_endpoints;
+        let has_external = p.has_external_endpoints;
+        let no_endpoint_verdict = match p.no_endpoints_verdict {
+            NoEndpointsVerdict::Drop => Verdict::Drop,
+            NoEndpointsVerdict::Reject => Verdict::Goto(REJECT_CHAIN.into()),
         };
         let affinity = p.affinity_timeout;
 

@@ -15,7 +15,7 @@
 //!
 //! iptables-restore commits each `*table` block as one transaction (legacy: one table
 //! replace; nf_tables: one netlink batch per `COMMIT`, see iptables' `xtables-restore.c`),
-//! so a failed load can leave an earlier table committed: [`Owner::revert`] builds the
+//! so a failed load can leave an earlier table committed: [`Plan::revert`] builds the
 //! document that puts such tables back from the `iptables-save` text read before the load.
 //!
 //! Owned rules are compared in `iptables-save`'s spelling, learnt by loading the rewritten
@@ -23,10 +23,11 @@
 //! is canonical, ours is not (`-m tcp -p tcp` reads back as `-p tcp -m tcp`, addresses get
 //! `/32`, …).
 
-use super::{argv, Commands, Family, Mode, Owner as PlanOwner, Plan, Prepared, PreparedInner};
-use super::{scratch, Previous, Summary};
+use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
+use super::{Previous, Step, Summary, Tool};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 /// kube-proxy's per-service chain prefixes: chains with these names belong to us even when
 /// no document we remember declared them (kube-proxy deletes them the same way).
@@ -41,34 +42,8 @@ const SERVICE_PREFIXES: [&str; 5] = [
 /// The order tables are written in; others follow alphabetically.
 const TABLE_ORDER: [&str; 5] = ["raw", "mangle", "filter", "nat", "security"];
 
-/// The commands for one family.
-pub fn commands(family: Family) -> Commands {
-    let (save, restore) = match family {
-        Family::V4 => ("iptables-save", "iptables-restore"),
-        Family::V6 => ("ip6tables-save", "ip6tables-restore"),
-    };
-    Commands {
-        read: argv(&[save]),
-        check: argv(&[restore, "--test", "--noflush"]),
-        load: argv(&[restore, "--noflush"]),
-        scratch: scratch(&format!("{restore} --noflush \"$1\" && {save}")),
-    }
-}
-
-/// The family a compiled document names in its first line, if any.
-pub fn family_of(doc: &str) -> Option<Family> {
-    let first = doc.lines().next()?;
-    if !first.starts_with("# svc-compile:") {
-        return None;
-    }
-    if first.contains(", IPv6;") {
-        Some(Family::V6)
-    } else if first.contains(", IPv4;") {
-        Some(Family::V4)
-    } else {
-        None
-    }
-}
+/// The iptables back end's [`Planner`].
+pub struct Iptables;
 
 fn is_service_chain(name: &str) -> bool {
     SERVICE_PREFIXES.iter().any(|p| name.starts_with(p))
@@ -320,13 +295,15 @@ impl Owner {
         }
         out
     }
+}
 
-    pub(super) fn owned(&self, kernel: &str) -> Result<String, String> {
+impl Owned for Owner {
+    fn owned(&self, kernel: &str) -> Result<String, String> {
         let k = parse(kernel, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
         Ok(format_owned(&self.extract(&k)))
     }
 
-    pub(super) fn revert(&self, after: &str) -> Result<Option<String>, String> {
+    fn revert(&self, after: &str) -> Result<Option<String>, String> {
         let after = parse(after, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
         let empty = Table::default();
         let mut out = String::new();
@@ -414,84 +391,129 @@ pub(super) struct Prep {
     old_jumps: Owner,
 }
 
-/// Step one (see the module docs of [`super`]). `force_full` ignores `previous`.
-pub fn prepare(
-    new_doc: &str,
-    family: Family,
-    previous: Option<Previous>,
-    kernel: &str,
-    force_full: bool,
-) -> Result<Prepared, String> {
-    let new = parse(new_doc, Source::Document).map_err(|e| format!("the document: {e}"))?;
-    if new.values().all(|t| t.order.is_empty()) {
-        return Err("the document declares no chains".into());
-    }
-    let kernel = parse(kernel, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
-
-    let mut old_chains: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut old_jumps = Owner::default();
-    let mut old_doc = None;
-    let mut mode = Mode::Incremental;
-    match previous {
-        _ if force_full => mode = Mode::Full("asked for with --full".into()),
-        None => mode = Mode::Full("no previous apply recorded".into()),
-        Some(p) => match (
-            parse(p.document, Source::Document),
-            parse(p.snapshot, Source::Save),
-        ) {
-            (Ok(doc), Ok(snap)) => {
-                let owner = Owner::from_snapshot(&snap);
-                let now = format_owned(&owner.extract(&kernel));
-                if now != p.snapshot {
-                    mode = Mode::Full(format!(
-                        "the kernel differs from what the last apply left: {}",
-                        Plan::first_difference(p.snapshot, &now)
-                    ));
-                }
-                for (t, table) in doc.iter().chain(&snap) {
-                    old_chains
-                        .entry(t.clone())
-                        .or_default()
-                        .extend(table.user_chains().cloned());
-                }
-                old_jumps = owner;
-                old_doc = Some(doc);
-            }
-            _ => mode = Mode::Full("the recorded state cannot be read".into()),
-        },
-    }
-
-    let mut rewrite: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let empty = Table::default();
-    for (t, table) in &new {
-        let k = kernel.get(t).unwrap_or(&empty);
-        let old = old_doc.as_ref().and_then(|d| d.get(t)).unwrap_or(&empty);
-        let set: BTreeSet<String> = table
-            .user_chains()
-            .filter(|c| {
-                mode != Mode::Incremental
-                    || !k.is_user(c)
-                    || !old.is_user(c)
-                    || old.rules(c) != table.rules(c)
+impl Planner for Iptables {
+    fn tools(&self, family: Family) -> Vec<Tool> {
+        let (save, restore) = match family {
+            Family::V4 => ("iptables-save", "iptables-restore"),
+            Family::V6 => ("ip6tables-save", "ip6tables-restore"),
+        };
+        [save, restore]
+            .map(|program| Tool {
+                program,
+                package: "iptables",
             })
-            .cloned()
-            .collect();
-        rewrite.insert(t.clone(), set);
+            .to_vec()
+    }
+    /// The commands for one family.
+    fn commands(&self, family: Family) -> Commands {
+        let (save, restore) = match family {
+            Family::V4 => ("iptables-save", "iptables-restore"),
+            Family::V6 => ("ip6tables-save", "ip6tables-restore"),
+        };
+        Commands {
+            read: argv(&[save]),
+            check: argv(&[restore, "--test", "--noflush"]),
+            load: argv(&[restore, "--noflush"]),
+            scratch: scratch(&format!("{restore} --noflush \"$1\" && {save}")),
+        }
     }
 
-    let scratch = scratch_document(&new, &rewrite);
-    Ok(Prepared {
-        mode,
-        scratch,
-        family,
-        inner: PreparedInner::Iptables(Box::new(Prep {
-            new,
-            kernel,
-            rewrite,
-            old_chains,
-            old_jumps,
-        })),
-    })
+    /// The family a compiled document names in its first line, if any.
+    fn family_of(&self, doc: &str) -> Option<Family> {
+        let first = doc.lines().next()?;
+        if !first.starts_with("# svc-compile:") {
+            return None;
+        }
+        if first.contains(", IPv6;") {
+            Some(Family::V6)
+        } else if first.contains(", IPv4;") {
+            Some(Family::V4)
+        } else {
+            None
+        }
+    }
+
+    /// Step one (see the module docs of [`super`]). `force_full` ignores `previous`.
+    fn prepare(
+        &self,
+        new_doc: &str,
+        family: Family,
+        previous: Option<Previous>,
+        kernel: &str,
+        force_full: bool,
+    ) -> Result<Prepared, String> {
+        let new = parse(new_doc, Source::Document).map_err(|e| format!("the document: {e}"))?;
+        if new.values().all(|t| t.order.is_empty()) {
+            return Err("the document declares no chains".into());
+        }
+        let kernel =
+            parse(kernel, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
+
+        let mut old_chains: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut old_jumps = Owner::default();
+        let mut old_doc = None;
+        let mut mode = Mode::Incremental;
+        match previous {
+            _ if force_full => mode = Mode::Full("asked for with --full".into()),
+            None => mode = Mode::Full("no previous apply recorded".into()),
+            Some(p) => match (
+                parse(p.document, Source::Document),
+                parse(p.snapshot, Source::Save),
+            ) {
+                (Ok(doc), Ok(snap)) => {
+                    let owner = Owner::from_snapshot(&snap);
+                    let now = format_owned(&owner.extract(&kernel));
+                    if now != p.snapshot {
+                        mode = Mode::Full(format!(
+                            "the kernel differs from what the last apply left: {}",
+                            Plan::first_difference(p.snapshot, &now)
+                        ));
+                    }
+                    for (t, table) in doc.iter().chain(&snap) {
+                        old_chains
+                            .entry(t.clone())
+                            .or_default()
+                            .extend(table.user_chains().cloned());
+                    }
+                    old_jumps = owner;
+                    old_doc = Some(doc);
+                }
+                _ => mode = Mode::Full("the recorded state cannot be read".into()),
+            },
+        }
+
+        let mut rewrite: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let empty = Table::default();
+        for (t, table) in &new {
+            let k = kernel.get(t).unwrap_or(&empty);
+            let old = old_doc.as_ref().and_then(|d| d.get(t)).unwrap_or(&empty);
+            let set: BTreeSet<String> = table
+                .user_chains()
+                .filter(|c| {
+                    mode != Mode::Incremental
+                        || !k.is_user(c)
+                        || !old.is_user(c)
+                        || old.rules(c) != table.rules(c)
+                })
+                .cloned()
+                .collect();
+            rewrite.insert(t.clone(), set);
+        }
+
+        let scratch = scratch_document(&new, &rewrite);
+        Ok(Prepared {
+            mode,
+            scratch,
+            family,
+            step: Arc::new(Prep {
+                new,
+                kernel,
+                rewrite,
+                old_chains,
+                old_jumps,
+            }),
+        })
+    }
 }
 
 /// The rewritten chains and the jumps, with every chain they refer to declared, for an
@@ -526,8 +548,14 @@ fn scratch_document(new: &Tables, rewrite: &BTreeMap<String, BTreeSet<String>>) 
     out
 }
 
+impl Step for Prep {
+    fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
+        plan(prepared, self, scratch_output)
+    }
+}
+
 /// Step two (see the module docs of [`super`]).
-pub(super) fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
+fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
     let scratch =
         parse(scratch_output, Source::Save).map_err(|e| format!("scratch namespace: {e}"))?;
     let empty = Table::default();
@@ -724,7 +752,7 @@ pub(super) fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Resul
         expected: format_owned(&expected),
         summary,
         warnings,
-        owner: PlanOwner::Iptables(owner),
+        owner: Arc::new(owner),
     })
 }
 

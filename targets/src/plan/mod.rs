@@ -3,15 +3,21 @@
 //! the node to the new state. Nothing here runs a process or touches a file; `src/apply.rs`
 //! runs the plan.
 //!
-//! Both back ends have the same face, in two steps because the kernel's own spelling of a
-//! rule (`iptables-save`, `nft -j list`) is not ours and is only learnt by loading it:
+//! Every back end that can be applied has a [`Planner`] (named in its registry entry,
+//! [`crate::Target::planner`]); the CLI calls nothing else. Planning takes two steps because
+//! the kernel's own spelling of a rule (`iptables-save`, `nft -j list`) is not ours and is
+//! only learnt by loading it:
 //!
-//! 1. `prepare(new, previous, kernel, force_full)` parses everything, decides the mode and
-//!    returns a [`Prepared`] whose [`Prepared::scratch`] document the CLI loads into a
-//!    throwaway network namespace and reads back ([`Commands::scratch`]).
-//! 2. `plan(prepared, scratch_output)` returns the [`Plan`]: the document to check and load,
-//!    what the kernel's owned state must look like afterwards, and (iptables) the document
-//!    that undoes a partly committed load.
+//! 1. [`Planner::prepare`]`(new, previous, kernel, force_full)` parses everything, decides
+//!    the mode and returns a [`Prepared`] whose [`Prepared::scratch`] document the CLI loads
+//!    into a throwaway network namespace and reads back ([`Commands::scratch`]).
+//! 2. [`plan`]`(prepared, scratch_output)` returns the [`Plan`]: the document to check and
+//!    load, what the kernel's owned state must look like afterwards, and (iptables) the
+//!    document that undoes a partly committed load.
+//!
+//! A planner may live in its target's own module: it builds [`Prepared`] with its
+//! `Step` and [`Plan`] with its `Owned` (crate-visible), and may use `argv` and
+//! `scratch` for its [`Commands`].
 //!
 //! # What is owned
 //!
@@ -37,6 +43,55 @@ pub mod iptables;
 pub mod nftables;
 
 use std::fmt;
+use std::sync::Arc;
+
+/// One back end's side of `svc-compile apply`: its commands, how to recognise its
+/// documents, the programs it needs, and step one of planning. Step two belongs to what
+/// step one returns (`Step`), so the CLI never names a back end.
+pub trait Planner: Sync {
+    /// Its commands for one family.
+    fn commands(&self, family: Family) -> Commands;
+    /// The family a compiled document is for, when the document says.
+    fn family_of(&self, doc: &str) -> Option<Family>;
+    /// The programs [`Planner::commands`] run (the scratch namespace's `unshare` and `sh`
+    /// are the CLI's own).
+    fn tools(&self, family: Family) -> Vec<Tool>;
+    /// Text in the error output of a failed [`Commands::read`] that means nothing of ours
+    /// is there yet: an empty state, not an error.
+    fn absent(&self) -> Option<&'static str> {
+        None
+    }
+    /// Step one (see the module docs). `force_full` ignores `previous`.
+    fn prepare(
+        &self,
+        new_doc: &str,
+        family: Family,
+        previous: Option<Previous>,
+        kernel: &str,
+        force_full: bool,
+    ) -> Result<Prepared, String>;
+}
+
+/// A program a plan runs, and the Debian package that has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tool {
+    pub program: &'static str,
+    pub package: &'static str,
+}
+
+/// Step two of one back end, kept in [`Prepared`] by its step one.
+pub(crate) trait Step: fmt::Debug + Send + Sync {
+    fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String>;
+}
+
+/// How a back end cuts its owned part out of a kernel read, kept in [`Plan`].
+pub(crate) trait Owned: fmt::Debug + Send + Sync {
+    fn owned(&self, kernel: &str) -> Result<String, String>;
+    /// See [`Plan::revert`]; only back ends that commit table by table need one.
+    fn revert(&self, _after: &str) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+}
 
 /// How much of the owned state a plan rewrites.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,13 +155,13 @@ pub struct Commands {
     pub scratch: Vec<String>,
 }
 
-fn argv(words: &[&str]) -> Vec<String> {
+pub(crate) fn argv(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()
 }
 
 /// [`Commands::scratch`] for a shell `script` that loads the file `$1` and prints the
 /// state: run in a network namespace of its own, gone when it ends.
-fn scratch(script: &str) -> Vec<String> {
+pub(crate) fn scratch(script: &str) -> Vec<String> {
     argv(&[
         "unshare",
         "--net",
@@ -154,34 +209,21 @@ pub struct Plan {
     /// Things the operator should know (e.g. a stale chain kept because a foreign rule
     /// still jumps to it).
     pub warnings: Vec<String>,
-    owner: Owner,
-}
-
-/// How to cut the owned part out of a kernel read, per back end.
-#[derive(Clone, Debug)]
-enum Owner {
-    Iptables(iptables::Owner),
-    Nftables(nftables::Owner),
+    pub(crate) owner: Arc<dyn Owned>,
 }
 
 impl Plan {
     /// The owned part of a kernel read (`Commands::read` output), in the canonical text
     /// [`Plan::expected`] uses and the state directory keeps.
     pub fn owned(&self, kernel: &str) -> Result<String, String> {
-        match &self.owner {
-            Owner::Iptables(o) => o.owned(kernel),
-            Owner::Nftables(o) => o.owned(kernel),
-        }
+        self.owner.owned(kernel)
     }
 
     /// After a failed load: the document that puts back what the kernel showed before,
     /// for the tables the failed load did commit (`after` is a fresh read). iptables
     /// commits table by table, so a load can fail halfway; nftables never needs this.
     pub fn revert(&self, after: &str) -> Result<Option<String>, String> {
-        match &self.owner {
-            Owner::Iptables(o) => o.revert(after),
-            Owner::Nftables(_) => Ok(None),
-        }
+        self.owner.revert(after)
     }
 
     /// The first line where `expected` and `actual` owned states differ, for error messages.
@@ -207,19 +249,10 @@ pub struct Prepared {
     /// it is empty, hand over empty text instead.
     pub scratch: String,
     pub family: Family,
-    inner: PreparedInner,
+    pub(crate) step: Arc<dyn Step>,
 }
 
-#[derive(Clone, Debug)]
-enum PreparedInner {
-    Iptables(Box<iptables::Prep>),
-    Nftables(Box<nftables::Prep>),
-}
-
-/// Step two of planning, for either back end.
+/// Step two of planning, for any back end.
 pub fn plan(prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
-    match &prepared.inner {
-        PreparedInner::Iptables(p) => iptables::plan(prepared, p, scratch_output),
-        PreparedInner::Nftables(p) => nftables::plan(prepared, p, scratch_output),
-    }
+    prepared.step.plan(prepared, scratch_output)
 }

@@ -20,24 +20,17 @@
 //! objects sorted by kind and name (rules stay in order within their chain), elements
 //! sorted, and the elements of dynamic sets left out (traffic fills them).
 
-use super::{argv, Commands, Family, Mode, Owner as PlanOwner, Plan, Prepared, PreparedInner};
-use super::{scratch, Previous, Summary};
+use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
+use super::{Previous, Step, Summary, Tool};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 const TABLE: &str = "kube-proxy";
 
-/// The commands for one family.
-pub fn commands(family: Family) -> Commands {
-    let fam = nft_family(family);
-    Commands {
-        read: argv(&["nft", "-j", "list", "table", fam, TABLE]),
-        check: argv(&["nft", "-c", "-f"]),
-        load: argv(&["nft", "-f"]),
-        scratch: scratch(&format!("nft -f \"$1\" && nft -j list table {fam} {TABLE}")),
-    }
-}
+/// The nftables back end's [`Planner`].
+pub struct Nftables;
 
 /// What `nft list table` prints on stderr when the table does not exist (yet): an empty
 /// state, not an error.
@@ -48,18 +41,6 @@ fn nft_family(family: Family) -> &'static str {
         Family::V4 => "ip",
         Family::V6 => "ip6",
     }
-}
-
-/// The family of a compiled document (its `add table` line).
-pub fn family_of(doc: &str) -> Option<Family> {
-    doc.lines().find_map(|l| {
-        let mut w = l.split_whitespace();
-        match (w.next(), w.next(), w.next(), w.next()) {
-            (Some("add"), Some("table"), Some("ip"), Some(TABLE)) => Some(Family::V4),
-            (Some("add"), Some("table"), Some("ip6"), Some(TABLE)) => Some(Family::V6),
-            _ => None,
-        }
-    })
 }
 
 /// A compiled document as objects.
@@ -270,8 +251,8 @@ pub fn owned_state(kernel: &str) -> Result<String, String> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Owner;
 
-impl Owner {
-    pub(super) fn owned(&self, kernel: &str) -> Result<String, String> {
+impl Owned for Owner {
+    fn owned(&self, kernel: &str) -> Result<String, String> {
         normalize(kernel)
     }
 }
@@ -299,74 +280,109 @@ struct Delta {
     stale_sets: Vec<String>,
 }
 
-/// Step one (see the module docs of [`super`]). `force_full` ignores `previous`.
-///
-/// The scratch document of a full plan is the full load; that of an incremental plan holds
-/// only what it changes plus what that refers to (empty when nothing changes), and the
-/// expectation is the snapshot with those objects replaced.
-pub fn prepare(
-    new_doc: &str,
-    family: Family,
-    previous: Option<Previous>,
-    kernel: &str,
-    force_full: bool,
-) -> Result<Prepared, String> {
-    let new = parse(new_doc).map_err(|e| format!("the document: {e}"))?;
-    if new.family != nft_family(family) {
-        return Err(format!(
-            "the document is for family {}, not {}",
-            new.family,
-            nft_family(family)
-        ));
+impl Planner for Nftables {
+    fn tools(&self, _family: Family) -> Vec<Tool> {
+        vec![Tool {
+            program: "nft",
+            package: "nftables",
+        }]
     }
-    let full = full_document(&new);
-    let mut summary = Summary {
-        rewritten: new.chains.len(),
-        deleted: 0,
-        jumps: 0,
-        elements: new.elements.values().map(BTreeMap::len).sum(),
-    };
-    let mut delta = None;
-    let mode = match previous {
-        _ if force_full => Mode::Full("asked for with --full".into()),
-        None => Mode::Full("no previous apply recorded".into()),
-        Some(p) => {
-            let now = normalize(kernel)?;
-            if now != p.snapshot {
-                Mode::Full(format!(
-                    "the kernel differs from what the last apply left: {}",
-                    Plan::first_difference(p.snapshot, &now)
-                ))
-            } else {
-                match parse(p.document) {
-                    Err(_) => Mode::Full("the recorded document cannot be read".into()),
-                    Ok(old) => match diff(&old, &new) {
-                        Err(why) => Mode::Full(why),
-                        Ok((mut d, s)) => {
-                            d.snapshot = p.snapshot.to_string();
-                            delta = Some(d);
-                            summary = s;
-                            Mode::Incremental
-                        }
-                    },
+    fn absent(&self) -> Option<&'static str> {
+        Some(ABSENT)
+    }
+    /// The commands for one family.
+    fn commands(&self, family: Family) -> Commands {
+        let fam = nft_family(family);
+        Commands {
+            read: argv(&["nft", "-j", "list", "table", fam, TABLE]),
+            check: argv(&["nft", "-c", "-f"]),
+            load: argv(&["nft", "-f"]),
+            scratch: scratch(&format!("nft -f \"$1\" && nft -j list table {fam} {TABLE}")),
+        }
+    }
+
+    /// The family of a compiled document (its `add table` line).
+    fn family_of(&self, doc: &str) -> Option<Family> {
+        doc.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            match (w.next(), w.next(), w.next(), w.next()) {
+                (Some("add"), Some("table"), Some("ip"), Some(TABLE)) => Some(Family::V4),
+                (Some("add"), Some("table"), Some("ip6"), Some(TABLE)) => Some(Family::V6),
+                _ => None,
+            }
+        })
+    }
+
+    /// Step one (see the module docs of [`super`]). `force_full` ignores `previous`.
+    ///
+    /// The scratch document of a full plan is the full load; that of an incremental plan holds
+    /// only what it changes plus what that refers to (empty when nothing changes), and the
+    /// expectation is the snapshot with those objects replaced.
+    fn prepare(
+        &self,
+        new_doc: &str,
+        family: Family,
+        previous: Option<Previous>,
+        kernel: &str,
+        force_full: bool,
+    ) -> Result<Prepared, String> {
+        let new = parse(new_doc).map_err(|e| format!("the document: {e}"))?;
+        if new.family != nft_family(family) {
+            return Err(format!(
+                "the document is for family {}, not {}",
+                new.family,
+                nft_family(family)
+            ));
+        }
+        let full = full_document(&new);
+        let mut summary = Summary {
+            rewritten: new.chains.len(),
+            deleted: 0,
+            jumps: 0,
+            elements: new.elements.values().map(BTreeMap::len).sum(),
+        };
+        let mut delta = None;
+        let mode = match previous {
+            _ if force_full => Mode::Full("asked for with --full".into()),
+            None => Mode::Full("no previous apply recorded".into()),
+            Some(p) => {
+                let now = normalize(kernel)?;
+                if now != p.snapshot {
+                    Mode::Full(format!(
+                        "the kernel differs from what the last apply left: {}",
+                        Plan::first_difference(p.snapshot, &now)
+                    ))
+                } else {
+                    match parse(p.document) {
+                        Err(_) => Mode::Full("the recorded document cannot be read".into()),
+                        Ok(old) => match diff(&old, &new) {
+                            Err(why) => Mode::Full(why),
+                            Ok((mut d, s)) => {
+                                d.snapshot = p.snapshot.to_string();
+                                delta = Some(d);
+                                summary = s;
+                                Mode::Incremental
+                            }
+                        },
+                    }
                 }
             }
-        }
-    };
-    let scratch = match &delta {
-        Some(d) => scratch_document(&new, d),
-        None => full.clone(),
-    };
-    Ok(Prepared {
-        mode,
-        scratch,
-        family,
-        inner: PreparedInner::Nftables(Box::new(Prep {
-            full,
-            delta,
-            summary,
-        })),
-    })
+        };
+        let scratch = match &delta {
+            Some(d) => scratch_document(&new, d),
+            None => full.clone(),
+        };
+        Ok(Prepared {
+            mode,
+            scratch,
+            family,
+            step: Arc::new(Prep {
+                full,
+                delta,
+                summary,
+            }),
+        })
+    }
 }
 
 /// The incremental transaction from `old` to `new` (see the module docs), or why there
@@ -594,8 +610,14 @@ fn merge(d: &Delta, scratch: &str) -> String {
     out
 }
 
+impl Step for Prep {
+    fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
+        plan(prepared, self, scratch_output)
+    }
+}
+
 /// Step two (see the module docs of [`super`]).
-pub(super) fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
+fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
     let scratch = normalize(scratch_output)?;
     let (mode, load, expected, summary) = match (&prepared.mode, &p.delta) {
         (Mode::Incremental, Some(d)) if d.text.is_empty() => (
@@ -626,7 +648,7 @@ pub(super) fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Resul
         expected,
         summary,
         warnings: Vec::new(),
-        owner: PlanOwner::Nftables(Owner),
+        owner: Arc::new(Owner),
     })
 }
 

@@ -4,6 +4,7 @@
 //! kernel tests cover the real spelling.
 
 use super::*;
+use crate::plan::Planner;
 use crate::plan::{plan as plan2, Mode, Plan, Previous};
 
 const TARGETS: [&str; 7] = [
@@ -205,7 +206,9 @@ fn apply(sim: &mut Sim, new: &str, prev: Option<&Recorded>, full: bool) -> (Plan
         document: d,
         snapshot: s,
     });
-    let prep = prepare(new, Family::V4, previous, &sim.save(), full).unwrap();
+    let prep = Iptables
+        .prepare(new, Family::V4, previous, &sim.save(), full)
+        .unwrap();
     let mut scratch = Sim::default();
     scratch.restore(&prep.scratch).unwrap();
     let plan = plan2(&prep, &scratch.save()).unwrap();
@@ -383,7 +386,9 @@ fn a_half_committed_load_is_reverted_table_by_table() {
         document: &rec.0,
         snapshot: &rec.1,
     };
-    let prep = prepare(&new, Family::V4, Some(previous), &sim.save(), false).unwrap();
+    let prep = Iptables
+        .prepare(&new, Family::V4, Some(previous), &sim.save(), false)
+        .unwrap();
     let mut scratch = Sim::default();
     scratch.restore(&prep.scratch).unwrap();
     let plan = plan2(&prep, &scratch.save()).unwrap();
@@ -415,17 +420,20 @@ fn documents_outside_what_apply_owns_are_refused() {
         ("*filter\n:X - [0:0]\n", "no COMMIT"),
         ("", "declares no chains"),
     ] {
-        let e = prepare(bad, Family::V4, None, k, false).unwrap_err();
+        let e = Iptables
+            .prepare(bad, Family::V4, None, k, false)
+            .unwrap_err();
         assert!(e.contains(why), "{bad:?}: {e}");
     }
 }
 
 #[test]
 fn family_from_the_header() {
-    assert_eq!(family_of(&doc(&[])), Some(Family::V4));
+    assert_eq!(Iptables.family_of(&doc(&[])), Some(Family::V4));
     assert_eq!(
-        family_of("# svc-compile: kube-proxy (iptables mode) rules for node n, IPv6; load"),
+        Iptables
+            .family_of("# svc-compile: kube-proxy (iptables mode) rules for node n, IPv6; load"),
         Some(Family::V6)
     );
-    assert_eq!(family_of("*filter\n"), None);
+    assert_eq!(Iptables.family_of("*filter\n"), None);
 }

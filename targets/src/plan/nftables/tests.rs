@@ -1,4 +1,5 @@
 use super::*;
+use crate::plan::Planner;
 use crate::plan::{plan as plan2, Mode, Previous};
 
 /// A document in the shape `nftables::write_string` gives. Each service: (name, endpoints).
@@ -73,7 +74,7 @@ fn element_keys() {
 #[test]
 fn first_apply_replaces_the_table() {
     let new = doc(&[("a", &["1"])]);
-    let prep = prepare(&new, Family::V4, None, "", false).unwrap();
+    let prep = Nftables.prepare(&new, Family::V4, None, "", false).unwrap();
     assert_eq!(prep.mode, Mode::Full("no previous apply recorded".into()));
     let plan = plan2(&prep, &listing("x")).unwrap();
     let load = plan.load.unwrap();
@@ -89,7 +90,9 @@ fn one_service_change_touches_only_its_chains_and_elements() {
     let v1 = doc(&[("a", &["1", "2"]), ("b", &["3"])]);
     let v2 = doc(&[("a", &["1", "4"]), ("b", &["3"])]);
     let snap = normalize(&listing("x")).unwrap();
-    let prep = prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false).unwrap();
+    let prep = Nftables
+        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
+        .unwrap();
     assert_eq!(prep.mode, Mode::Incremental);
     let plan = plan2(&prep, &listing("y")).unwrap();
     let load = plan.load.unwrap();
@@ -118,7 +121,9 @@ fn removed_service_deletes_its_element_before_its_chains() {
     let v1 = doc(&[("a", &["1"]), ("b", &["3"])]);
     let v2 = doc(&[("a", &["1"])]);
     let snap = normalize(&listing("x")).unwrap();
-    let prep = prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false).unwrap();
+    let prep = Nftables
+        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
+        .unwrap();
     let load = plan2(&prep, &listing("y")).unwrap().load.unwrap();
     assert_eq!(
         load,
@@ -134,26 +139,33 @@ fn removed_service_deletes_its_element_before_its_chains() {
 fn same_document_is_unchanged_and_drift_is_full() {
     let v1 = doc(&[("a", &["1"])]);
     let snap = normalize(&listing("x")).unwrap();
-    let prep = prepare(&v1, Family::V4, previous(&v1, &snap), &listing("x"), false).unwrap();
+    let prep = Nftables
+        .prepare(&v1, Family::V4, previous(&v1, &snap), &listing("x"), false)
+        .unwrap();
     let plan = plan2(&prep, &listing("x")).unwrap();
     assert_eq!(plan.mode, Mode::Unchanged);
     assert!(plan.load.is_none());
 
-    let prep = prepare(
-        &v1,
-        Family::V4,
-        previous(&v1, &snap),
-        &listing("drift"),
-        false,
-    )
-    .unwrap();
+    let prep = Nftables
+        .prepare(
+            &v1,
+            Family::V4,
+            previous(&v1, &snap),
+            &listing("drift"),
+            false,
+        )
+        .unwrap();
     match &prep.mode {
         Mode::Full(why) => assert!(why.contains("drift"), "{why}"),
         m => panic!("{m:?}"),
     }
-    let prep = prepare(&v1, Family::V4, previous(&v1, &snap), "", false).unwrap();
+    let prep = Nftables
+        .prepare(&v1, Family::V4, previous(&v1, &snap), "", false)
+        .unwrap();
     assert!(matches!(prep.mode, Mode::Full(_)));
-    let prep = prepare(&v1, Family::V4, previous(&v1, &snap), &listing("x"), true).unwrap();
+    let prep = Nftables
+        .prepare(&v1, Family::V4, previous(&v1, &snap), &listing("x"), true)
+        .unwrap();
     assert_eq!(prep.mode, Mode::Full("asked for with --full".into()));
 }
 
@@ -162,7 +174,9 @@ fn changed_definitions_need_a_full_load() {
     let v1 = doc(&[("a", &["1"])]);
     let v2 = v1.replace("priority -100", "priority -99");
     let snap = normalize(&listing("x")).unwrap();
-    let prep = prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false).unwrap();
+    let prep = Nftables
+        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
+        .unwrap();
     assert_eq!(
         prep.mode,
         Mode::Full("the definition of chain nat-prerouting changed".into())
@@ -178,9 +192,14 @@ fn documents_outside_the_owned_table_are_refused() {
         "add table ip kube-proxy { comment \"x\" ; }\nadd rule ip kube-proxy nochain drop\n",
         "# nothing\n",
     ] {
-        assert!(prepare(bad, Family::V4, None, "", false).is_err(), "{bad}");
+        assert!(
+            Nftables.prepare(bad, Family::V4, None, "", false).is_err(),
+            "{bad}"
+        );
     }
-    let e = prepare(&doc(&[]), Family::V6, None, "", false).unwrap_err();
+    let e = Nftables
+        .prepare(&doc(&[]), Family::V6, None, "", false)
+        .unwrap_err();
     assert!(e.contains("family ip,"), "{e}");
 }
 
@@ -211,9 +230,12 @@ fn normalising_a_listing() {
 
 #[test]
 fn family_from_the_table_line() {
-    assert_eq!(family_of(&doc(&[])), Some(Family::V4));
-    assert_eq!(family_of("add table ip6 kube-proxy\n"), Some(Family::V6));
-    assert_eq!(family_of("add table inet x\n"), None);
+    assert_eq!(Nftables.family_of(&doc(&[])), Some(Family::V4));
+    assert_eq!(
+        Nftables.family_of("add table ip6 kube-proxy\n"),
+        Some(Family::V6)
+    );
+    assert_eq!(Nftables.family_of("add table inet x\n"), None);
 }
 
 #[test]
@@ -221,7 +243,9 @@ fn incremental_scratch_holds_the_changes_and_what_they_refer_to() {
     let v1 = doc(&[("a", &["1", "2"]), ("b", &["3"])]);
     let v2 = doc(&[("a", &["1", "4"]), ("b", &["3"])]);
     let snap = normalize(&listing("x")).unwrap();
-    let prep = prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false).unwrap();
+    let prep = Nftables
+        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
+        .unwrap();
     assert_eq!(
         prep.scratch,
         "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n\
@@ -231,7 +255,9 @@ fn incremental_scratch_holds_the_changes_and_what_they_refer_to() {
          add rule ip kube-proxy service-a numgen random mod 2 vmap { 0 : goto endpoint-a-1 , 1 : goto endpoint-a-4 }\n\
          add rule ip kube-proxy endpoint-a-4 meta l4proto tcp dnat to 10.1.0.4:80\n"
     );
-    let same = prepare(&v1, Family::V4, previous(&v1, &snap), &listing("x"), false).unwrap();
+    let same = Nftables
+        .prepare(&v1, Family::V4, previous(&v1, &snap), &listing("x"), false)
+        .unwrap();
     assert_eq!(same.scratch, "");
 }
 

@@ -1,0 +1,153 @@
+//! From a command to compiled IR and rendered documents: what `compile`, `check` and
+//! `apply` share.
+
+use crate::cli::Command;
+use crate::report::Fail;
+use crate::run::{read_file, read_inputs};
+use std::path::Path;
+use svc_compiler::net::IpFamily;
+use svc_compiler::passes::node::NodeSelection;
+use svc_compiler::source::SourceMap;
+use svc_targets::Params;
+
+/// Read the inputs (and the lock file, if it exists) and compile them.
+pub(crate) fn compile_inputs(
+    cmd: &Command,
+) -> Result<(SourceMap, svc_compiler::Compilation), Fail> {
+    let mut sources = SourceMap::default();
+    let inputs = read_inputs(&cmd.paths, &mut sources)?;
+    let lock = match &cmd.lock {
+        Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
+        _ => None,
+    };
+    let opts = svc_compiler::Options {
+        service_cidrs: cmd.service_cidrs.clone(),
+        node_port_range: cmd.node_port_range,
+        cluster_domain: cmd.cluster_domain.clone(),
+        allocate: cmd.allocate,
+        lock,
+    };
+    let comp = svc_compiler::compile(&sources, &inputs, &opts);
+    Ok((sources, comp))
+}
+
+/// The node views a command asks for, as (node, family) pairs: `--node`, or every Node
+/// manifest with `--all-nodes`; `--family`, or else every family of the service CIDRs
+/// (`every_family`) or only the primary one.
+pub(crate) fn node_jobs(
+    cmd: &Command,
+    comp: &svc_compiler::Compilation,
+    every_family: bool,
+) -> Vec<(NodeSelection, IpFamily)> {
+    let nodes: Vec<NodeSelection> = if cmd.all_nodes {
+        comp.module
+            .nodes
+            .iter()
+            .map(|n| NodeSelection {
+                name: n.name.clone(),
+                ips: vec![],
+            })
+            .collect()
+    } else {
+        cmd.node
+            .iter()
+            .map(|n| NodeSelection {
+                name: n.clone(),
+                ips: cmd.node_ips.clone(),
+            })
+            .collect()
+    };
+    let families: Vec<IpFamily> = match cmd.family {
+        Some(f) => vec![f],
+        None => comp
+            .settings
+            .service_cidrs
+            .iter()
+            .map(|c| c.family())
+            .take(if every_family { usize::MAX } else { 1 })
+            .collect(),
+    };
+    nodes
+        .into_iter()
+        .flat_map(|sel| families.iter().map(move |f| (sel.clone(), *f)))
+        .collect()
+}
+
+/// The target's own flags, with the files they name read.
+pub(crate) fn target_params(cmd: &Command) -> Result<Params, Fail> {
+    let mut params = Params::default();
+    for flag in cmd.target.flags {
+        for v in cmd.params.all(flag.name) {
+            let value = if flag.file {
+                read_file(Path::new(v))?
+            } else {
+                v.clone()
+            };
+            params.push(flag.name, value);
+        }
+    }
+    Ok(params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{parse_with, Parsed};
+    use svc_targets::{Flag, Render, Target};
+
+    const TEMPLATES: Target = Target {
+        name: "templates",
+        about: "a target that reads a file",
+        ext: "txt",
+        render: Render::Cluster(|_, _, _| Ok(String::new())),
+        flags: &[Flag {
+            name: "template",
+            value_name: "FILE",
+            help: "a template",
+            repeatable: true,
+            file: true,
+        }],
+        planner: None,
+    };
+
+    fn command(args: &[&str]) -> Command {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        match parse_with(&args, &[&TEMPLATES]) {
+            Ok(Parsed::Run(cmd)) => cmd,
+            _ => panic!("not a run"),
+        }
+    }
+
+    #[test]
+    fn file_flags_are_read() {
+        let dir = std::env::temp_dir().join(format!("svc-compile-params-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.tmpl"), dir.join("b.tmpl"));
+        std::fs::write(&a, "A {{x}}\n").unwrap();
+        std::fs::write(&b, "B\n").unwrap();
+        let cmd = command(&[
+            "m/",
+            "--target",
+            "templates",
+            "--template",
+            a.to_str().unwrap(),
+            "--template",
+            b.to_str().unwrap(),
+        ]);
+        let params = target_params(&cmd).ok().expect("files read");
+        assert_eq!(params.all("template"), ["A {{x}}\n", "B\n"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.tmpl");
+        let cmd = command(&[
+            "m/",
+            "--target",
+            "templates",
+            "--template",
+            missing.to_str().unwrap(),
+        ]);
+        let Err(Fail(msg)) = target_params(&cmd) else {
+            panic!("a missing file is read")
+        };
+        assert!(msg.starts_with("cannot read "), "{msg}");
+    }
+}

@@ -1,0 +1,274 @@
+//! The iptables-restore document, apart from the service ports' rules: the header line,
+//! kube-proxy's setup (canary chains and jumps from the built-in chains), the `filter` and
+//! `nat` tables with their chain declarations, rule lines and `COMMIT`, and the static
+//! chains every node has. Rules are collected in [`Sections`] (declarations and rules per
+//! table) and the document is assembled by [`write_document`], so a back end that writes
+//! the same kind of document (kube-proxy's IPVS mode) can reuse all of it.
+
+use super::{MarkFormat, Options};
+use crate::common::quote;
+use std::fmt::{self, Display, Write as _};
+use svc_compiler::ir::{NodePortAddresses, NodeView};
+use svc_compiler::net::IpFamily;
+
+/// The header line (the iptables planner reads the family from it), kube-proxy's
+/// setup when asked for, then the tables, each with the declarations of every section
+/// before their rules. `sections` gives the parts in order, as often as it is called.
+pub(super) fn write_document<'s, I>(
+    text: &mut String,
+    view: &NodeView,
+    mode: &str,
+    setup: bool,
+    sections: impl Fn() -> I,
+) where
+    I: Iterator<Item = &'s Sections>,
+{
+    let (tool, v) = match view.family {
+        IpFamily::IPv4 => ("iptables-restore", "IPv4"),
+        IpFamily::IPv6 => ("ip6tables-restore", "IPv6"),
+    };
+    text.clear();
+    let _ = writeln!(
+        text,
+        "# svc-compile: kube-proxy ({mode} mode) rules for node {}, {v}; load with `{tool} --noflush`",
+        view.node_name
+    );
+    if setup {
+        write_setup(text);
+        text.push_str("# The restore data of a full sync.\n");
+    }
+    // Sized first, so the document is copied together once.
+    text.reserve(sections().map(Sections::len).sum::<usize>() + 64);
+    for (table, chains, rules) in [
+        (
+            "filter",
+            Sections::filter_chains as Part,
+            Sections::filter_rules as Part,
+        ),
+        ("nat", Sections::nat_chains, Sections::nat_rules),
+    ] {
+        let _ = writeln!(text, "*{table}");
+        sections().for_each(|s| text.push_str(chains(s)));
+        sections().for_each(|s| text.push_str(rules(s)));
+        text.push_str("COMMIT\n");
+    }
+}
+
+/// A section of [`Sections`].
+type Part = fn(&Sections) -> &str;
+
+/// kube-proxy's jump rules, in the order it ensures them (its own list, then the copy of
+/// kubelet's KUBE-FIREWALL jumps): (table, from, to, extra match, comment).
+#[rustfmt::skip]
+const JUMPS: &[(&str, &str, &str, &str, &str)] = &[
+    ("filter", "INPUT", "KUBE-EXTERNAL-SERVICES", CT_NEW, "kubernetes externally-visible service portals"),
+    ("filter", "FORWARD", "KUBE-EXTERNAL-SERVICES", CT_NEW, "kubernetes externally-visible service portals"),
+    ("filter", "INPUT", "KUBE-NODEPORTS", "", "kubernetes health check service ports"),
+    ("filter", "FORWARD", "KUBE-SERVICES", CT_NEW, "kubernetes service portals"),
+    ("filter", "OUTPUT", "KUBE-SERVICES", CT_NEW, "kubernetes service portals"),
+    ("filter", "FORWARD", "KUBE-FORWARD", "", "kubernetes forwarding rules"),
+    ("filter", "INPUT", "KUBE-PROXY-FIREWALL", CT_NEW, "kubernetes load balancer firewall"),
+    ("filter", "OUTPUT", "KUBE-PROXY-FIREWALL", CT_NEW, "kubernetes load balancer firewall"),
+    ("filter", "FORWARD", "KUBE-PROXY-FIREWALL", CT_NEW, "kubernetes load balancer firewall"),
+    ("nat", "OUTPUT", "KUBE-SERVICES", "", "kubernetes service portals"),
+    ("nat", "PREROUTING", "KUBE-SERVICES", "", "kubernetes service portals"),
+    ("nat", "POSTROUTING", "KUBE-POSTROUTING", "", "kubernetes postrouting rules"),
+    ("filter", "INPUT", "KUBE-FIREWALL", "", ""),
+    ("filter", "OUTPUT", "KUBE-FIREWALL", "", ""),
+];
+
+const CT_NEW: &str = "-m conntrack --ctstate NEW";
+const CANARY: &str = "KUBE-PROXY-CANARY";
+
+/// The canary chains and the jumps. Each jump is prepended, so later entries end up above
+/// earlier ones, exactly as kube-proxy's `EnsureRule(Prepend)` calls leave them.
+pub(super) fn write_setup(out: &mut String) {
+    out.push_str(
+        "# Set up outside the restore data: canary chains and jumps (iptables -N / -I).\n",
+    );
+    let _ = writeln!(out, "*mangle\n:{CANARY} - [0:0]\nCOMMIT");
+    for table in ["filter", "nat"] {
+        let _ = writeln!(out, "*{table}\n:{CANARY} - [0:0]");
+        let mut created: Vec<&str> = Vec::new();
+        for &(t, _, to, _, _) in JUMPS {
+            if t == table && !created.contains(&to) {
+                created.push(to);
+                let _ = writeln!(out, ":{to} - [0:0]");
+            }
+        }
+        for &(_, from, to, extra, comment) in JUMPS.iter().filter(|j| j.0 == table) {
+            let _ = write!(out, "-I {from}");
+            if !extra.is_empty() {
+                let _ = write!(out, " {extra}");
+            }
+            if !comment.is_empty() {
+                let _ = write!(out, " -m comment --comment {}", quote(comment));
+            }
+            let _ = writeln!(out, " -j {to}");
+        }
+        out.push_str("COMMIT\n");
+    }
+}
+
+pub(super) const KUBE_SERVICES: &str = "KUBE-SERVICES";
+pub(super) const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
+pub(super) const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
+const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
+pub(super) const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+const KUBE_FORWARD: &str = "KUBE-FORWARD";
+pub(super) const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+
+const NFACCT_INVALID: &str = "ct_state_invalid_dropped_pkts";
+
+/// The restore data, section by section, each a growing String: the chain declarations
+/// and the rules of `filter` and `nat`.
+#[derive(Default)]
+pub struct Sections {
+    filter_chains: String,
+    filter_rules: String,
+    nat_chains: String,
+    nat_rules: String,
+}
+
+impl Sections {
+    /// Declares a chain of `filter`.
+    pub(super) fn filter_chain(&mut self, name: impl Display) {
+        let _ = writeln!(self.filter_chains, ":{name} - [0:0]");
+    }
+    /// Declares a chain of `nat`.
+    pub(super) fn nat_chain(&mut self, name: impl Display) {
+        let _ = writeln!(self.nat_chains, ":{name} - [0:0]");
+    }
+    /// One rule line of `filter` (`-A CHAIN ...`).
+    pub(super) fn filter_rule(&mut self, rule: fmt::Arguments) {
+        let _ = self.filter_rules.write_fmt(rule);
+        self.filter_rules.push('\n');
+    }
+    /// One rule line of `nat`.
+    pub(super) fn nat_rule(&mut self, rule: fmt::Arguments) {
+        let _ = self.nat_rules.write_fmt(rule);
+        self.nat_rules.push('\n');
+    }
+    fn filter_chains(&self) -> &str {
+        &self.filter_chains
+    }
+    fn filter_rules(&self) -> &str {
+        &self.filter_rules
+    }
+    fn nat_chains(&self) -> &str {
+        &self.nat_chains
+    }
+    fn nat_rules(&self) -> &str {
+        &self.nat_rules
+    }
+    fn len(&self) -> usize {
+        self.filter_chains.len()
+            + self.filter_rules.len()
+            + self.nat_chains.len()
+            + self.nat_rules.len()
+    }
+}
+
+/// The rules that do not belong to a service port: kube-proxy's static chains.
+pub(super) struct StaticRules<'a> {
+    view: &'a NodeView,
+    opts: &'a Options,
+    mark: String,
+}
+
+impl<'a> StaticRules<'a> {
+    pub(super) fn new(view: &'a NodeView, opts: &'a Options) -> Self {
+        let mark = match opts.mark {
+            MarkFormat::Padded => format!("{:#010x}", view.masquerade_mark),
+            MarkFormat::Short => format!("{:#x}", view.masquerade_mark),
+        };
+        StaticRules { view, opts, mark }
+    }
+
+    /// Chains and rules before the service ports.
+    pub(super) fn head(&self, out: &mut Sections) {
+        for chain in [
+            KUBE_SERVICES,
+            KUBE_EXTERNAL_SERVICES,
+            KUBE_FORWARD,
+            KUBE_NODEPORTS,
+            KUBE_PROXY_FIREWALL,
+        ] {
+            out.filter_chain(chain);
+        }
+        for chain in [
+            KUBE_SERVICES,
+            KUBE_NODEPORTS,
+            KUBE_POSTROUTING,
+            KUBE_MARK_MASQ,
+        ] {
+            out.nat_chain(chain);
+        }
+
+        let mark = &self.mark;
+        out.nat_rule(format_args!(
+            "-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN"
+        ));
+        // Clear the mark so a packet that goes through the stack again is not
+        // masqueraded twice.
+        out.nat_rule(format_args!(
+            "-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}"
+        ));
+        out.nat_rule(format_args!("-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{}",
+            if self.opts.random_fully { " --random-fully" } else { "" }));
+        out.nat_rule(format_args!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"));
+
+        if self.view.martian_rule {
+            // route_localnet (needed for localhost node ports) lets remote hosts reach
+            // 127.0.0.0/8; this closes that hole (a copy of kubelet's rule).
+            out.filter_chain(KUBE_FIREWALL);
+            out.filter_rule(format_args!("-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"));
+        }
+    }
+
+    /// Rules after the service ports.
+    pub(super) fn tail(&self, out: &mut Sections) {
+        self.write_nodeports_tail(out);
+
+        let mark = &self.mark;
+        if self.view.drop_invalid {
+            // INVALID packets would otherwise reach the pod un-NATed and reset connections.
+            let nfacct = if self.opts.nfacct {
+                format!(" -m nfacct --nfacct-name {NFACCT_INVALID}")
+            } else {
+                String::new()
+            };
+            out.filter_rule(format_args!(
+                "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{nfacct} -j DROP"
+            ));
+        }
+        out.filter_rule(format_args!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"));
+        out.filter_rule(format_args!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"));
+    }
+
+    /// The jump to KUBE-NODEPORTS; it must stay the last rule of nat KUBE-SERVICES.
+    fn write_nodeports_tail(&self, out: &mut Sections) {
+        let comment =
+            "-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
+        match &self.view.node_port_addresses {
+            NodePortAddresses::All => {
+                // Localhost node ports never work on IPv6, and on IPv4 only with
+                // route_localnet, which kube-proxy sets only when they are on.
+                let not_loopback = match self.view.family {
+                    IpFamily::IPv6 => " ! -d ::1/128",
+                    IpFamily::IPv4 if !self.view.localhost_node_ports => " ! -d 127.0.0.0/8",
+                    IpFamily::IPv4 => "",
+                };
+                out.nat_rule(format_args!("-A {KUBE_SERVICES} {comment} -m addrtype --dst-type LOCAL{not_loopback} -j {KUBE_NODEPORTS}"));
+            }
+            NodePortAddresses::Ips(ips) => {
+                for ip in ips {
+                    out.nat_rule(format_args!(
+                        "-A {KUBE_SERVICES} {comment} -d {ip} -j {KUBE_NODEPORTS}"
+                    ));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! What a target is, as data: the CLI, `--help`, `--out`, `apply` and the golden tests
+//! read the one table of them, [`crate::TARGETS`], and never name a target.
+//!
+//! A target is one module under `targets/src` that exports a [`Target`] constant, and one
+//! line in that table. Its flags are declared here as data ([`Flag`]); the CLI adds them to
+//! its parser, reads the files they name, and hands their values over as [`Params`].
+
+use crate::plan::Planner;
+use std::collections::BTreeMap;
+use svc_compiler::ir::{Module, NodeView};
+
+/// One back end, as the CLI sees it.
+pub struct Target {
+    /// `--target NAME`.
+    pub name: &'static str,
+    /// One line for `--help`.
+    pub about: &'static str,
+    /// The extension of its files, `--out DIR/NODE.FAMILY.EXT` and in the state directory.
+    pub ext: &'static str,
+    pub render: Render,
+    /// Flags only this target takes.
+    pub flags: &'static [Flag],
+    /// What `svc-compile apply` needs to load its output on a node; `None`: not appliable.
+    pub planner: Option<&'static dyn Planner>,
+}
+
+/// What a target renders from, which is also what it needs on the command line.
+#[derive(Clone, Copy)]
+pub enum Render {
+    /// One node and family: needs `--node NAME` or `--all-nodes --out DIR`. One renderer
+    /// serves every node of a run (`shared`: there will be many, so it may share what
+    /// renders the same on several).
+    Node(fn(&Params, Sharing) -> Box<dyn NodeRenderer>),
+    /// The whole cluster: `--node` is optional, and the views of the nodes it selects
+    /// (none without it) are handed over too. An `Err` is a usage error.
+    Cluster(fn(&Module, &[NodeView], &Params) -> Result<String, String>),
+}
+
+/// Whether a node-scoped renderer will see one node or many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// One node: render its ports in parallel.
+    One,
+    /// Many nodes: render each distinct service port once, for all of them.
+    Many,
+}
+
+/// [`Render::Node`]'s renderer, shared by the threads rendering the nodes of one run.
+pub trait NodeRenderer: Send + Sync {
+    /// The document for `view` into `out` (cleared first), reusing its memory.
+    fn render_into(&self, view: &NodeView, out: &mut String);
+}
+
+impl Target {
+    /// Whether it needs a node (see [`Render`]).
+    pub fn per_node(&self) -> bool {
+        matches!(self.render, Render::Node(_))
+    }
+}
+
+/// A target-specific flag, `--NAME VALUE`.
+#[derive(Clone, Copy, Debug)]
+pub struct Flag {
+    /// Without the dashes.
+    pub name: &'static str,
+    pub value_name: &'static str,
+    pub help: &'static str,
+    /// May be given more than once (the values are kept in order).
+    pub repeatable: bool,
+    /// The value names a file: the CLI reads it and hands over its text.
+    pub file: bool,
+}
+
+/// The values of a target's flags, by flag name: as given, or for a [`Flag::file`] the
+/// file's text.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Params(BTreeMap<&'static str, Vec<String>>);
+
+impl Params {
+    pub fn push(&mut self, flag: &'static str, value: String) {
+        self.0.entry(flag).or_default().push(value);
+    }
+    /// Every value of `flag`, in command-line order.
+    pub fn all(&self, flag: &str) -> &[String] {
+        self.0.get(flag).map_or(&[], Vec::as_slice)
+    }
+    /// The last value of `flag`.
+    pub fn get(&self, flag: &str) -> Option<&str> {
+        self.all(flag).last().map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::TARGETS;
+
+    /// What the CLI relies on: names it can parse and tell apart, one-line help, and
+    /// planners only on per-node targets (apply loads one node's document).
+    #[test]
+    fn the_table_is_consistent() {
+        for (i, t) in TARGETS.iter().enumerate() {
+            assert!(
+                t.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{}",
+                t.name
+            );
+            assert!(TARGETS[..i].iter().all(|u| u.name != t.name), "{}", t.name);
+            assert!(!t.about.is_empty() && !t.about.contains('\n'), "{}", t.name);
+            assert!(!t.ext.is_empty() && !t.ext.contains('.'), "{}", t.name);
+            assert!(t.planner.is_none() || t.per_node(), "{}", t.name);
+            for (j, f) in t.flags.iter().enumerate() {
+                assert!(t.flags[..j].iter().all(|g| g.name != f.name), "{}", f.name);
+            }
+        }
+    }
+}
