@@ -25,6 +25,7 @@ pub static TARGETS: &[&Target] = &[
     &iptables::TARGET,
     &nftables::TARGET,
     &nftables::JSON_TARGET,
+    &ebpf::TARGET,
 ];
 
 #[cfg(test)]

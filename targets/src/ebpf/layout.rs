@@ -20,6 +20,10 @@ use svc_compiler::net::{Cidr, IpFamily};
 /// Cilium's `--bpf-lb-map-max` default: the size of every LB map unless more is needed.
 pub const DEFAULT_MAX_ENTRIES: u32 = 65536;
 
+/// The most frontends one node's maps can name: the rev-NAT index (the service id) is 16
+/// bits and 0 means none.
+pub const MAX_FRONTENDS: usize = u16::MAX as usize;
+
 /// `cilium_lb{4,6}_services_v2` key scope (`LB_LOOKUP_SCOPE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Scope {
@@ -89,7 +93,7 @@ impl fmt::Display for Error {
         match self {
             Error::TooManyFrontends(n) => write!(
                 f,
-                "{n} frontends on this node, but Cilium's rev-NAT index has room for 65535"
+                "{n} frontends, but Cilium's 16-bit rev-NAT index names at most {MAX_FRONTENDS}"
             ),
         }
     }
@@ -134,8 +138,12 @@ pub fn assign_ids(
         }
         Some(out)
     }
-    let services = assign(frontends, previous.map(|p| &p.services), u16::MAX as u64)
-        .ok_or(Error::TooManyFrontends(frontends.len()))?;
+    let services = assign(
+        frontends,
+        previous.map(|p| &p.services),
+        MAX_FRONTENDS as u64,
+    )
+    .ok_or(Error::TooManyFrontends(frontends.len()))?;
     let backends = assign(backends, previous.map(|p| &p.backends), u32::MAX as u64)
         .expect("fewer backends than u32 ids");
     Ok(Ids { services, backends })
@@ -536,6 +544,19 @@ fn frontends_of<'a>(view: &NodeView, pv: &'a PortView, out: &mut Vec<Planned<'a>
             add(any, np, FrontendKind::NodePort, true);
         }
     }
+}
+
+/// How many frontends (service ids) [`layout`] gives `view`, without laying it out.
+pub fn frontend_count(view: &NodeView) -> usize {
+    let mut planned = Vec::new();
+    for pv in &view.ports {
+        frontends_of(view, pv, &mut planned);
+    }
+    planned
+        .iter()
+        .map(|p| p.frontend)
+        .collect::<BTreeSet<_>>()
+        .len()
 }
 
 /// Lays `view` out as Cilium's maps. `previous` ids are kept (see [`assign_ids`]).

@@ -9,6 +9,11 @@
 //!   state has no previous generation, so there are no deletes.
 //! - [`write_table`]: `cilium bpf lb list` (the services map, one row per entry).
 //!
+//! `--target ebpf` ([`TARGET`]) picks the rendering with `--map-format` (JSON by default)
+//! and refuses, before rendering, a node with more frontends than Cilium's 16-bit service
+//! ids can name ([`check`]). Ids are assigned afresh on every run: keeping them across
+//! runs (`previous`) is not wired to `--lock` yet.
+//!
 //! Byte order is Cilium's: addresses, ports and rev-NAT ids in network order; slots,
 //! counts, backend ids, flags and the affinity timeout in host order (little-endian:
 //! the maps are for x86-64 and arm64 nodes).
@@ -16,12 +21,114 @@
 mod layout;
 
 pub use layout::{
-    assign_ids, flags_text, layout, Backend, Entry, Error, Frontend, FrontendKind, Ids, Layout,
-    MapId, MapSpec, Scope, DEFAULT_MAX_ENTRIES,
+    assign_ids, flags_text, frontend_count, layout, Backend, Entry, Error, Frontend, FrontendKind,
+    Ids, Layout, MapId, MapSpec, Scope, DEFAULT_MAX_ENTRIES, MAX_FRONTENDS,
 };
 
+use crate::{Flag, NodeRenderer, Params, Render, Target};
 use std::fmt::Write as _;
 use svc_compiler::ir::NodeView;
+
+/// `--target ebpf`.
+pub const TARGET: Target = Target {
+    name: "ebpf",
+    about: "Cilium's load-balancing BPF maps (JSON, a bpftool batch file or a table)",
+    // Not `json`: with `--out DIR` the files are in the `--map-format` chosen.
+    ext: "ebpf",
+    render: Render::Node(|params, _| {
+        Box::new(Renderer {
+            opts: options(params),
+        })
+    }),
+    flags: &[
+        Flag {
+            name: "map-format",
+            value_name: "json|batch|table",
+            help: "ebpf: the maps as JSON (default), `bpftool batch file` input or `cilium bpf lb list`",
+            repeatable: false,
+            file: false,
+        },
+        Flag {
+            name: "pin-dir",
+            value_name: "DIR",
+            help: "ebpf: where the batch file pins the maps [default: /sys/fs/bpf/svc-compile]",
+            repeatable: false,
+            file: false,
+        },
+        Flag {
+            name: "max-entries",
+            value_name: "N",
+            help: "ebpf: the least max_entries of every map [default: 65536]",
+            repeatable: false,
+            file: false,
+        },
+    ],
+    planner: None,
+};
+
+/// [`Options`] from the target's flags; an `Err` is a one-line usage error.
+pub fn options(params: &Params) -> Result<Options, String> {
+    let mut o = Options::default();
+    if let Some(f) = params.get("map-format") {
+        o.format = match f {
+            "json" => Format::Json,
+            "batch" => Format::Batch,
+            "table" => Format::Table,
+            _ => return Err(format!("--map-format `{f}`: use json, batch or table")),
+        };
+    }
+    if let Some(d) = params.get("pin-dir") {
+        // A batch line is split at blanks, and bpftool pins only absolute paths.
+        if !d.starts_with('/') || d.contains(char::is_whitespace) {
+            return Err(format!(
+                "--pin-dir `{d}`: give an absolute path without blanks (under a bpffs mount)"
+            ));
+        }
+        o.pin_dir = d.to_string();
+    }
+    if let Some(n) = params.get("max-entries") {
+        o.max_entries =
+            n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                format!("--max-entries `{n}`: give a number from 1 to 4294967295")
+            })?;
+    }
+    Ok(o)
+}
+
+/// [`TARGET`]'s renderer: one node at a time, nothing shared between nodes (the ids of
+/// one node's maps depend on all of its frontends).
+struct Renderer {
+    opts: Result<Options, String>,
+}
+
+impl NodeRenderer for Renderer {
+    fn check(&self, view: &NodeView) -> Result<(), String> {
+        self.opts.as_ref().map_err(Clone::clone)?;
+        check(view).map_err(|e| format!("node {} ({}): {e}", view.node_name, view.family.as_str()))
+    }
+
+    fn render_into(&self, view: &NodeView, out: &mut String) {
+        let opts = self
+            .opts
+            .as_ref()
+            .expect("NodeRenderer::check refuses bad flags first");
+        *out = write_string(view, None, opts).expect("NodeRenderer::check counted the frontends");
+    }
+}
+
+/// Whether `view` fits Cilium's maps: at most [`MAX_FRONTENDS`] frontends, so that every
+/// one gets a service id. [`layout`] fails exactly when this does.
+pub fn check(view: &NodeView) -> Result<(), Error> {
+    check_at_most(view, MAX_FRONTENDS)
+}
+
+/// [`check`] with another limit (tests: a small one).
+fn check_at_most(view: &NodeView, max: usize) -> Result<(), Error> {
+    match frontend_count(view) {
+        n if n > max => Err(Error::TooManyFrontends(n)),
+        _ => Ok(()),
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {

@@ -295,3 +295,108 @@ fn renderings_are_deterministic_and_agree() {
         assert!(table.contains(&r), "{r:?} not in\n{table}");
     }
 }
+
+/// The frontend limit is checked before layout, with the count layout would assign
+/// ids to: a view of exactly `max` frontends passes, one more than `max` is refused.
+#[test]
+fn too_many_frontends_is_refused_before_rendering() {
+    let v = view_of(&[NODES, SERVICES]);
+    let n = frontend_count(&v);
+    assert_eq!(
+        n,
+        layout(&v, None, DEFAULT_MAX_ENTRIES)
+            .unwrap()
+            .ids
+            .services
+            .len()
+    );
+    assert_eq!(check_at_most(&v, n), Ok(()));
+    assert_eq!(check_at_most(&v, n - 1), Err(Error::TooManyFrontends(n)));
+    assert_eq!(check(&v), Ok(()));
+    // The same limit makes assign_ids fail: check and layout agree.
+    let fes: BTreeSet<Frontend> = (0..=MAX_FRONTENDS)
+        .map(|i| Frontend {
+            addr: std::net::SocketAddr::new([10, 96, (i >> 8) as u8, i as u8].into(), 80),
+            proto: svc_compiler::ir::Protocol::TCP,
+            scope: Scope::External,
+        })
+        .collect();
+    assert_eq!(fes.len(), MAX_FRONTENDS + 1);
+    assert_eq!(
+        assign_ids(&fes, &BTreeSet::new(), None),
+        Err(Error::TooManyFrontends(MAX_FRONTENDS + 1))
+    );
+    let mut fewer = fes;
+    fewer.pop_last();
+    assert_eq!(
+        assign_ids(&fewer, &BTreeSet::new(), None)
+            .unwrap()
+            .services
+            .len(),
+        MAX_FRONTENDS
+    );
+}
+
+/// The registry's renderer asks [`check`] and the flags before rendering: a bad flag
+/// value is its one-line refusal of every view.
+#[test]
+fn the_renderer_refuses_before_rendering() {
+    let crate::Render::Node(new) = TARGET.render else {
+        panic!("ebpf renders per node")
+    };
+    let v = view_of(&[NODES, SERVICES]);
+    let r = new(&Params::default(), crate::Sharing::One);
+    assert_eq!(r.check(&v), Ok(()));
+    let mut out = String::from("old");
+    r.render_into(&v, &mut out);
+    assert_eq!(out, write_json(&v, &Options::default()).unwrap());
+    let mut p = Params::default();
+    p.push("map-format", "yaml".into());
+    assert_eq!(
+        new(&p, crate::Sharing::Many).check(&v),
+        Err("--map-format `yaml`: use json, batch or table".into())
+    );
+}
+
+/// The target's flags: defaults, every format, and each mistake as one line.
+#[test]
+fn flags_become_options() {
+    let params = |kv: &[(&'static str, &str)]| {
+        let mut p = Params::default();
+        for (k, v) in kv {
+            p.push(k, v.to_string());
+        }
+        p
+    };
+    assert_eq!(options(&Params::default()), Ok(Options::default()));
+    let o = options(&params(&[
+        ("map-format", "table"),
+        ("pin-dir", "/sys/fs/bpf/x/"),
+        ("max-entries", "1024"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        o,
+        Options {
+            format: Format::Table,
+            pin_dir: "/sys/fs/bpf/x/".into(),
+            max_entries: 1024
+        }
+    );
+    assert_eq!(
+        options(&params(&[("map-format", "batch")])).unwrap().format,
+        Format::Batch
+    );
+    for (k, v) in [
+        ("map-format", "yaml"),
+        ("pin-dir", "relative"),
+        ("pin-dir", "/with space"),
+        ("max-entries", "0"),
+        ("max-entries", "-1"),
+        ("max-entries", "4294967296"),
+    ] {
+        let e = options(&params(&[(k, v)])).unwrap_err();
+        assert!(e.starts_with(&format!("--{k} `{v}`: ")), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
