@@ -66,10 +66,16 @@ pub fn case_args(case: &str) -> Vec<String> {
 
 /// Compile one case for one target through the CLI.
 pub fn compile_case(case: &str, target: &str) -> String {
+    compile_case_with(case, target, &[])
+}
+
+/// [`compile_case`] with the target's own flags (`extra`) after the case's.
+pub fn compile_case_with(case: &str, target: &str, extra: &[&str]) -> String {
     let dir = format!("golden/cases/{case}");
     let args = case_args(case);
     let mut a: Vec<&str> = vec![&dir, "--target", target];
     a.extend(args.iter().map(String::as_str));
+    a.extend(extra);
     let r = svc(&a, None, &root());
     r.expect(0);
     r.stdout

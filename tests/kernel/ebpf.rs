@@ -16,9 +16,10 @@
 
 use super::echo::{probe_in, PROBE_TIMEOUT};
 use super::flows::{parse_flows, Expect, BACKEND_PORT};
+use super::lab::skip;
 use super::sys::enter_netns;
 use super::{Lab, LabSpec, Outcome, Proto};
-use crate::golden::{case_args, case_dirs};
+use crate::golden::{case_args, case_dirs, compile_case, compile_case_with};
 use crate::support::root;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use std::collections::{BTreeMap, BTreeSet};
@@ -46,14 +47,6 @@ fn unique(prefix: &str) -> String {
     )
 }
 
-/// Skip (or, with `SVC_KERNEL=require`, fail) a test that cannot run here.
-fn skip(test: &str, why: &str) {
-    if std::env::var("SVC_KERNEL").as_deref() == Ok("require") {
-        panic!("{test}: {why} (SVC_KERNEL=require)");
-    }
-    println!("skipped: {test}: {why}");
-}
-
 /// What every test here needs: root, clang (the program, compiled once per process),
 /// a cgroup2 mount. `None` after a skip.
 fn prerequisites(test: &str) -> Option<(PathBuf, PathBuf)> {
@@ -77,12 +70,16 @@ fn prerequisites(test: &str) -> Option<(PathBuf, PathBuf)> {
     }
 }
 
-/// `bpf/sock_lb.c` compiled with clang into target/, once per test process.
+/// `bpf/sock_lb.c` compiled with clang, once per test process, into one object per
+/// version of the source (`CARGO_TARGET_TMPDIR/sock_lb-HASH.o`, written under a
+/// temporary name and renamed): runs share it, and it is replaced, not added to, when
+/// the source changes.
 fn program() -> Result<PathBuf, String> {
     static OBJ: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     OBJ.get_or_init(|| {
+        use std::hash::{Hash, Hasher};
         let src = root().join("bpf/sock_lb.c");
-        let out = root().join(format!("target/sock_lb-{}.o", std::process::id()));
+        let text = std::fs::read(&src).map_err(|e| format!("cannot read bpf/sock_lb.c: {e}"))?;
         // Debian keeps asm/ under the multiarch directory, which clang -target bpf does
         // not search by itself.
         let arch = Command::new("cc")
@@ -90,22 +87,48 @@ fn program() -> Result<PathBuf, String> {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default();
+        let args = [
+            "-O2".to_string(),
+            "-g".into(),
+            "-Wall".into(),
+            "-Werror".into(),
+            "-target".into(),
+            "bpf".into(),
+            format!("-I/usr/include/{arch}"),
+        ];
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&text, &args).hash(&mut h);
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let name = format!("sock_lb-{:016x}.o", h.finish());
+        let out = dir.join(&name);
+        if out.exists() {
+            return Ok(out);
+        }
+        let tmp = dir.join(format!("{name}.{}", std::process::id()));
         let r = Command::new("clang")
-            .args(["-O2", "-g", "-Wall", "-Werror", "-target", "bpf"])
-            .arg(format!("-I/usr/include/{arch}"))
+            .args(&args)
             .arg("-c")
             .arg(&src)
             .arg("-o")
-            .arg(&out)
+            .arg(&tmp)
             .output()
             .map_err(|e| {
                 format!("needs clang to build bpf/sock_lb.c ({e}); install clang and libbpf-dev")
             })?;
         if !r.status.success() {
+            let _ = std::fs::remove_file(&tmp);
             return Err(format!(
                 "clang failed on bpf/sock_lb.c (libbpf-dev installed?):\n{}",
                 String::from_utf8_lossy(&r.stderr)
             ));
+        }
+        std::fs::rename(&tmp, &out).map_err(|e| format!("cannot keep {name}: {e}"))?;
+        // The objects of older versions of the source go.
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with("sock_lb-") && n.ends_with(".o") && n != name {
+                let _ = std::fs::remove_file(e.path());
+            }
         }
         Ok(out)
     })
@@ -533,8 +556,9 @@ fn probes(
 // Golden cases
 // ---------------------------------------------------------------------------------------
 
-/// A golden case's view, compiled in-process from its `args` (the CLI does not know
-/// `--target ebpf` yet).
+/// A golden case's view, compiled in-process from its `args`: the loader here needs the
+/// typed layout (and some tests change the view). [`golden_cases_render`] checks that it
+/// renders what the CLI prints.
 pub fn case_view(case: &str) -> NodeView {
     let args = case_args(case);
     let mut sources = SourceMap::default();
@@ -598,16 +622,23 @@ pub fn case_view(case: &str) -> NodeView {
     node_view(&comp.module, &sel, fam).unwrap()
 }
 
-/// Every golden case renders in all three forms, and the batch and JSON agree with the
-/// layout entry for entry (no kernel needed).
+/// Every golden case through the CLI in all three forms (the JSON is the golden
+/// snapshot's text): each equals what this file's in-process [`case_view`] renders, so
+/// the loader here loads exactly the CLI's maps; the batch file and the table hold the
+/// layout's entries (no kernel needed).
 #[test]
 fn golden_cases_render() {
     for case in case_dirs() {
         let v = case_view(&case);
-        let l = ebpf::layout(&v, None, ebpf::DEFAULT_MAX_ENTRIES).unwrap();
         let o = ebpf::Options::default();
-        let json: serde_json::Value =
-            serde_json::from_str(&ebpf::write_json(&v, &o).unwrap()).unwrap();
+        let l = ebpf::layout(&v, None, o.max_entries).unwrap();
+        let json_text = compile_case(&case, "ebpf");
+        assert_eq!(
+            json_text,
+            ebpf::write_json(&v, &o).unwrap(),
+            "{case}: the CLI's JSON"
+        );
+        let json: serde_json::Value = serde_json::from_str(&json_text).unwrap();
         let n: usize = json["maps"]
             .as_array()
             .unwrap()
@@ -615,7 +646,8 @@ fn golden_cases_render() {
             .map(|m| m["entries"].as_array().unwrap().len())
             .sum();
         assert_eq!(n, l.entries.len(), "{case}");
-        let batch = ebpf::write_batch(&v, &o).unwrap();
+        let batch = compile_case_with(&case, "ebpf", &["--map-format", "batch"]);
+        assert_eq!(batch, ebpf::write_batch(&v, &o).unwrap(), "{case}: batch");
         assert_eq!(
             batch
                 .lines()
@@ -624,7 +656,8 @@ fn golden_cases_render() {
             l.entries.len(),
             "{case}"
         );
-        let table = ebpf::write_table(&v, &o).unwrap();
+        let table = compile_case_with(&case, "ebpf", &["--map-format", "table"]);
+        assert_eq!(table, ebpf::write_table(&v, &o).unwrap(), "{case}: table");
         let services = l
             .entries
             .iter()
@@ -685,8 +718,8 @@ fn json_entries(json: &serde_json::Value, name: &str) -> BTreeSet<(String, Strin
         .collect()
 }
 
-/// For every golden case: `bpftool batch file` of the batch rendering creates and fills
-/// the maps; `bpftool -j map dump` of each equals the JSON rendering; the program loads
+/// For every golden case: `bpftool batch file` of the CLI's batch rendering creates and
+/// fills the maps; `bpftool -j map dump` of each equals the CLI's JSON; the program loads
 /// on top of those pinned maps and passes the verifier; and this test's loader, into a
 /// second directory, writes the same bytes.
 #[test]
@@ -702,11 +735,12 @@ fn batch_file_loads_and_dump_equals_json() {
     for case in case_dirs() {
         let v = case_view(&case);
         let pins = Pins::new();
-        let o = ebpf::Options {
-            pin_dir: pins.0.display().to_string(),
-            ..Default::default()
-        };
-        let batch = ebpf::write_batch(&v, &o).unwrap();
+        let pin_dir = pins.0.display().to_string();
+        let batch = compile_case_with(
+            &case,
+            "ebpf",
+            &["--map-format", "batch", "--pin-dir", &pin_dir],
+        );
         let file = tmp.path().join(format!("{case}.batch"));
         std::fs::write(&file, &batch).unwrap();
         let out = Command::new("bpftool")
@@ -719,9 +753,8 @@ fn batch_file_loads_and_dump_equals_json() {
             "{case}: bpftool batch: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let json: serde_json::Value =
-            serde_json::from_str(&ebpf::write_json(&v, &o).unwrap()).unwrap();
-        let l = ebpf::layout(&v, None, o.max_entries).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&compile_case(&case, "ebpf")).unwrap();
+        let l = ebpf::layout(&v, None, ebpf::DEFAULT_MAX_ENTRIES).unwrap();
         for m in &l.maps {
             assert_eq!(
                 dump(&pins, m.name),

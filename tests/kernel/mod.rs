@@ -51,7 +51,7 @@ mod apply;
 mod differential;
 mod ebpf;
 pub mod echo;
-pub mod flows;
+mod flows;
 pub mod lab;
 mod selftest;
 pub mod sys;
