@@ -70,19 +70,22 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
                     Render::Node(new) => {
                         let renderer = new(&params, Sharing::One);
                         let mut text = String::new();
-                        Some(Ok(views
-                            .iter()
-                            .map(|v| {
-                                match &cmd.part {
-                                    Some(p) => renderer.render_part_into(v, p, &mut text),
-                                    None => renderer.render_into(v, &mut text),
-                                }
-                                File {
-                                    name: String::new(),
-                                    text: std::mem::take(&mut text),
-                                }
-                            })
-                            .collect()))
+                        Some(
+                            views
+                                .iter()
+                                .map(|v| {
+                                    renderer.check(v)?;
+                                    match &cmd.part {
+                                        Some(p) => renderer.render_part_into(v, p, &mut text),
+                                        None => renderer.render_into(v, &mut text),
+                                    }
+                                    Ok(File {
+                                        name: String::new(),
+                                        text: std::mem::take(&mut text),
+                                    })
+                                })
+                                .collect(),
+                        )
                     }
                 };
             }
@@ -183,6 +186,10 @@ fn write_per_node(
     jobs.par_iter()
         .try_for_each_init(String::new, |text, (sel, fam)| {
             let view = node_view(module, sel, *fam).expect("checked before anything was written");
+            // A refused view stops the run; files of nodes done before it stay written.
+            renderer
+                .check(&view)
+                .map_err(|e| Fail(format!("--target {}: {e}", cmd.target.name)))?;
             let fam = match fam {
                 IpFamily::IPv4 => "ipv4",
                 IpFamily::IPv6 => "ipv6",
@@ -214,5 +221,67 @@ fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {
                 _ => Ok(()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{parse_with, Parsed};
+    use svc_targets::{NodeRenderer, Target};
+
+    /// A per-node target that can render no view (as `ebpf` refuses a node with more
+    /// frontends than its ids can name).
+    const REFUSES: Target = Target {
+        name: "refuses",
+        about: "a target that refuses every view",
+        ext: "txt",
+        render: Render::Node(|_, _| Box::new(Refuses)),
+        flags: &[],
+        planner: None,
+    };
+
+    struct Refuses;
+
+    impl NodeRenderer for Refuses {
+        fn check(&self, view: &NodeView) -> Result<(), String> {
+            Err(format!("node {}: too big", view.node_name))
+        }
+        fn render_into(&self, _: &NodeView, _: &mut String) {
+            panic!("rendered a refused view")
+        }
+    }
+
+    fn run_args(args: &[&str]) -> Result<u8, Fail> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        match parse_with(&args, &[&REFUSES]) {
+            Ok(Parsed::Run(cmd)) => run_inner(&cmd),
+            _ => panic!("not a run"),
+        }
+    }
+
+    /// A refused view is a usage failure (exit 2) naming the target and the node, and
+    /// nothing is written: not with -o, not with --out.
+    #[test]
+    fn a_refused_view_is_one_line_and_writes_nothing() {
+        let dir = std::env::temp_dir().join(format!("svc-compile-refuse-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = dir.join("out.txt");
+        let out = dir.join("out");
+        for args in [
+            vec!["-o", file.to_str().unwrap()],
+            vec!["--out", out.to_str().unwrap()],
+        ] {
+            let mut a = vec!["examples/", "--target", "refuses", "--node", "node-a"];
+            a.extend(args);
+            let Err(Fail(msg)) = run_args(&a) else {
+                panic!("{a:?} was rendered")
+            };
+            assert_eq!(msg, "--target refuses: node node-a: too big");
+            assert_eq!(exit_code(Err(Fail(msg))), 2);
+        }
+        assert!(!file.exists());
+        assert_eq!(std::fs::read_dir(&out).map_or(0, |d| d.count()), 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

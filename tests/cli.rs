@@ -784,3 +784,122 @@ fn ipvs_all_nodes_writes_one_file_per_part() {
         ]
     );
 }
+
+/// `--target ebpf`: the JSON maps by default, the `cilium bpf lb list` table and the
+/// bpftool batch file with `--map-format`, all three of the same entries; `--out` files
+/// are what `--node` prints.
+#[test]
+fn ebpf_renders_maps_as_json_table_and_batch() {
+    let base = ["examples/", "--target", "ebpf", "--node", "node-a"];
+    let run = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        let r = svc(&a, None, &root());
+        r.expect(0);
+        r.stdout.clone()
+    };
+    let json_text = run(&[]);
+    assert_eq!(json_text, run(&["--map-format", "json"]));
+    let json: serde_json::Value = serde_json::from_str(&json_text).expect("JSON");
+    assert_eq!(json["node"], "node-a");
+    let maps = json["maps"].as_array().unwrap();
+    let entries = |name: &str| {
+        maps.iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}"))["entries"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    let services = entries("cilium_lb4_services_v2");
+    assert!(services > 10, "{services} service entries");
+    assert!(entries("cilium_lb4_backends_v3") > 0);
+    assert_eq!(
+        entries("cilium_lb4_reverse_nat"),
+        json["ids"]["services"].as_object().unwrap().len()
+    );
+    let total: usize = maps
+        .iter()
+        .map(|m| m["entries"].as_array().unwrap().len())
+        .sum();
+
+    let table = run(&["--map-format", "table"]);
+    let mut lines = table.lines();
+    let head = lines.next().unwrap();
+    assert!(head.starts_with("SERVICE ADDRESS "), "{head}");
+    assert!(
+        head.ends_with("BACKEND ADDRESS (REVNAT_ID) (SLOT)"),
+        "{head}"
+    );
+    assert_eq!(lines.count(), services, "{table}");
+
+    let batch = run(&["--map-format", "batch", "--pin-dir", "/sys/fs/bpf/t"]);
+    let creates = batch
+        .lines()
+        .filter(|l| l.starts_with("map create /sys/fs/bpf/t/"));
+    assert_eq!(creates.count(), maps.len(), "{batch}");
+    let updates = batch
+        .lines()
+        .filter(|l| l.starts_with("map update pinned /sys/fs/bpf/t/"));
+    assert_eq!(updates.count(), total, "{batch}");
+    assert!(batch.contains("entries 65536 "), "{batch}");
+    assert!(run(&["--map-format", "batch", "--max-entries", "4096"]).contains("entries 4096 "));
+
+    // --out: NODE.FAMILY.ebpf in the chosen format, as --node prints it.
+    let t = TempDir::new("ebpf-out");
+    let out = t.path().join("out");
+    let mut a = base.to_vec();
+    a.extend(["--map-format", "table", "--out", out.to_str().unwrap()]);
+    svc(&a, None, &root()).expect(0);
+    assert_eq!(
+        std::fs::read_to_string(out.join("node-a.ipv4.ebpf")).unwrap(),
+        table
+    );
+}
+
+/// The ebpf flags' values are checked, each mistake in one line (exit 2); another
+/// target does not take them.
+#[test]
+fn ebpf_flag_mistakes_are_one_line() {
+    for (extra, want) in [
+        (
+            &["--map-format", "yaml"][..],
+            "svc-compile: --target ebpf: --map-format `yaml`: use json, batch or table",
+        ),
+        (
+            &["--max-entries", "0"][..],
+            "svc-compile: --target ebpf: --max-entries `0`: give a number from 1 to 4294967295",
+        ),
+        (
+            &["--pin-dir", "pins"][..],
+            "svc-compile: --target ebpf: --pin-dir `pins`: give an absolute path without blanks (under a bpffs mount)",
+        ),
+    ] {
+        let mut a = vec!["examples/", "--target", "ebpf", "--node", "node-a"];
+        a.extend(extra);
+        let r = svc(&a, None, &root());
+        r.expect(2);
+        assert_eq!(r.stderr.trim_end(), want);
+        assert!(r.stdout.is_empty(), "{}", r.stdout);
+    }
+    let r = svc(
+        &[
+            "examples/",
+            "--target",
+            "iptables",
+            "--node",
+            "node-a",
+            "--map-format",
+            "json",
+        ],
+        None,
+        &root(),
+    );
+    r.expect(2);
+    assert!(
+        r.stderr
+            .starts_with("svc-compile: --map-format belongs to --target ebpf"),
+        "{}",
+        r.stderr
+    );
+}

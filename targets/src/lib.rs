@@ -15,6 +15,7 @@ pub use registry::{File, Flag, NodeRenderer, Params, Render, RenderError, Sharin
 
 // The targets: a module each, and one line each in `TARGETS`, in `--help` order.
 pub mod dns;
+pub mod ebpf;
 pub mod env;
 pub mod iptables;
 pub mod ipvs;
@@ -29,6 +30,7 @@ pub static TARGETS: &[&Target] = &[
     &nftables::TARGET,
     &nftables::JSON_TARGET,
     &ipvs::TARGET,
+    &ebpf::TARGET,
     &dns::TARGET,
     &env::TARGET,
     &env::JSON_TARGET,

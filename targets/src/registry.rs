@@ -78,6 +78,12 @@ pub enum Sharing {
 
 /// [`Render::Node`]'s renderer, shared by the threads rendering the nodes of one run.
 pub trait NodeRenderer: Send + Sync {
+    /// Whether `view` can be rendered at all (a limit of the target's format, or a flag
+    /// value it cannot use): the CLI asks before rendering each view, and an `Err` (one
+    /// line, naming the node) is a usage error. The default accepts every view.
+    fn check(&self, _view: &NodeView) -> Result<(), String> {
+        Ok(())
+    }
     /// The document for `view` into `out` (cleared first), reusing its memory.
     fn render_into(&self, view: &NodeView, out: &mut String);
 

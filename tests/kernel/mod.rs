@@ -49,6 +49,7 @@
 
 mod apply;
 mod differential;
+mod ebpf;
 pub mod echo;
 mod flows;
 mod ipvs;

@@ -1,0 +1,673 @@
+//! The node view laid out as Cilium's load-balancing maps: typed entries, their bytes and
+//! the order Cilium's reconciler writes them in.
+//!
+//! Invariants:
+//! - One view gives one family's maps (`cilium_lb4_*` or `cilium_lb6_*`) plus the shared
+//!   `cilium_lb_affinity_match`; the runtime maps (affinity, reverse_sk) are declared but empty.
+//! - Entries are in write order: frontends in [`NodeView::ports`] order (cluster IP, external
+//!   IPs, load-balancer IPs, node addresses, surrogate), and per frontend Cilium's order
+//!   (`bpf_reconciler.go`, `updateFrontend`): new backends, each slot (with its affinity
+//!   match), source ranges, rev-NAT, master last. A datapath that reads the master never
+//!   sees a slot that is not written yet.
+//! - Ids come from [`assign_ids`] only: sorted frontends and backends, previous ids kept.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use svc_compiler::ir::{NodePortAddresses, NodeView, PortView, Protocol};
+use svc_compiler::net::{Cidr, IpFamily};
+
+/// Cilium's `--bpf-lb-map-max` default: the size of every LB map unless more is needed.
+pub const DEFAULT_MAX_ENTRIES: u32 = 65536;
+
+/// The most frontends one node's maps can name: the rev-NAT index (the service id) is 16
+/// bits and 0 means none.
+pub const MAX_FRONTENDS: usize = u16::MAX as usize;
+
+/// `cilium_lb{4,6}_services_v2` key scope (`LB_LOOKUP_SCOPE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// 0: traffic from outside the cluster (and every single-scope service).
+    External,
+    /// 1: in-cluster traffic to a two-scope service; printed `/i`.
+    Internal,
+}
+
+/// What kind of frontend an address is (Cilium's `SVCType`); decides the type flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FrontendKind {
+    ClusterIP,
+    ExternalIPs,
+    LoadBalancer,
+    NodePort,
+}
+
+/// A frontend address as Cilium's `L3n4Addr`: what a service id is allocated for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Frontend {
+    pub addr: SocketAddr,
+    pub proto: Protocol,
+    pub scope: Scope,
+}
+
+/// A backend address (ip, port, protocol): what a backend id is allocated for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub proto: Protocol,
+}
+
+impl fmt::Display for Frontend {
+    /// `10.96.0.10:53/UDP`, `[fd00::1]:53/TCP/i`: `cilium bpf lb list`'s key text.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.proto.as_str())?;
+        if self.scope == Scope::Internal {
+            f.write_str("/i")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.proto.as_str())
+    }
+}
+
+/// Service (rev-NAT) and backend ids. Kept across compilations by passing the previous
+/// assignment to [`assign_ids`] (the `--lock` file's job).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ids {
+    pub services: BTreeMap<Frontend, u16>,
+    pub backends: BTreeMap<Backend, u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// More frontends than the 16-bit rev-NAT index can name.
+    TooManyFrontends(usize),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::TooManyFrontends(n) => write!(
+                f,
+                "{n} frontends, but Cilium's 16-bit rev-NAT index names at most {MAX_FRONTENDS}"
+            ),
+        }
+    }
+}
+
+/// Ids for `frontends` and `backends`: a key of `previous` keeps its id; the others get
+/// the lowest free ids (from 1) in sorted order, so the result depends only on the sets.
+pub fn assign_ids(
+    frontends: &BTreeSet<Frontend>,
+    backends: &BTreeSet<Backend>,
+    previous: Option<&Ids>,
+) -> Result<Ids, Error> {
+    fn assign<K: Ord + Copy, V: Ord + Copy + TryFrom<u64>>(
+        keys: &BTreeSet<K>,
+        prev: Option<&BTreeMap<K, V>>,
+        max: u64,
+    ) -> Option<BTreeMap<K, V>> {
+        let mut out = BTreeMap::new();
+        let mut used = BTreeSet::new();
+        for k in keys {
+            if let Some(v) = prev.and_then(|p| p.get(k)) {
+                out.insert(*k, *v);
+                used.insert(*v);
+            }
+        }
+        let mut next: u64 = 1;
+        for k in keys {
+            if out.contains_key(k) {
+                continue;
+            }
+            loop {
+                if next > max {
+                    return None;
+                }
+                let v = V::try_from(next).ok()?;
+                next += 1;
+                if !used.contains(&v) {
+                    out.insert(*k, v);
+                    break;
+                }
+            }
+        }
+        Some(out)
+    }
+    let services = assign(
+        frontends,
+        previous.map(|p| &p.services),
+        MAX_FRONTENDS as u64,
+    )
+    .ok_or(Error::TooManyFrontends(frontends.len()))?;
+    let backends = assign(backends, previous.map(|p| &p.backends), u32::MAX as u64)
+        .expect("fewer backends than u32 ids");
+    Ok(Ids { services, backends })
+}
+
+// Service flags (`loadbalancer.ServiceFlags`: flags in the low byte, flags2 in the high).
+pub const F_EXTERNAL_IP: u16 = 1 << 0;
+pub const F_NODEPORT: u16 = 1 << 1;
+pub const F_EXT_LOCAL_SCOPE: u16 = 1 << 2;
+pub const F_HOSTPORT: u16 = 1 << 3;
+pub const F_AFFINITY: u16 = 1 << 4;
+pub const F_LOADBALANCER: u16 = 1 << 5;
+pub const F_ROUTABLE: u16 = 1 << 6;
+pub const F_SOURCE_RANGE: u16 = 1 << 7;
+pub const F_INT_LOCAL_SCOPE: u16 = 1 << 12;
+pub const F_TWO_SCOPES: u16 = 1 << 13;
+
+/// `ServiceFlags.String()`: the type, then the properties that apply.
+pub fn flags_text(flags: u16) -> String {
+    let kind = if flags & F_EXTERNAL_IP != 0 {
+        "ExternalIPs"
+    } else if flags & F_NODEPORT != 0 {
+        "NodePort"
+    } else if flags & F_LOADBALANCER != 0 {
+        "LoadBalancer"
+    } else if flags & F_HOSTPORT != 0 {
+        "HostPort"
+    } else {
+        "ClusterIP"
+    };
+    let mut v = vec![kind];
+    for (bit, text) in [
+        (F_EXT_LOCAL_SCOPE, "Local"),
+        (F_INT_LOCAL_SCOPE, "InternalLocal"),
+        (F_TWO_SCOPES, "two-scopes"),
+        (F_AFFINITY, "sessionAffinity"),
+    ] {
+        if flags & bit != 0 {
+            v.push(text);
+        }
+    }
+    if flags & F_ROUTABLE == 0 {
+        v.push("non-routable");
+    }
+    if flags & F_SOURCE_RANGE != 0 {
+        v.push("check source-range");
+    }
+    v.join(", ")
+}
+
+/// One map as Cilium declares it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapId {
+    Services,
+    Backends,
+    RevNat,
+    Affinity,
+    AffinityMatch,
+    SourceRange,
+    ReverseSk,
+}
+
+impl MapId {
+    pub const ALL: [MapId; 7] = [
+        MapId::Services,
+        MapId::Backends,
+        MapId::RevNat,
+        MapId::Affinity,
+        MapId::AffinityMatch,
+        MapId::SourceRange,
+        MapId::ReverseSk,
+    ];
+
+    pub fn name(self, family: IpFamily) -> &'static str {
+        let v6 = family == IpFamily::IPv6;
+        match self {
+            MapId::Services if v6 => "cilium_lb6_services_v2",
+            MapId::Services => "cilium_lb4_services_v2",
+            MapId::Backends if v6 => "cilium_lb6_backends_v3",
+            MapId::Backends => "cilium_lb4_backends_v3",
+            MapId::RevNat if v6 => "cilium_lb6_reverse_nat",
+            MapId::RevNat => "cilium_lb4_reverse_nat",
+            MapId::Affinity if v6 => "cilium_lb6_affinity",
+            MapId::Affinity => "cilium_lb4_affinity",
+            MapId::AffinityMatch => "cilium_lb_affinity_match",
+            MapId::SourceRange if v6 => "cilium_lb6_source_range",
+            MapId::SourceRange => "cilium_lb4_source_range",
+            MapId::ReverseSk if v6 => "cilium_lb6_reverse_sk",
+            MapId::ReverseSk => "cilium_lb4_reverse_sk",
+        }
+    }
+
+    /// bpftool's spelling of the map type.
+    pub fn kind(self) -> &'static str {
+        match self {
+            MapId::Affinity | MapId::ReverseSk => "lru_hash",
+            MapId::SourceRange => "lpm_trie",
+            _ => "hash",
+        }
+    }
+
+    /// Map flags: an LPM trie must be created with `BPF_F_NO_PREALLOC`.
+    pub fn flags(self) -> u32 {
+        match self {
+            MapId::SourceRange => 1,
+            _ => 0,
+        }
+    }
+
+    /// (key size, value size) in bytes, from `bpf/lib/lb.h`.
+    pub fn sizes(self, family: IpFamily) -> (u32, u32) {
+        let a = if family == IpFamily::IPv6 { 16 } else { 4 };
+        match self {
+            MapId::Services => (a + 8, 12),
+            MapId::Backends => (4, a + 8),
+            MapId::RevNat => (2, a + 2),
+            // client ip or netns cookie (at least 8), rev_nat_id, flags byte, pad, pad32
+            MapId::Affinity => (a.max(8) + 8, 16),
+            MapId::AffinityMatch => (8, 1),
+            MapId::SourceRange => (a + 8, 1),
+            // cookie, address, port, pad → address, port, rev_nat_index
+            MapId::ReverseSk => (a + 12, a + 4),
+        }
+    }
+}
+
+/// One map entry, typed; [`Entry::key`] and [`Entry::value`] give Cilium's bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// Slot 0 of a frontend.
+    Master {
+        frontend: Frontend,
+        count: u16,
+        qcount: u16,
+        rev_nat: u16,
+        flags: u16,
+        /// Session affinity timeout in seconds (the union's low 24 bits; algorithm 0 above).
+        affinity_timeout: Option<u32>,
+    },
+    /// Slot 1.. of a frontend.
+    Slot {
+        frontend: Frontend,
+        slot: u16,
+        backend_id: u32,
+        backend: Backend,
+        rev_nat: u16,
+        flags: u16,
+    },
+    Backend {
+        id: u32,
+        backend: Backend,
+        terminating: bool,
+    },
+    RevNat {
+        id: u16,
+        frontend: Frontend,
+    },
+    AffinityMatch {
+        backend_id: u32,
+        rev_nat: u16,
+    },
+    SourceRange {
+        rev_nat: u16,
+        cidr: Cidr,
+    },
+}
+
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+impl Entry {
+    pub fn map(&self) -> MapId {
+        match self {
+            Entry::Master { .. } | Entry::Slot { .. } => MapId::Services,
+            Entry::Backend { .. } => MapId::Backends,
+            Entry::RevNat { .. } => MapId::RevNat,
+            Entry::AffinityMatch { .. } => MapId::AffinityMatch,
+            Entry::SourceRange { .. } => MapId::SourceRange,
+        }
+    }
+
+    /// The key as Cilium writes it: addresses, ports and rev-NAT ids in network order,
+    /// slots and backend ids in host (little-endian) order.
+    pub fn key(&self) -> Vec<u8> {
+        let mut k = Vec::with_capacity(24);
+        match self {
+            Entry::Master { frontend, .. } | Entry::Slot { frontend, .. } => {
+                let slot = match self {
+                    Entry::Slot { slot, .. } => *slot,
+                    _ => 0,
+                };
+                k.extend(ip_bytes(frontend.addr.ip()));
+                k.extend(frontend.addr.port().to_be_bytes());
+                k.extend(slot.to_le_bytes());
+                k.push(frontend.proto.number());
+                k.push(frontend.scope as u8);
+                k.extend([0, 0]);
+            }
+            Entry::Backend { id, .. } => k.extend(id.to_le_bytes()),
+            Entry::RevNat { id, .. } => k.extend(id.to_be_bytes()),
+            Entry::AffinityMatch {
+                backend_id,
+                rev_nat,
+            } => {
+                k.extend(backend_id.to_le_bytes());
+                k.extend(rev_nat.to_be_bytes());
+                k.extend([0, 0]);
+            }
+            Entry::SourceRange { rev_nat, cidr } => {
+                let net = cidr.network();
+                // The LPM prefix also covers rev_nat_id and the pad: 32 bits.
+                k.extend((32 + net.prefix as u32).to_le_bytes());
+                k.extend(rev_nat.to_be_bytes());
+                k.extend([0, 0]);
+                k.extend(ip_bytes(net.addr));
+            }
+        }
+        k
+    }
+
+    pub fn value(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(24);
+        match self {
+            Entry::Master {
+                count,
+                qcount,
+                rev_nat,
+                flags,
+                affinity_timeout,
+                ..
+            } => service_value(
+                &mut v,
+                affinity_timeout.unwrap_or(0) & 0x00ff_ffff,
+                *count,
+                *rev_nat,
+                *flags,
+                *qcount,
+            ),
+            Entry::Slot {
+                backend_id,
+                rev_nat,
+                flags,
+                ..
+            } => service_value(&mut v, *backend_id, 0, *rev_nat, *flags, 0),
+            Entry::Backend {
+                backend,
+                terminating,
+                ..
+            } => {
+                v.extend(ip_bytes(backend.addr.ip()));
+                v.extend(backend.addr.port().to_be_bytes());
+                v.push(backend.proto.number());
+                v.push(*terminating as u8); // BACKEND_STATE_TERMINATING = 1
+                v.extend([0, 0]); // cluster_id (host order)
+                v.extend([0, 0]); // zone, pad
+            }
+            Entry::RevNat { frontend, .. } => {
+                v.extend(ip_bytes(frontend.addr.ip()));
+                v.extend(frontend.addr.port().to_be_bytes());
+            }
+            Entry::AffinityMatch { .. } | Entry::SourceRange { .. } => v.push(0),
+        }
+        v
+    }
+}
+
+fn service_value(v: &mut Vec<u8>, union: u32, count: u16, rev_nat: u16, flags: u16, qcount: u16) {
+    v.extend(union.to_le_bytes());
+    v.extend(count.to_le_bytes());
+    v.extend(rev_nat.to_be_bytes());
+    v.extend(flags.to_le_bytes()); // flags, flags2
+    v.extend(qcount.to_le_bytes());
+}
+
+/// A map to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    pub id: MapId,
+    pub name: &'static str,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+}
+
+/// The whole state for one node and family.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub node: String,
+    pub family: IpFamily,
+    /// In [`MapId::ALL`] order.
+    pub maps: Vec<MapSpec>,
+    /// In write order (see the module docs).
+    pub entries: Vec<Entry>,
+    pub ids: Ids,
+}
+
+/// One frontend address with what its master entry says and which backends it serves.
+struct Planned<'a> {
+    frontend: Frontend,
+    kind: FrontendKind,
+    pv: &'a PortView,
+    flags: u16,
+    backends: Vec<u32>,
+}
+
+/// The frontends of one port and the endpoints (indices) each scope serves.
+fn frontends_of<'a>(view: &NodeView, pv: &'a PortView, out: &mut Vec<Planned<'a>>) {
+    let local = |l: bool| {
+        if l {
+            pv.local_endpoints.clone()
+        } else {
+            pv.cluster_endpoints.clone()
+        }
+    };
+    let mut add = |ip: IpAddr, port: u16, kind: FrontendKind, surrogate: bool| {
+        let mut flags = match kind {
+            FrontendKind::ClusterIP => 0,
+            FrontendKind::ExternalIPs => F_EXTERNAL_IP,
+            FrontendKind::LoadBalancer => F_LOADBALANCER,
+            FrontendKind::NodePort => F_NODEPORT,
+        };
+        if pv.external_local {
+            flags |= F_EXT_LOCAL_SCOPE;
+        }
+        if pv.internal_local {
+            flags |= F_INT_LOCAL_SCOPE;
+        }
+        if pv.affinity_timeout.is_some() {
+            flags |= F_AFFINITY;
+        }
+        if kind != FrontendKind::ClusterIP && !surrogate {
+            flags |= F_ROUTABLE;
+        }
+        if kind == FrontendKind::LoadBalancer && !pv.source_ranges.is_empty() {
+            flags |= F_SOURCE_RANGE;
+        }
+        let two = kind != FrontendKind::ClusterIP && pv.external_local != pv.internal_local;
+        let fe = |scope| Frontend {
+            addr: SocketAddr::new(ip, port),
+            proto: pv.protocol,
+            scope,
+        };
+        if two {
+            flags |= F_TWO_SCOPES;
+        }
+        // A single-scope entry serves what in-cluster clients reach: for a ClusterIP the
+        // internal policy; for an external address both policies agree (else two scopes).
+        let ext_local = if kind == FrontendKind::ClusterIP {
+            pv.internal_local
+        } else {
+            pv.external_local
+        };
+        out.push(Planned {
+            frontend: fe(Scope::External),
+            kind,
+            pv,
+            flags,
+            backends: local(ext_local),
+        });
+        if two {
+            out.push(Planned {
+                frontend: fe(Scope::Internal),
+                kind,
+                pv,
+                flags,
+                backends: local(pv.internal_local),
+            });
+        }
+    };
+    if let Some(ip) = pv.cluster_ip {
+        add(ip, pv.port, FrontendKind::ClusterIP, false);
+    }
+    for ip in &pv.external_ips {
+        add(*ip, pv.port, FrontendKind::ExternalIPs, false);
+    }
+    for ip in &pv.load_balancer_ips {
+        add(*ip, pv.port, FrontendKind::LoadBalancer, false);
+    }
+    if let Some(np) = pv.node_port {
+        let (ips, surrogate) = match &view.node_port_addresses {
+            NodePortAddresses::All => (&view.node_ips, true),
+            NodePortAddresses::Ips(ips) => (ips, false),
+        };
+        for ip in ips {
+            add(*ip, np, FrontendKind::NodePort, false);
+        }
+        // Any other local address (loopback, ...) finds the service through the
+        // 0.0.0.0 / :: surrogate entry.
+        if surrogate {
+            let any = match view.family {
+                IpFamily::IPv4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpFamily::IPv6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            };
+            add(any, np, FrontendKind::NodePort, true);
+        }
+    }
+}
+
+/// How many frontends (service ids) [`layout`] gives `view`, without laying it out.
+pub fn frontend_count(view: &NodeView) -> usize {
+    let mut planned = Vec::new();
+    for pv in &view.ports {
+        frontends_of(view, pv, &mut planned);
+    }
+    planned
+        .iter()
+        .map(|p| p.frontend)
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
+/// Lays `view` out as Cilium's maps. `previous` ids are kept (see [`assign_ids`]).
+pub fn layout(view: &NodeView, previous: Option<&Ids>, max_entries: u32) -> Result<Layout, Error> {
+    let mut planned = Vec::new();
+    for pv in &view.ports {
+        frontends_of(view, pv, &mut planned);
+    }
+    let backend_of = |pv: &PortView, i: u32| {
+        let e = &pv.endpoints[i as usize];
+        Backend {
+            addr: SocketAddr::new(e.ip, e.port),
+            proto: pv.protocol,
+        }
+    };
+    let fes: BTreeSet<Frontend> = planned.iter().map(|p| p.frontend).collect();
+    let bes: BTreeSet<Backend> = planned
+        .iter()
+        .flat_map(|p| p.backends.iter().map(|&i| backend_of(p.pv, i)))
+        .collect();
+    let ids = assign_ids(&fes, &bes, previous)?;
+
+    let mut entries = Vec::new();
+    let mut written: BTreeSet<Backend> = BTreeSet::new();
+    for p in &planned {
+        let rev_nat = ids.services[&p.frontend];
+        // Active backends first, then terminating; each group keeps the view's order
+        // (sorted by address). Cilium counts the terminating ones only when no backend
+        // is active (kube-proxy's terminating fallback; the view already applied it).
+        let mut order: Vec<u32> = p.backends.clone();
+        order.sort_by_key(|&i| p.pv.endpoints[i as usize].terminating);
+        let active = order
+            .iter()
+            .filter(|&&i| !p.pv.endpoints[i as usize].terminating)
+            .count() as u16;
+        let total = order.len() as u16;
+        let (count, qcount) = if active == 0 {
+            (total, 0)
+        } else {
+            (active, total - active)
+        };
+        for &i in &order {
+            let b = backend_of(p.pv, i);
+            if written.insert(b) {
+                entries.push(Entry::Backend {
+                    id: ids.backends[&b],
+                    backend: b,
+                    terminating: p.pv.endpoints[i as usize].terminating,
+                });
+            }
+        }
+        let slot_flags = p.flags & !F_SOURCE_RANGE;
+        for (n, &i) in order.iter().enumerate() {
+            let b = backend_of(p.pv, i);
+            let backend_id = ids.backends[&b];
+            entries.push(Entry::Slot {
+                frontend: p.frontend,
+                slot: n as u16 + 1,
+                backend_id,
+                backend: b,
+                rev_nat,
+                flags: slot_flags,
+            });
+            if p.pv.affinity_timeout.is_some() && !p.pv.endpoints[i as usize].terminating {
+                entries.push(Entry::AffinityMatch {
+                    backend_id,
+                    rev_nat,
+                });
+            }
+        }
+        if p.kind == FrontendKind::LoadBalancer {
+            for cidr in &p.pv.source_ranges {
+                entries.push(Entry::SourceRange {
+                    rev_nat,
+                    cidr: *cidr,
+                });
+            }
+        }
+        entries.push(Entry::RevNat {
+            id: rev_nat,
+            frontend: p.frontend,
+        });
+        entries.push(Entry::Master {
+            frontend: p.frontend,
+            count,
+            qcount,
+            rev_nat,
+            flags: p.flags,
+            affinity_timeout: p.pv.affinity_timeout,
+        });
+    }
+
+    let maps = MapId::ALL
+        .iter()
+        .map(|&id| {
+            let (key_size, value_size) = id.sizes(view.family);
+            let n = entries.iter().filter(|e| e.map() == id).count() as u32;
+            MapSpec {
+                id,
+                name: id.name(view.family),
+                key_size,
+                value_size,
+                max_entries: max_entries.max(n.next_power_of_two()),
+            }
+        })
+        .collect();
+    Ok(Layout {
+        node: view.node_name.clone(),
+        family: view.family,
+        maps,
+        entries,
+        ids,
+    })
+}

@@ -1,0 +1,443 @@
+//! `ebpf`: one node's services as Cilium's load-balancing BPF maps (`bpf/lib/lb.h`,
+//! `pkg/loadbalancer/maps`), the state Cilium's kube-proxy replacement keeps for the
+//! same Services, in three renderings of one [`Layout`]:
+//! - [`write_json`]: the IR of this target. Every map (name, type, sizes, max_entries,
+//!   flags) and every entry as hex key and value (bytes separated by spaces, as bpftool
+//!   prints them) plus a decoded form; and the id assignment.
+//! - [`write_batch`]: a `bpftool batch file`: `map create` for every map, pinned under
+//!   [`Options::pin_dir`], then `map update` lines in Cilium's write order. A compiled
+//!   state has no previous generation, so there are no deletes.
+//! - [`write_table`]: `cilium bpf lb list` (the services map, one row per entry).
+//!
+//! `--target ebpf` ([`TARGET`]) picks the rendering with `--map-format` (JSON by default)
+//! and refuses, before rendering, a node with more frontends than Cilium's 16-bit service
+//! ids can name ([`check`]). Ids are assigned afresh on every run: keeping them across
+//! runs (`previous`) is not wired to `--lock` yet.
+//!
+//! Byte order is Cilium's: addresses, ports and rev-NAT ids in network order; slots,
+//! counts, backend ids, flags and the affinity timeout in host order (little-endian:
+//! the maps are for x86-64 and arm64 nodes).
+
+mod layout;
+
+pub use layout::{
+    assign_ids, flags_text, frontend_count, layout, Backend, Entry, Error, Frontend, FrontendKind,
+    Ids, Layout, MapId, MapSpec, Scope, DEFAULT_MAX_ENTRIES, MAX_FRONTENDS,
+};
+
+use crate::{Flag, NodeRenderer, Params, Render, Target};
+use std::fmt::Write as _;
+use svc_compiler::ir::NodeView;
+
+/// `--target ebpf`.
+pub const TARGET: Target = Target {
+    name: "ebpf",
+    about: "Cilium's load-balancing BPF maps (JSON, a bpftool batch file or a table)",
+    // Not `json`: with `--out DIR` the files are in the `--map-format` chosen.
+    ext: "ebpf",
+    render: Render::Node(|params, _| {
+        Box::new(Renderer {
+            opts: options(params),
+        })
+    }),
+    flags: &[
+        Flag {
+            name: "map-format",
+            value_name: "json|batch|table",
+            help: "ebpf: the maps as JSON (default), `bpftool batch file` input or `cilium bpf lb list`",
+            repeatable: false,
+            file: false,
+        },
+        Flag {
+            name: "pin-dir",
+            value_name: "DIR",
+            help: "ebpf: where the batch file pins the maps [default: /sys/fs/bpf/svc-compile]",
+            repeatable: false,
+            file: false,
+        },
+        Flag {
+            name: "max-entries",
+            value_name: "N",
+            help: "ebpf: the least max_entries of every map [default: 65536]",
+            repeatable: false,
+            file: false,
+        },
+    ],
+    planner: None,
+};
+
+/// [`Options`] from the target's flags; an `Err` is a one-line usage error.
+pub fn options(params: &Params) -> Result<Options, String> {
+    let mut o = Options::default();
+    if let Some(f) = params.get("map-format") {
+        o.format = match f {
+            "json" => Format::Json,
+            "batch" => Format::Batch,
+            "table" => Format::Table,
+            _ => return Err(format!("--map-format `{f}`: use json, batch or table")),
+        };
+    }
+    if let Some(d) = params.get("pin-dir") {
+        // A batch line is split at blanks, and bpftool pins only absolute paths.
+        if !d.starts_with('/') || d.contains(char::is_whitespace) {
+            return Err(format!(
+                "--pin-dir `{d}`: give an absolute path without blanks (under a bpffs mount)"
+            ));
+        }
+        o.pin_dir = d.to_string();
+    }
+    if let Some(n) = params.get("max-entries") {
+        o.max_entries =
+            n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                format!("--max-entries `{n}`: give a number from 1 to 4294967295")
+            })?;
+    }
+    Ok(o)
+}
+
+/// [`TARGET`]'s renderer: one node at a time, nothing shared between nodes (the ids of
+/// one node's maps depend on all of its frontends).
+struct Renderer {
+    opts: Result<Options, String>,
+}
+
+impl NodeRenderer for Renderer {
+    fn check(&self, view: &NodeView) -> Result<(), String> {
+        self.opts.as_ref().map_err(Clone::clone)?;
+        check(view).map_err(|e| format!("node {} ({}): {e}", view.node_name, view.family.as_str()))
+    }
+
+    fn render_into(&self, view: &NodeView, out: &mut String) {
+        let opts = self
+            .opts
+            .as_ref()
+            .expect("NodeRenderer::check refuses bad flags first");
+        *out = write_string(view, None, opts).expect("NodeRenderer::check counted the frontends");
+    }
+}
+
+/// Whether `view` fits Cilium's maps: at most [`MAX_FRONTENDS`] frontends, so that every
+/// one gets a service id. [`layout`] fails exactly when this does.
+pub fn check(view: &NodeView) -> Result<(), Error> {
+    check_at_most(view, MAX_FRONTENDS)
+}
+
+/// [`check`] with another limit (tests: a small one).
+fn check_at_most(view: &NodeView, max: usize) -> Result<(), Error> {
+    match frontend_count(view) {
+        n if n > max => Err(Error::TooManyFrontends(n)),
+        _ => Ok(()),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    pub format: Format,
+    /// The bpffs directory the batch file pins maps under.
+    pub pin_dir: String,
+    /// The least max_entries of every map (raised to fit the entries).
+    pub max_entries: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Batch,
+    Table,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            format: Format::Json,
+            pin_dir: "/sys/fs/bpf/svc-compile".into(),
+            max_entries: DEFAULT_MAX_ENTRIES,
+        }
+    }
+}
+
+/// The rendering [`Options::format`] selects; `previous` ids are kept (the lock file's).
+pub fn write_string(
+    view: &NodeView,
+    previous: Option<&Ids>,
+    opts: &Options,
+) -> Result<String, Error> {
+    let l = layout(view, previous, opts.max_entries)?;
+    Ok(match opts.format {
+        Format::Json => json_of(&l),
+        Format::Batch => batch_of(&l, opts),
+        Format::Table => table_of(&l),
+    })
+}
+
+pub fn write_json(view: &NodeView, opts: &Options) -> Result<String, Error> {
+    Ok(json_of(&layout(view, None, opts.max_entries)?))
+}
+
+pub fn write_batch(view: &NodeView, opts: &Options) -> Result<String, Error> {
+    Ok(batch_of(&layout(view, None, opts.max_entries)?, opts))
+}
+
+pub fn write_table(view: &NodeView, opts: &Options) -> Result<String, Error> {
+    Ok(table_of(&layout(view, None, opts.max_entries)?))
+}
+
+/// `0a 60 00 0a`: bpftool's byte spelling (input after `hex`, and its dumps).
+pub fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 3);
+    push_hex(&mut s, bytes);
+    s
+}
+
+/// Appends `bytes` as [`hex`] does.
+fn push_hex(s: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in bytes.iter().enumerate() {
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+}
+
+/// The decoded form of an entry as a one-line JSON object. Every string in it is an
+/// address, a number or a fixed word: nothing needs escaping.
+fn push_decoded(s: &mut String, e: &Entry) {
+    match e {
+        Entry::Master {
+            frontend,
+            count,
+            qcount,
+            rev_nat,
+            flags,
+            affinity_timeout,
+        } => {
+            let _ = write!(
+                s,
+                r#"{{"frontend": "{frontend}", "slot": 0, "count": {count}, "qcount": {qcount}, "revNat": {rev_nat}, "flags": "{flags:#06x}", "flagsText": "{}""#,
+                flags_text(*flags)
+            );
+            if let Some(t) = affinity_timeout {
+                let _ = write!(s, r#", "affinityTimeout": {t}"#);
+            }
+            s.push('}');
+        }
+        Entry::Slot {
+            frontend,
+            slot,
+            backend_id,
+            backend,
+            rev_nat,
+            flags,
+        } => {
+            let _ = write!(
+                s,
+                r#"{{"frontend": "{frontend}", "slot": {slot}, "backendId": {backend_id}, "backend": "{backend}", "revNat": {rev_nat}, "flags": "{flags:#06x}"}}"#
+            );
+        }
+        Entry::Backend {
+            id,
+            backend,
+            terminating,
+        } => {
+            let state = if *terminating {
+                "terminating"
+            } else {
+                "active"
+            };
+            let _ = write!(
+                s,
+                r#"{{"id": {id}, "backend": "{backend}", "state": "{state}"}}"#
+            );
+        }
+        Entry::RevNat { id, frontend } => {
+            let _ = write!(s, r#"{{"id": {id}, "address": "{}"}}"#, frontend.addr);
+        }
+        Entry::AffinityMatch {
+            backend_id,
+            rev_nat,
+        } => {
+            let _ = write!(s, r#"{{"backendId": {backend_id}, "revNat": {rev_nat}}}"#);
+        }
+        Entry::SourceRange { rev_nat, cidr } => {
+            let _ = write!(
+                s,
+                r#"{{"revNat": {rev_nat}, "cidr": "{}"}}"#,
+                cidr.network()
+            );
+        }
+    }
+}
+
+/// Written by hand (one entry a line): a generic JSON value tree of 10,000 services'
+/// maps costs ten times as long.
+fn json_of(l: &Layout) -> String {
+    let mut s = String::with_capacity(l.entries.len() * 200);
+    let _ = write!(
+        s,
+        "{{\n  \"ebpfVersion\": 1,\n  \"node\": {},\n  \"family\": \"{}\",\n  \"maps\": [",
+        serde_json::to_string(&l.node).expect("a string serialises"),
+        l.family.as_str()
+    );
+    for (mi, m) in l.maps.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{}\n    {{\n      \"name\": \"{}\",\n      \"type\": \"{}\",\n      \"keySize\": {},\n      \"valueSize\": {},\n      \"maxEntries\": {},\n      \"flags\": {},\n      \"entries\": [",
+            if mi > 0 { "," } else { "" },
+            m.name,
+            m.id.kind(),
+            m.key_size,
+            m.value_size,
+            m.max_entries,
+            m.id.flags()
+        );
+        let mut first = true;
+        for e in l.entries.iter().filter(|e| e.map() == m.id) {
+            s.push_str(if first { "\n        " } else { ",\n        " });
+            first = false;
+            s.push_str(r#"{"key": ""#);
+            push_hex(&mut s, &e.key());
+            s.push_str(r#"", "value": ""#);
+            push_hex(&mut s, &e.value());
+            s.push_str(r#"", "decoded": "#);
+            push_decoded(&mut s, e);
+            s.push('}');
+        }
+        s.push_str(if first {
+            "]\n    }"
+        } else {
+            "\n      ]\n    }"
+        });
+    }
+    s.push_str("\n  ],\n  \"ids\": {\n    \"services\": {");
+    let ids = |s: &mut String, it: &mut dyn Iterator<Item = (String, u64)>| {
+        let mut first = true;
+        for (k, v) in it {
+            s.push_str(if first { "\n      " } else { ",\n      " });
+            first = false;
+            let _ = write!(s, "\"{k}\": {v}");
+        }
+        s.push_str(if first { "}" } else { "\n    }" });
+    };
+    ids(
+        &mut s,
+        &mut l
+            .ids
+            .services
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v as u64)),
+    );
+    s.push_str(",\n    \"backends\": {");
+    ids(
+        &mut s,
+        &mut l
+            .ids
+            .backends
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v as u64)),
+    );
+    s.push_str("\n  }\n}\n");
+    s
+}
+
+fn batch_of(l: &Layout, opts: &Options) -> String {
+    let dir = opts.pin_dir.trim_end_matches('/');
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# svc-compile: Cilium load-balancing maps of node {} ({}).\n# Load with `bpftool batch file FILE`; the pins must not exist yet.",
+        l.node,
+        l.family.as_str()
+    );
+    for m in &l.maps {
+        // The kernel keeps 15 bytes of a map name; the pin keeps the whole name.
+        let _ = write!(
+            s,
+            "map create {dir}/{} type {} key {} value {} entries {} name {}",
+            m.name,
+            m.id.kind(),
+            m.key_size,
+            m.value_size,
+            m.max_entries,
+            &m.name[..m.name.len().min(15)]
+        );
+        if m.id.flags() != 0 {
+            let _ = write!(s, " flags {}", m.id.flags());
+        }
+        s.push('\n');
+    }
+    for e in &l.entries {
+        let _ = writeln!(
+            s,
+            "map update pinned {dir}/{} key hex {} value hex {}",
+            e.map().name(l.family),
+            hex(&e.key()),
+            hex(&e.value())
+        );
+    }
+    s
+}
+
+fn table_of(l: &Layout) -> String {
+    // Rows by frontend (write order of masters), master first then slots.
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let any = match l.family {
+        svc_compiler::net::IpFamily::IPv4 => "0.0.0.0:0",
+        svc_compiler::net::IpFamily::IPv6 => "[::]:0",
+    };
+    let mut slots: std::collections::HashMap<Frontend, Vec<&Entry>> = Default::default();
+    for e in &l.entries {
+        if let Entry::Slot { frontend, .. } = e {
+            slots.entry(*frontend).or_default().push(e);
+        }
+    }
+    for e in &l.entries {
+        if let Entry::Master {
+            frontend,
+            rev_nat,
+            flags,
+            ..
+        } = e
+        {
+            rows.push((
+                format!("{frontend} (0)"),
+                format!("{any} ({rev_nat}) (0) [{}] ", flags_text(*flags)),
+            ));
+            for s in slots.get(frontend).into_iter().flatten() {
+                if let Entry::Slot {
+                    slot,
+                    backend,
+                    rev_nat,
+                    ..
+                } = s
+                {
+                    rows.push((
+                        format!("{frontend} ({slot})"),
+                        format!("{backend} ({rev_nat}) ({slot})"),
+                    ));
+                }
+            }
+        }
+    }
+    // Go's tabwriter as cilium-dbg sets it up: min width 5, padding 3, spaces.
+    let head = ("SERVICE ADDRESS", "BACKEND ADDRESS (REVNAT_ID) (SLOT)");
+    let width = rows
+        .iter()
+        .map(|r| r.0.len())
+        .chain([head.0.len()])
+        .max()
+        .unwrap_or(0)
+        + 3;
+    let width = width.max(5);
+    let mut s = String::new();
+    for (a, b) in
+        std::iter::once((head.0, head.1)).chain(rows.iter().map(|(a, b)| (a.as_str(), b.as_str())))
+    {
+        let _ = writeln!(s, "{a:<width$}{b}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,402 @@
+//! Byte layouts against hand-computed bytes (from the `lb.h` struct definitions),
+//! id stability and determinism.
+
+use super::*;
+use svc_compiler::net::IpFamily;
+use svc_compiler::passes::node::{node_view, NodeSelection};
+use svc_compiler::source::SourceMap;
+
+const NODES: &str = "
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+spec: {podCIDRs: [10.244.1.0/24]}
+status: {addresses: [{type: InternalIP, address: 192.0.2.10}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-2}
+spec: {podCIDRs: [10.244.2.0/24]}
+status: {addresses: [{type: InternalIP, address: 198.51.100.2}]}
+";
+
+/// dns: ClusterIP UDP with two endpoints, one terminating-but-not-ready left out by the
+/// view; web: LoadBalancer, ETP=Local, affinity 300 s, a source range.
+const SERVICES: &str = "
+apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: kube-system}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {app: dns}
+  ports: [{port: 53, protocol: UDP, targetPort: 53}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, namespace: kube-system, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports: [{port: 53, protocol: UDP}]
+endpoints:
+- {addresses: [10.244.2.3], nodeName: node-2}
+- {addresses: [10.244.1.23], nodeName: node-1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.12
+  externalTrafficPolicy: Local
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 300}}
+  selector: {app: web}
+  loadBalancerSourceRanges: [192.0.2.0/24]
+  ports: [{port: 80, targetPort: 8080, nodePort: 30082}]
+status: {loadBalancer: {ingress: [{ip: 203.0.113.10}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-1}
+- {addresses: [10.244.2.2], nodeName: node-2}
+";
+
+fn view_of(docs: &[&str]) -> NodeView {
+    let mut sources = SourceMap::default();
+    let files: Vec<_> = docs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| sources.add(format!("f{i}.yaml"), t.to_string()))
+        .collect();
+    let comp = svc_compiler::compile(&sources, &files, &svc_compiler::Options::default());
+    assert!(!comp.diags.has_errors(), "{:?}", comp.diags);
+    let sel = NodeSelection {
+        name: "node-1".into(),
+        ips: vec![],
+    };
+    node_view(&comp.module, &sel, IpFamily::IPv4).unwrap()
+}
+
+fn find<'a>(l: &'a Layout, map: MapId, key: &str) -> &'a Entry {
+    l.entries
+        .iter()
+        .find(|e| e.map() == map && hex(&e.key()) == key)
+        .unwrap_or_else(|| panic!("no {map:?} entry with key {key}"))
+}
+
+#[test]
+fn bytes_match_the_structs() {
+    let l = layout(&view_of(&[NODES, SERVICES]), None, DEFAULT_MAX_ENTRIES).unwrap();
+    // Frontends sorted by address, EXT before /i: 0.0.0.0:30082 (1, 2), 10.96.0.10:53 (3),
+    // 10.96.0.12:80 (4), 192.0.2.10:30082 (5, 6), 203.0.113.10:80 (7, 8).
+    let dns = &l.ids.services;
+    let dns_fe = Frontend {
+        addr: "10.96.0.10:53".parse().unwrap(),
+        proto: svc_compiler::ir::Protocol::UDP,
+        scope: Scope::External,
+    };
+    assert_eq!(dns[&dns_fe], 3);
+    // Backends sorted: 10.244.1.2:8080/TCP=1, 10.244.1.23:53/UDP=2, 10.244.2.2:8080/TCP=3,
+    // 10.244.2.3:53/UDP=4.
+
+    // lb4_key {be32 10.96.0.10, be16 53, u16 slot 0, proto 17, scope 0, pad}
+    // → lb4_service {u32 union 0, u16 count 2, be16 rev_nat 3, flags 0, flags2 0, qcount 0}
+    let m = find(&l, MapId::Services, "0a 60 00 0a 00 35 00 00 11 00 00 00");
+    assert_eq!(hex(&m.value()), "00 00 00 00 02 00 00 03 00 00 00 00");
+    // Slot 2 → backend id 4 (10.244.2.3, sorted after 10.244.1.23), host order.
+    let s = find(&l, MapId::Services, "0a 60 00 0a 00 35 02 00 11 00 00 00");
+    assert_eq!(hex(&s.value()), "04 00 00 00 00 00 00 03 00 00 00 00");
+    // lb4_backend {be32 10.244.1.23, be16 53, proto 17, flags 0, cluster_id 0, zone, pad}
+    let b = find(&l, MapId::Backends, "02 00 00 00");
+    assert_eq!(hex(&b.value()), "0a f4 01 17 00 35 11 00 00 00 00 00");
+    // reverse_nat: be16 3 → {be32 10.96.0.10, be16 53}
+    let r = find(&l, MapId::RevNat, "00 03");
+    assert_eq!(hex(&r.value()), "0a 60 00 0a 00 35");
+
+    // The LB address with ETP=Local, ITP=Cluster: two scopes. EXT = rev-NAT 7 with
+    // the local backend only; flags LOADBALANCER|EXT_LOCAL|AFFINITY|ROUTABLE|SOURCE_RANGE
+    // = 0x20|0x04|0x10|0x40|0x80 = 0xf4, flags2 TWO_SCOPES = 0x20; union = 300 = 0x12c.
+    let m = find(&l, MapId::Services, "cb 00 71 0a 00 50 00 00 06 00 00 00");
+    assert_eq!(hex(&m.value()), "2c 01 00 00 01 00 00 07 f4 20 00 00");
+    // Its slots drop the source-range bit: flags 0x74.
+    let s = find(&l, MapId::Services, "cb 00 71 0a 00 50 01 00 06 00 00 00");
+    assert_eq!(hex(&s.value()), "01 00 00 00 00 00 00 07 74 20 00 00");
+    // INT scope (key byte 9 = 1): rev-NAT 8, both backends.
+    let m = find(&l, MapId::Services, "cb 00 71 0a 00 50 00 00 06 01 00 00");
+    assert_eq!(hex(&m.value()), "2c 01 00 00 02 00 00 08 f4 20 00 00");
+    // source_range {u32 prefixlen 32+24, be16 rev_nat 7, pad, 192.0.2.0} → u8 0
+    let sr = find(
+        &l,
+        MapId::SourceRange,
+        "38 00 00 00 00 07 00 00 c0 00 02 00",
+    );
+    assert_eq!(hex(&sr.value()), "00");
+    // affinity_match {u32 backend 1, be16 rev_nat 7, pad} → u8 0
+    find(&l, MapId::AffinityMatch, "01 00 00 00 00 07 00 00");
+    // The ClusterIP frontend of web is single-scope, not routable: flags
+    // EXT_LOCAL|AFFINITY = 0x14, and both backends (ITP=Cluster).
+    let m = find(&l, MapId::Services, "0a 60 00 0c 00 50 00 00 06 00 00 00");
+    assert_eq!(hex(&m.value()), "2c 01 00 00 02 00 00 04 14 00 00 00");
+    // The node-port surrogate 0.0.0.0:30082 (EXT, rev-NAT 1) is not routable:
+    // NODEPORT|EXT_LOCAL|AFFINITY = 0x16, two scopes, the local backend.
+    let m = find(&l, MapId::Services, "00 00 00 00 75 82 00 00 06 00 00 00");
+    assert_eq!(hex(&m.value()), "2c 01 00 00 01 00 00 01 16 20 00 00");
+
+    // Write order per frontend: backends, slots (with affinity match), ranges, rev-NAT, master.
+    let pos = |want: &dyn Fn(&Entry) -> bool| l.entries.iter().position(want).unwrap();
+    let slot = pos(&|e| matches!(e, Entry::Slot { rev_nat: 7, .. }));
+    let rnat = pos(&|e| matches!(e, Entry::RevNat { id: 7, .. }));
+    let master = pos(&|e| matches!(e, Entry::Master { rev_nat: 7, .. }));
+    let range = pos(&|e| matches!(e, Entry::SourceRange { rev_nat: 7, .. }));
+    assert!(slot < range && range < rnat && rnat < master);
+
+    let sizes: Vec<(usize, usize)> = l
+        .entries
+        .iter()
+        .map(|e| (e.key().len(), e.value().len()))
+        .collect();
+    for (e, (k, v)) in l.entries.iter().zip(sizes) {
+        assert_eq!((k as u32, v as u32), e.map().sizes(IpFamily::IPv4), "{e:?}");
+    }
+}
+
+#[test]
+fn ipv6_sizes() {
+    for m in MapId::ALL {
+        let (k4, v4) = m.sizes(IpFamily::IPv4);
+        let (k6, v6) = m.sizes(IpFamily::IPv6);
+        let want = match m {
+            MapId::Services => (12, 12, 24, 12),
+            MapId::Backends => (4, 12, 4, 24),
+            MapId::RevNat => (2, 6, 2, 18),
+            MapId::Affinity => (16, 16, 24, 16),
+            MapId::AffinityMatch => (8, 1, 8, 1),
+            MapId::SourceRange => (12, 1, 24, 1),
+            MapId::ReverseSk => (16, 8, 28, 20),
+        };
+        assert_eq!((k4, v4, k6, v6), want, "{m:?}");
+    }
+}
+
+#[test]
+fn ids_keep_previous_and_fill_gaps() {
+    let fe = |s: &str| Frontend {
+        addr: s.parse().unwrap(),
+        proto: svc_compiler::ir::Protocol::TCP,
+        scope: Scope::External,
+    };
+    let be = |s: &str| Backend {
+        addr: s.parse().unwrap(),
+        proto: svc_compiler::ir::Protocol::TCP,
+    };
+    let f1: BTreeSet<_> = [fe("10.0.0.1:80"), fe("10.0.0.2:80")].into();
+    let b1: BTreeSet<_> = [be("10.1.0.1:80")].into();
+    let a = assign_ids(&f1, &b1, None).unwrap();
+    assert_eq!(a.services[&fe("10.0.0.2:80")], 2);
+    // A new frontend sorting first keeps the others' ids with the previous assignment.
+    let f2: BTreeSet<_> = [fe("10.0.0.0:80"), fe("10.0.0.2:80")].into();
+    let b = assign_ids(&f2, &b1, Some(&a)).unwrap();
+    assert_eq!(b.services[&fe("10.0.0.2:80")], 2);
+    assert_eq!(
+        b.services[&fe("10.0.0.0:80")],
+        1,
+        "the freed id 1 is reused"
+    );
+    // Without it, ids follow the sorted order.
+    let c = assign_ids(&f2, &b1, None).unwrap();
+    assert_eq!(c.services[&fe("10.0.0.2:80")], 2);
+    assert_eq!(c.services[&fe("10.0.0.0:80")], 1);
+    let many: BTreeSet<_> = (0..70000u32)
+        .map(|i| fe(&format!("10.{}.{}.{}:80", i >> 16, (i >> 8) & 255, i & 255)))
+        .collect();
+    assert_eq!(
+        assign_ids(&many, &b1, None),
+        Err(Error::TooManyFrontends(70000))
+    );
+}
+
+use std::collections::BTreeSet;
+
+#[test]
+fn renderings_are_deterministic_and_agree() {
+    let a = view_of(&[NODES, SERVICES]);
+    // The same manifests in the other order.
+    let b = view_of(&[SERVICES, NODES]);
+    for format in [Format::Json, Format::Batch, Format::Table] {
+        let o = Options {
+            format,
+            ..Default::default()
+        };
+        assert_eq!(
+            write_string(&a, None, &o).unwrap(),
+            write_string(&b, None, &o).unwrap()
+        );
+    }
+    let l = layout(&a, None, DEFAULT_MAX_ENTRIES).unwrap();
+    let batch = write_batch(&a, &Options::default()).unwrap();
+    let updates = batch
+        .lines()
+        .filter(|x| x.starts_with("map update"))
+        .count();
+    let creates = batch
+        .lines()
+        .filter(|x| x.starts_with("map create"))
+        .count();
+    assert_eq!((updates, creates), (l.entries.len(), 7));
+    assert!(batch.contains(
+        "map create /sys/fs/bpf/svc-compile/cilium_lb4_source_range type lpm_trie key 12 value 1 entries 65536 name cilium_lb4_sour flags 1\n"
+    ));
+    let json: serde_json::Value =
+        serde_json::from_str(&write_json(&a, &Options::default()).unwrap()).unwrap();
+    let n: usize = json["maps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["entries"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(n, l.entries.len());
+    let dns = json["maps"][0]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["key"] == "0a 60 00 0a 00 35 00 00 11 00 00 00")
+        .unwrap();
+    assert_eq!(dns["value"], "00 00 00 00 02 00 00 03 00 00 00 00");
+    assert_eq!(
+        dns["decoded"],
+        serde_json::json!({"frontend": "10.96.0.10:53/UDP", "slot": 0, "count": 2, "qcount": 0,
+            "revNat": 3, "flags": "0x0000", "flagsText": "ClusterIP, non-routable"})
+    );
+    assert_eq!(json["ids"]["backends"]["10.244.2.3:53/UDP"], 4);
+    assert_eq!(json["maps"][5]["name"], "cilium_lb4_source_range");
+    assert_eq!(json["maps"][5]["flags"], 1);
+    assert_eq!(json["maps"][6]["entries"], serde_json::json!([]));
+    let table = write_table(&a, &Options::default()).unwrap();
+    // The widest key, `192.0.2.10:30082/TCP/i (1)`, is 26 wide: values start at 29.
+    let row = |k: &str, v: &str| format!("{k:<29}{v}\n");
+    assert!(table.starts_with(&row(
+        "SERVICE ADDRESS",
+        "BACKEND ADDRESS (REVNAT_ID) (SLOT)"
+    )));
+    for r in [
+        row(
+            "10.96.0.10:53/UDP (0)",
+            "0.0.0.0:0 (3) (0) [ClusterIP, non-routable] ",
+        ),
+        row("203.0.113.10:80/TCP/i (1)", "10.244.1.2:8080/TCP (8) (1)"),
+        row(
+            "10.96.0.12:80/TCP (0)",
+            "0.0.0.0:0 (4) (0) [ClusterIP, Local, sessionAffinity, non-routable] ",
+        ),
+    ] {
+        assert!(table.contains(&r), "{r:?} not in\n{table}");
+    }
+}
+
+/// The frontend limit is checked before layout, with the count layout would assign
+/// ids to: a view of exactly `max` frontends passes, one more than `max` is refused.
+#[test]
+fn too_many_frontends_is_refused_before_rendering() {
+    let v = view_of(&[NODES, SERVICES]);
+    let n = frontend_count(&v);
+    assert_eq!(
+        n,
+        layout(&v, None, DEFAULT_MAX_ENTRIES)
+            .unwrap()
+            .ids
+            .services
+            .len()
+    );
+    assert_eq!(check_at_most(&v, n), Ok(()));
+    assert_eq!(check_at_most(&v, n - 1), Err(Error::TooManyFrontends(n)));
+    assert_eq!(check(&v), Ok(()));
+    // The same limit makes assign_ids fail: check and layout agree.
+    let fes: BTreeSet<Frontend> = (0..=MAX_FRONTENDS)
+        .map(|i| Frontend {
+            addr: std::net::SocketAddr::new([10, 96, (i >> 8) as u8, i as u8].into(), 80),
+            proto: svc_compiler::ir::Protocol::TCP,
+            scope: Scope::External,
+        })
+        .collect();
+    assert_eq!(fes.len(), MAX_FRONTENDS + 1);
+    assert_eq!(
+        assign_ids(&fes, &BTreeSet::new(), None),
+        Err(Error::TooManyFrontends(MAX_FRONTENDS + 1))
+    );
+    let mut fewer = fes;
+    fewer.pop_last();
+    assert_eq!(
+        assign_ids(&fewer, &BTreeSet::new(), None)
+            .unwrap()
+            .services
+            .len(),
+        MAX_FRONTENDS
+    );
+}
+
+/// The registry's renderer asks [`check`] and the flags before rendering: a bad flag
+/// value is its one-line refusal of every view.
+#[test]
+fn the_renderer_refuses_before_rendering() {
+    let crate::Render::Node(new) = TARGET.render else {
+        panic!("ebpf renders per node")
+    };
+    let v = view_of(&[NODES, SERVICES]);
+    let r = new(&Params::default(), crate::Sharing::One);
+    assert_eq!(r.check(&v), Ok(()));
+    let mut out = String::from("old");
+    r.render_into(&v, &mut out);
+    assert_eq!(out, write_json(&v, &Options::default()).unwrap());
+    let mut p = Params::default();
+    p.push("map-format", "yaml".into());
+    assert_eq!(
+        new(&p, crate::Sharing::Many).check(&v),
+        Err("--map-format `yaml`: use json, batch or table".into())
+    );
+}
+
+/// The target's flags: defaults, every format, and each mistake as one line.
+#[test]
+fn flags_become_options() {
+    let params = |kv: &[(&'static str, &str)]| {
+        let mut p = Params::default();
+        for (k, v) in kv {
+            p.push(k, v.to_string());
+        }
+        p
+    };
+    assert_eq!(options(&Params::default()), Ok(Options::default()));
+    let o = options(&params(&[
+        ("map-format", "table"),
+        ("pin-dir", "/sys/fs/bpf/x/"),
+        ("max-entries", "1024"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        o,
+        Options {
+            format: Format::Table,
+            pin_dir: "/sys/fs/bpf/x/".into(),
+            max_entries: 1024
+        }
+    );
+    assert_eq!(
+        options(&params(&[("map-format", "batch")])).unwrap().format,
+        Format::Batch
+    );
+    for (k, v) in [
+        ("map-format", "yaml"),
+        ("pin-dir", "relative"),
+        ("pin-dir", "/with space"),
+        ("max-entries", "0"),
+        ("max-entries", "-1"),
+        ("max-entries", "4294967296"),
+    ] {
+        let e = options(&params(&[(k, v)])).unwrap_err();
+        assert!(e.starts_with(&format!("--{k} `{v}`: ")), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
