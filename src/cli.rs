@@ -182,6 +182,11 @@ struct GenFlags {
 
 /// `svc-compile diff` (checked and run by `diff.rs`).
 #[derive(Args, Debug)]
+#[command(after_help = "\
+Exit codes:
+  0  no change
+  1  changes (the report is printed)
+  2  usage, I/O or git failure, or input errors in either revision (printed)")]
 pub struct DiffFlags {
     /// The old revision: a path, or `git:REV:PATH` (read with git, no checkout)
     #[arg(value_name = "OLD")]
