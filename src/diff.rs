@@ -57,8 +57,12 @@ fn run_inner(flags: &DiffFlags) -> Result<u8, Fail> {
     if flags.rules && flags.node.is_none() && !flags.all_nodes {
         return Err(Fail("--rules needs --node NAME or --all-nodes".into()));
     }
-    let old = compile_side("OLD", &flags.old, flags)?;
-    let new = compile_side("NEW", &flags.new, flags)?;
+    // The two revisions are independent: compile them side by side.
+    let (old, new) = rayon::join(
+        || compile_side("OLD", &flags.old, flags),
+        || compile_side("NEW", &flags.new, flags),
+    );
+    let (old, new) = (old?, new?);
     let mut failed = false;
     for (side, spec, (sources, comp)) in [("OLD", &flags.old, &old), ("NEW", &flags.new, &new)] {
         if comp.diags.has_errors() {

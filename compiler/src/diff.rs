@@ -35,7 +35,8 @@ pub struct ServiceChange {
     pub service: String,
     /// Fields that differ, in a fixed order (service fields, then ports by name).
     pub fields: Vec<FieldChange>,
-    /// Endpoints gained and lost per service port (by port name).
+    /// Endpoints gained and lost per service port (by port name), each `ip:port`, its
+    /// condition when not ready, and `on NODE` when it has one.
     pub endpoints: Vec<EndpointChange>,
 }
 
@@ -271,7 +272,14 @@ fn diff_service(key: &str, o: &Service, n: &Service) -> ServiceChange {
         let set = |p: &crate::ir::ServicePort| -> BTreeSet<String> {
             p.endpoints
                 .iter()
-                .map(|e| endpoint_label(&e.addr, e.ready, e.serving, e.terminating))
+                .map(|e| {
+                    let label = endpoint_label(&e.addr, e.ready, e.serving, e.terminating);
+                    // Where it runs decides Local policies: a move is lost here, gained there.
+                    match &e.node_name {
+                        Some(n) => format!("{label} on {n}"),
+                        None => label,
+                    }
+                })
                 .collect()
         };
         let (gained, lost) = gained_lost(&set(a), &set(b));
