@@ -60,6 +60,8 @@ enum Sub {
     },
     /// Print the man page (roff)
     Man,
+    /// What changes between two revisions of the manifests; exit 1 on changes
+    Diff(DiffFlags),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -178,6 +180,40 @@ struct GenFlags {
     output: Option<String>,
 }
 
+/// `svc-compile diff` (checked and run by `diff.rs`).
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Exit codes:
+  0  no change
+  1  changes (the report is printed)
+  2  usage, I/O or git failure, or input errors in either revision (printed)")]
+pub struct DiffFlags {
+    /// The old revision: a path, or `git:REV:PATH` (read with git, no checkout)
+    #[arg(value_name = "OLD")]
+    pub old: String,
+    /// The new revision, like OLD
+    #[arg(value_name = "NEW")]
+    pub new: String,
+    /// Also compare what this node does (a Node manifest)
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// Compare every Node manifest of either revision
+    #[arg(long, conflicts_with = "node")]
+    pub all_nodes: bool,
+    /// The per-node target whose rulesets --rules compares
+    #[arg(long, value_name = "TARGET", default_value = "iptables")]
+    pub target: String,
+    /// Add the unified diff of the compiled rulesets per node and family
+    #[arg(long)]
+    pub rules: bool,
+    /// How the report is printed
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "markdown"])]
+    pub format: String,
+    /// Compile objects exactly as given (live-cluster dumps)
+    #[arg(long)]
+    pub no_allocate: bool,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Text,
@@ -231,6 +267,7 @@ pub enum Parsed {
     /// Boxed: a `Command` is several times the size of the other variants.
     Run(Box<Command>),
     Gen(GenCommand),
+    Diff(Box<DiffFlags>),
 }
 
 #[derive(Debug)]
@@ -280,7 +317,15 @@ fn command(targets: &[&'static Target]) -> clap::Command {
         .mut_subcommand("apply", compiling)
 }
 
-const SUBCOMMANDS: &[&str] = &["check", "compile", "apply", "gen", "completions", "man"];
+const SUBCOMMANDS: &[&str] = &[
+    "check",
+    "compile",
+    "apply",
+    "gen",
+    "completions",
+    "man",
+    "diff",
+];
 
 pub fn parse(args: &[String]) -> Result<Parsed, String> {
     parse_with(args, svc_targets::TARGETS)
@@ -332,6 +377,7 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
             Ok(Parsed::Print(String::from_utf8_lossy(&out).into_owned()))
         }
         Sub::Man => man_page(cmd).map(Parsed::Print),
+        Sub::Diff(d) => Ok(Parsed::Diff(Box::new(d))),
     }
 }
 

@@ -5,6 +5,7 @@ mod alloc;
 mod apply;
 mod cli;
 mod compile;
+mod diff;
 mod inputs;
 mod report;
 mod run;
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
         Ok(cli::Parsed::Run(cmd)) if cmd.apply.is_some() => apply::run(&cmd),
         Ok(cli::Parsed::Run(cmd)) => run::run(*cmd),
         Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
+        Ok(cli::Parsed::Diff(flags)) => diff::run(&flags),
         Err(e) => {
             eprintln!("svc-compile: {e}");
             eprintln!("svc-compile: run `svc-compile --help` for usage");

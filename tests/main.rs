@@ -3,6 +3,7 @@
 
 mod check;
 mod cli;
+mod diff;
 mod discovery;
 mod golden;
 mod kernel;

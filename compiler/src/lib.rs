@@ -10,6 +10,7 @@
 pub mod codes;
 pub mod decode;
 pub mod diag;
+pub mod diff;
 pub mod ir;
 pub mod k8s;
 pub mod kustomize;

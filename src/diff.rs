@@ -1,0 +1,243 @@
+//! `svc-compile diff OLD NEW`: reads both revisions (paths, or `git:REV:PATH` through
+//! `git ls-tree` / `git cat-file`, no checkout), compiles each, and prints the report of
+//! `svc_compiler::diff`, with `--rules` the unified diffs of the rulesets (`similar`).
+//!
+//! Exit codes: 0 no change, 1 changes, 2 anything else — usage, I/O, git, and input
+//! errors in either revision (their diagnostics are printed). Input errors are 2, not 1
+//! as elsewhere, because CI gates on 1 meaning "changes": a broken revision must never
+//! read as a reviewable change.
+
+use crate::cli::DiffFlags;
+use crate::inputs::{read_inputs, Filters};
+use crate::report::{exit_code, Fail};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::Command;
+use svc_compiler::diag::{render_all, Diagnostics};
+use svc_compiler::diff::RulesDiff;
+use svc_compiler::diff::{diff_modules, diff_nodes, family_name, render_markdown, render_text};
+use svc_compiler::ir::NodeView;
+use svc_compiler::net::IpFamily;
+use svc_compiler::passes::node::{node_view, NodeSelection};
+use svc_compiler::source::{FileId, SourceMap};
+use svc_compiler::Compilation;
+use svc_targets::{Params, Render, Sharing, Target};
+
+pub fn run(flags: &DiffFlags) -> u8 {
+    exit_code(run_inner(flags))
+}
+
+fn run_inner(flags: &DiffFlags) -> Result<u8, Fail> {
+    let target: &Target = svc_targets::TARGETS
+        .iter()
+        .find(|t| t.name == flags.target)
+        .copied()
+        .ok_or_else(|| {
+            Fail(format!(
+                "unknown target `{}`: use {}",
+                flags.target,
+                crate::cli::one_of(
+                    svc_targets::TARGETS
+                        .iter()
+                        .filter(|t| t.per_node())
+                        .map(|t| t.name)
+                )
+            ))
+        })?;
+    let renderer = match (flags.rules, target.render) {
+        (false, _) => None,
+        (true, Render::Node(new)) => Some(new(&Params::default(), Sharing::One)),
+        (true, Render::Cluster(_)) => {
+            return Err(Fail(format!(
+                "--rules: --target {} is not a per-node target",
+                target.name
+            )))
+        }
+    };
+    if flags.rules && flags.node.is_none() && !flags.all_nodes {
+        return Err(Fail("--rules needs --node NAME or --all-nodes".into()));
+    }
+    // The two revisions are independent: compile them side by side.
+    let (old, new) = rayon::join(
+        || compile_side("OLD", &flags.old, flags),
+        || compile_side("NEW", &flags.new, flags),
+    );
+    let (old, new) = (old?, new?);
+    let mut failed = false;
+    for (side, spec, (sources, comp)) in [("OLD", &flags.old, &old), ("NEW", &flags.new, &new)] {
+        if comp.diags.has_errors() {
+            eprintln!("svc-compile: {side} ({spec}) has errors:");
+            eprint!("{}", render_all(&comp.diags, sources));
+            failed = true;
+        }
+    }
+    if failed {
+        return Ok(2);
+    }
+    let (old, new) = (&old.1, &new.1);
+    let mut report = diff_modules(&old.module, &new.module);
+
+    let nodes: BTreeSet<String> = if flags.all_nodes {
+        old.module
+            .nodes
+            .iter()
+            .chain(&new.module.nodes)
+            .map(|n| n.name.clone())
+            .collect()
+    } else {
+        flags.node.iter().cloned().collect()
+    };
+    let families: BTreeSet<IpFamily> = [old, new]
+        .iter()
+        .flat_map(|c| c.settings.service_cidrs.iter().map(|c| c.family()))
+        .collect();
+    let mut text_old = String::new();
+    let mut text_new = String::new();
+    for name in &nodes {
+        let sel = NodeSelection {
+            name: name.clone(),
+            ips: vec![],
+        };
+        for &fam in &families {
+            let (o, n) = (
+                node_view(&old.module, &sel, fam),
+                node_view(&new.module, &sel, fam),
+            );
+            if let (Err(d), Err(_)) = (&o, &n) {
+                // Unknown in both revisions: a usage error, said the compiler's way.
+                return Err(Fail(format!("--node {name}: {}", d.message)));
+            }
+            if let (Ok(o), Ok(n)) = (&o, &n) {
+                report.nodes.extend(diff_nodes(o, n));
+            }
+            let Some(r) = &renderer else { continue };
+            // A node or family only in one revision diffs against nothing.
+            let render = |v: &Result<NodeView, _>, text: &mut String| -> Result<(), Fail> {
+                text.clear();
+                if let Ok(v) = v {
+                    r.check(v)
+                        .map_err(|e| Fail(format!("--target {}: {e}", target.name)))?;
+                    r.render_into(v, text);
+                }
+                Ok(())
+            };
+            render(&o, &mut text_old)?;
+            render(&n, &mut text_new)?;
+            if text_old != text_new {
+                let file = format!("{name}.{}.{}", family_name(fam), target.ext);
+                let diff = similar::TextDiff::from_lines(&text_old, &text_new)
+                    .unified_diff()
+                    .context_radius(3)
+                    .header(&format!("old/{file}"), &format!("new/{file}"))
+                    .to_string();
+                report.rules.push(RulesDiff {
+                    node: name.clone(),
+                    family: family_name(fam),
+                    target: target.name.to_string(),
+                    diff,
+                });
+            }
+        }
+    }
+    let text = match flags.format.as_str() {
+        "json" => {
+            let mut s = serde_json::to_string_pretty(&report).expect("the report serialises");
+            s.push('\n');
+            s
+        }
+        "markdown" => render_markdown(&report),
+        _ => render_text(&report),
+    };
+    let _ = std::io::stdout().write_all(text.as_bytes());
+    Ok(if report.is_empty() { 0 } else { 1 })
+}
+
+/// Read and compile one revision.
+fn compile_side(
+    side: &str,
+    spec: &str,
+    flags: &DiffFlags,
+) -> Result<(SourceMap, Compilation), Fail> {
+    let mut sources = SourceMap::default();
+    let (files, diags) = match spec.strip_prefix("git:") {
+        Some(rest) => read_git(side, rest, &mut sources)?,
+        None => {
+            let inputs = read_inputs(&[spec.to_string()], &Filters::default(), &mut sources)?;
+            (inputs.files, inputs.diags)
+        }
+    };
+    let opts = svc_compiler::Options {
+        allocate: !flags.no_allocate,
+        ..Default::default()
+    };
+    let mut comp = svc_compiler::compile(&sources, &files, &opts);
+    if !diags.items.is_empty() {
+        comp.diags.extend(diags);
+        comp.diags.sort(&sources);
+    }
+    Ok((sources, comp))
+}
+
+fn git(args: &[&str]) -> Result<Vec<u8>, Fail> {
+    let out = Command::new("git")
+        .args(args)
+        .output()
+        .map_err(|e| Fail(format!("cannot run git: {e}")))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(Fail(format!(
+            "git {}: {}",
+            args.join(" "),
+            err.lines().next().unwrap_or("failed")
+        )));
+    }
+    Ok(out.stdout)
+}
+
+/// `REV:PATH`: the file PATH at REV, or every *.yaml/*.yml/*.json under the directory
+/// PATH (hidden entries skipped, as for directories on disk), in name order. Paths are
+/// relative to the working directory, as git takes them.
+fn read_git(
+    side: &str,
+    rest: &str,
+    sources: &mut SourceMap,
+) -> Result<(Vec<FileId>, Diagnostics), Fail> {
+    let (rev, path) = rest
+        .split_once(':')
+        .ok_or_else(|| Fail(format!("{side} `git:{rest}`: use git:REV:PATH")))?;
+    let path = if path.is_empty() { "." } else { path };
+    let listing = git(&[
+        "ls-tree",
+        "-r",
+        "-z",
+        "--full-name",
+        "--name-only",
+        rev,
+        "--",
+        path,
+    ])?;
+    let names: Vec<String> = listing
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
+    if names.is_empty() {
+        return Err(Fail(format!("{side} `git:{rest}`: no such path at {rev}")));
+    }
+    // A single file named exactly is read whatever its extension.
+    let single = names.len() == 1 && names[0].ends_with(path.trim_start_matches("./"));
+    let mut files = Vec::new();
+    let mut diags = Diagnostics::default();
+    for name in &names {
+        let manifest = [".yaml", ".yml", ".json"].iter().any(|e| name.ends_with(e));
+        let hidden = name.split('/').any(|c| c.starts_with('.'));
+        if !single && (!manifest || hidden) {
+            continue;
+        }
+        let bytes = git(&["cat-file", "blob", &format!("{rev}:{name}")])?;
+        let (id, d) = sources.add_bytes(format!("{rev}:{name}"), bytes);
+        diags.items.extend(d);
+        files.push(id);
+    }
+    Ok((files, diags))
+}
