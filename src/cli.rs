@@ -51,6 +51,13 @@ enum Sub {
         #[command(flatten)]
         apply: ApplyFlags,
     },
+    /// Compare a node's live (or saved) rules with the compiled ruleset; exit 1 on drift
+    Drift {
+        #[command(flatten)]
+        compile: CompileFlags,
+        #[command(flatten)]
+        drift: DriftFlags,
+    },
     /// Write a synthetic cluster for benchmarks (deterministic from the seed)
     Gen(GenFlags),
     /// Print shell completions
@@ -157,6 +164,25 @@ struct ApplyFlags {
 }
 
 #[derive(Args)]
+#[command(next_help_heading = "Drift options")]
+struct DriftFlags {
+    /// Read the node's rules inside network namespace NAME (ip netns)
+    #[arg(long, value_name = "NAME", conflicts_with = "from_saved")]
+    netns: Option<String>,
+    /// Compare with a saved listing instead of the node: `iptables-save` output (counters
+    /// are dropped) or `nft -j list ruleset` / `nft -j list table ...`
+    #[arg(long, value_name = "FILE")]
+    from_saved: Option<String>,
+}
+
+/// The flags only `drift` takes.
+#[derive(Debug, Default)]
+pub struct DriftArgs {
+    pub netns: Option<String>,
+    pub from_saved: Option<String>,
+}
+
+#[derive(Args)]
 struct GenFlags {
     /// Services to generate
     #[arg(long, value_name = "N", default_value = "1000")]
@@ -211,6 +237,8 @@ pub struct Command {
     pub include: Vec<String>,
     /// `svc-compile apply ...`.
     pub apply: Option<Box<ApplyArgs>>,
+    /// `svc-compile drift ...`.
+    pub drift: Option<Box<DriftArgs>>,
 }
 
 /// The flags only `apply` takes.
@@ -278,9 +306,18 @@ fn command(targets: &[&'static Target]) -> clap::Command {
         .mut_subcommand("check", compiling)
         .mut_subcommand("compile", compiling)
         .mut_subcommand("apply", compiling)
+        .mut_subcommand("drift", compiling)
 }
 
-const SUBCOMMANDS: &[&str] = &["check", "compile", "apply", "gen", "completions", "man"];
+const SUBCOMMANDS: &[&str] = &[
+    "check",
+    "compile",
+    "apply",
+    "drift",
+    "gen",
+    "completions",
+    "man",
+];
 
 pub fn parse(args: &[String]) -> Result<Parsed, String> {
     parse_with(args, svc_targets::TARGETS)
@@ -320,6 +357,7 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
         Sub::Apply { compile, apply } => {
             compile_command(compile, Some(apply), false, sub_matches, targets)
         }
+        Sub::Drift { compile, drift } => drift_command(compile, drift, sub_matches, targets),
         Sub::Gen(g) => gen_command(g),
         Sub::Completions { shell } => {
             let shell = match shell {
@@ -561,6 +599,7 @@ fn compile_command(
         exclude: c.exclude,
         include: c.include,
         apply,
+        drift: None,
     };
     if let Some(apply) = &cmd.apply {
         if cmd.part.is_some() {
@@ -585,6 +624,41 @@ fn compile_command(
         return Err("this target needs --node NAME (or --all-nodes --out DIR)".into());
     }
     Ok(Parsed::Run(Box::new(cmd)))
+}
+
+/// `svc-compile drift`: a compile for one node of a target `apply` can load, and where to
+/// read the node's state.
+fn drift_command(
+    c: CompileFlags,
+    d: DriftFlags,
+    matches: Option<&clap::ArgMatches>,
+    targets: &[&'static Target],
+) -> Result<Parsed, String> {
+    let Parsed::Run(mut cmd) = compile_command(c, None, false, matches, targets)? else {
+        unreachable!("compile_command gives a run")
+    };
+    if cmd.target.planner.is_none() {
+        let names: Vec<String> = targets
+            .iter()
+            .filter(|t| t.planner.is_some())
+            .map(|t| format!("--target {}", t.name))
+            .collect();
+        return Err(format!("drift needs {}", one_of(&names)));
+    }
+    if cmd.node.is_none() {
+        return Err("drift needs --node NAME: the node the rules are compiled for".into());
+    }
+    if cmd.all_nodes || cmd.out_dir.is_some() || cmd.part.is_some() || cmd.write_lock {
+        return Err(
+            "drift compares one node: --all-nodes, --out, --part and --write-lock do not apply"
+                .into(),
+        );
+    }
+    cmd.drift = Some(Box::new(DriftArgs {
+        netns: d.netns,
+        from_saved: d.from_saved,
+    }));
+    Ok(Parsed::Run(cmd))
 }
 
 fn apply_args(a: ApplyFlags) -> Result<ApplyArgs, String> {

@@ -5,6 +5,7 @@ mod alloc;
 mod apply;
 mod cli;
 mod compile;
+mod drift;
 mod inputs;
 mod report;
 mod run;
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
             0
         }
         Ok(cli::Parsed::Run(cmd)) if cmd.apply.is_some() => apply::run(&cmd),
+        Ok(cli::Parsed::Run(cmd)) if cmd.drift.is_some() => drift::run(&cmd),
         Ok(cli::Parsed::Run(cmd)) => run::run(*cmd),
         Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
         Err(e) => {
