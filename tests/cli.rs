@@ -903,3 +903,53 @@ fn ebpf_flag_mistakes_are_one_line() {
         r.stderr
     );
 }
+
+/// `drift`'s usage errors are one line and exit 2 (1 means drift).
+#[test]
+fn drift_usage_errors_exit_2() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["drift", "examples/", "--node", "node-a", "--target", "ir"],
+            "drift needs --target iptables or --target nftables",
+        ),
+        (
+            &["drift", "examples/", "--target", "iptables"],
+            "this target needs --node NAME",
+        ),
+        (
+            &[
+                "drift",
+                "examples/",
+                "--node",
+                "a",
+                "--target",
+                "iptables",
+                "--netns",
+                "x",
+                "--from-saved",
+                "f",
+            ],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "drift",
+                "examples/",
+                "--node",
+                "a",
+                "--target",
+                "iptables",
+                "--all-nodes",
+                "--out",
+                "d",
+            ],
+            "use either --node or --all-nodes",
+        ),
+    ];
+    for (args, msg) in cases {
+        let r = svc(args, None, &root());
+        r.expect(2);
+        assert!(r.stderr.contains(msg), "{args:?}: {}", r.stderr);
+        assert!(r.stdout.is_empty());
+    }
+}

@@ -75,11 +75,17 @@ pub fn compare(syntax: Syntax, expected: &str, actual: &str) -> Vec<Item> {
     let empty = Group::default();
     let mut items = Vec::new();
     let places: std::collections::BTreeSet<&String> = e.keys().chain(a.keys()).collect();
-    for place in places {
-        let ge = e.get(place).unwrap_or(&empty);
-        let ga = a.get(place).unwrap_or(&empty);
+    for key in places {
+        let ge = e.get(key).unwrap_or(&empty);
+        let ga = a.get(key).unwrap_or(&empty);
+        // A shared chain's per-service part is keyed `PLACE\0SERVICE`.
+        let place = &key.split('\u{0}').next().unwrap_or_default().to_string();
         let ordered = ge.ordered || ga.ordered;
+        let sub_service = ge.service.clone().or_else(|| ga.service.clone());
         let service = |line: &str| {
+            if let Some(s) = sub_service.clone().filter(|_| key.contains('\u{0}')) {
+                return s;
+            }
             // A chain declaration (`:KUBE-SEP-…` in `nat chains`) belongs to its chain's
             // service.
             let chain = match (place.strip_suffix(" chains"), line.strip_prefix(':')) {
@@ -146,14 +152,36 @@ struct Group {
 
 fn groups(syntax: Syntax, text: &str) -> BTreeMap<String, Group> {
     let mut out: BTreeMap<String, Group> = BTreeMap::new();
+    let add_plain =
+        |out: &mut BTreeMap<String, Group>, place: String, ordered: bool, line: String| {
+            let g = out.entry(place.clone()).or_insert_with(|| Group {
+                service: name_service(&place),
+                place,
+                ordered,
+                lines: Vec::new(),
+            });
+            g.lines.push(line);
+        };
+    // kube-proxy writes the rules of shared chains (KUBE-SERVICES, KUBE-NODEPORTS, …) in
+    // Go map order, one service after another: there, each service's rules are compared
+    // as their own sequence, and rules of no service as one more.
     let mut add = |place: String, ordered: bool, line: String| {
-        let g = out.entry(place.clone()).or_insert_with(|| Group {
-            service: name_service(&place),
-            place,
-            ordered,
-            lines: Vec::new(),
-        });
-        g.lines.push(line);
+        let svc = (ordered && !per_service(&place))
+            .then(|| line_service(syntax, &place, &line))
+            .flatten();
+        match svc {
+            Some(svc) => {
+                let key = format!("{place}\u{0}{svc}");
+                let g = out.entry(key).or_insert_with(|| Group {
+                    service: Some(svc),
+                    place,
+                    ordered,
+                    lines: Vec::new(),
+                });
+                g.lines.push(line);
+            }
+            None => add_plain(&mut out, place, ordered, line),
+        }
     };
     match syntax {
         Syntax::Iptables => {

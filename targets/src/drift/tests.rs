@@ -198,3 +198,35 @@ fn nft_table_keeps_only_ours() {
     assert_eq!(nft_table(none, "ip").unwrap(), "");
     assert!(nft_table("table ip kube-proxy {", "ip").is_err());
 }
+
+/// kube-proxy writes a shared chain's rules service by service in Go map order: another
+/// service order is the same ruleset; another order within one service's rules is not.
+#[test]
+fn service_order_in_shared_chains_is_ignored() {
+    let two = "*nat\n:KUBE-SERVICES - [0:0]\n\
+        -A KUBE-SERVICES -m comment --comment \"a/x:p cluster IP\" -j KUBE-SVC-A\n\
+        -A KUBE-SERVICES -m comment --comment \"a/x:p external IP\" -j KUBE-EXT-A\n\
+        -A KUBE-SERVICES -m comment --comment \"b/y:q cluster IP\" -j KUBE-SVC-B\n\
+        -A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports\" -j KUBE-NODEPORTS\n\
+        COMMIT\n";
+    let lines: Vec<&str> = two.lines().collect();
+    let swapped = [
+        lines[0], lines[1], lines[4], lines[2], lines[3], lines[5], lines[6],
+    ];
+    assert_eq!(
+        compare(Syntax::Iptables, two, &(swapped.join("\n") + "\n")),
+        []
+    );
+    let inner = [
+        lines[0], lines[1], lines[3], lines[2], lines[4], lines[5], lines[6],
+    ];
+    let items = compare(Syntax::Iptables, two, &(inner.join("\n") + "\n"));
+    assert!(
+        !items.is_empty() && items.iter().all(|i| i.service == "a/x:p"),
+        "{items:?}"
+    );
+    assert!(
+        items.iter().all(|i| i.place == "nat KUBE-SERVICES"),
+        "{items:?}"
+    );
+}
