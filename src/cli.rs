@@ -135,6 +135,14 @@ struct CompileFlags {
     /// command line)
     #[arg(long, value_name = "GLOB")]
     include: Vec<String>,
+    /// The node's iptables supports MASQUERADE --random-fully (kube-proxy detects it)
+    /// [default: ClusterConfig `randomFully`, else on]
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    random_fully: Option<String>,
+    /// The node has kube-proxy's nfacct counters (kube-proxy detects it) [default:
+    /// ClusterConfig `nfacct`, else off]
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    nfacct: Option<String>,
 }
 
 #[derive(Args)]
@@ -235,6 +243,9 @@ pub struct Command {
     /// `--exclude GLOB` / `--include GLOB` (repeatable): which files are read.
     pub exclude: Vec<String>,
     pub include: Vec<String>,
+    /// `--random-fully on|off`, `--nfacct on|off`: node capabilities.
+    pub random_fully: Option<bool>,
+    pub nfacct: Option<bool>,
     /// `svc-compile apply ...`.
     pub apply: Option<Box<ApplyArgs>>,
     /// `svc-compile drift ...`.
@@ -598,6 +609,8 @@ fn compile_command(
         format,
         exclude: c.exclude,
         include: c.include,
+        random_fully: c.random_fully.map(|v| v == "on"),
+        nfacct: c.nfacct.map(|v| v == "on"),
         apply,
         drift: None,
     };

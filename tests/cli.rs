@@ -953,3 +953,56 @@ fn drift_usage_errors_exit_2() {
         assert!(r.stdout.is_empty());
     }
 }
+
+/// `--random-fully` and `--nfacct` (node capabilities kube-proxy detects at runtime), from
+/// the flags or the ClusterConfig document; flags win.
+#[test]
+fn random_fully_and_nfacct_from_flags_and_cluster_config() {
+    let base = [
+        "golden/cases/nodeport",
+        "golden/common/nodes.yaml",
+        "golden/common/kube-proxy.yaml",
+        "--node",
+        "node-1",
+        "--target",
+        "iptables",
+    ];
+    let compile = |extra: &[&str], stdin: Option<&str>| {
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend(extra);
+        svc(&args, stdin, &root()).expect(0).stdout.clone()
+    };
+    const MASQ: &str = "-j MASQUERADE --random-fully\n";
+    const LOCALHOST: &str = "-d 127.0.0.0/8 --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-";
+    const INVALID: &str =
+        "--ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP";
+    // Defaults: random-fully on, nfacct off.
+    let default = compile(&[], None);
+    assert!(default.contains(MASQ) && !default.contains("nfacct"));
+    let flags = compile(&["--random-fully", "off", "--nfacct", "on"], None);
+    assert!(!flags.contains("--random-fully"), "{flags}");
+    assert!(
+        flags.contains(LOCALHOST) && flags.contains(INVALID),
+        "{flags}"
+    );
+    // The localhost rule comes just before the node port's general rule (kube-proxy's order).
+    let lines: Vec<&str> = flags.lines().collect();
+    let at = lines.iter().position(|l| l.contains(LOCALHOST)).unwrap();
+    assert!(lines[at + 1].contains("--dport 30080") && !lines[at + 1].contains("127.0.0.0/8"));
+    let config =
+        "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\nrandomFully: false\nnfacct: true\n";
+    assert_eq!(compile(&["-"], Some(config)), flags);
+    // Flags win over the document.
+    let mixed = compile(
+        &["-", "--random-fully", "on", "--nfacct", "off"],
+        Some(config),
+    );
+    assert_eq!(mixed, default);
+    let r = svc(&["examples/", "--nfacct", "yes"], None, &root());
+    r.expect(2);
+    assert!(
+        r.stderr.contains("--nfacct `yes`: use on or off"),
+        "{}",
+        r.stderr
+    );
+}
