@@ -135,6 +135,9 @@ struct CompileFlags {
     /// command line)
     #[arg(long, value_name = "GLOB")]
     include: Vec<String>,
+    /// Colour text diagnostics: auto = on a terminal unless NO_COLOR is set
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
+    color: String,
     /// The node's iptables supports MASQUERADE --random-fully (kube-proxy detects it)
     /// [default: ClusterConfig `randomFully`, else on]
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
@@ -243,6 +246,8 @@ pub struct Command {
     /// `--exclude GLOB` / `--include GLOB` (repeatable): which files are read.
     pub exclude: Vec<String>,
     pub include: Vec<String>,
+    /// `--color`: `None` = auto (a terminal, and NO_COLOR unset), else always / never.
+    pub color: Option<bool>,
     /// `--random-fully on|off`, `--nfacct on|off`: node capabilities.
     pub random_fully: Option<bool>,
     pub nfacct: Option<bool>,
@@ -609,6 +614,11 @@ fn compile_command(
         format,
         exclude: c.exclude,
         include: c.include,
+        color: match c.color.as_str() {
+            "always" => Some(true),
+            "never" => Some(false),
+            _ => None,
+        },
         random_fully: c.random_fully.map(|v| v == "on"),
         nfacct: c.nfacct.map(|v| v == "on"),
         apply,

@@ -1006,3 +1006,64 @@ fn random_fully_and_nfacct_from_flags_and_cluster_config() {
         r.stderr
     );
 }
+
+/// `.pre-commit-hooks.yaml`'s hook runs: its entry with a path, as pre-commit calls it,
+/// checks clean manifests (exit 0) and fails on a broken one (exit 1).
+#[test]
+fn the_pre_commit_hook_runs() {
+    let text = std::fs::read_to_string(root().join(".pre-commit-hooks.yaml")).unwrap();
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key}"))
+            .trim()
+            .to_string()
+    };
+    let entry = field("entry:");
+    let words: Vec<&str> = entry.split(' ').collect();
+    assert_eq!(words[0], "svc-compile", "the entry runs our binary");
+    assert_eq!(field("pass_filenames:"), "false");
+    let mut args: Vec<&str> = words[1..].to_vec();
+    args.push("examples/");
+    svc(&args, None, &root()).expect(0);
+    let dir = TempDir::new("hook");
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        SVC.replace("port: 80", "port: 70000"),
+    )
+    .unwrap();
+    let mut args: Vec<&str> = words[1..].to_vec();
+    args.push(".");
+    svc(&args, None, dir.path()).expect(1);
+}
+
+/// `--color`: escapes only when asked for (always) or on a terminal (auto); piped output
+/// is the plain text, NO_COLOR or not.
+#[test]
+fn colour_only_when_asked_or_on_a_terminal() {
+    let bad = SVC.replace("port: 80", "port: 70000");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["check", "-"];
+        args.extend(extra);
+        let r = svc(&args, Some(&bad), &root());
+        r.expect(1);
+        r.stdout.clone()
+    };
+    let plain = run(&[]);
+    assert!(
+        plain.contains("error[") && !plain.contains('\x1b'),
+        "{plain}"
+    );
+    assert_eq!(run(&["--color", "never"]), plain);
+    assert_eq!(run(&["--color", "auto"]), plain);
+    let colored = run(&["--color", "always"]);
+    assert!(colored.contains("\x1b[1;31merror["), "{colored:?}");
+    let r = svc(&["check", "-", "--color", "sometimes"], Some(&bad), &root());
+    r.expect(2);
+    assert!(
+        r.stderr
+            .contains("--color `sometimes`: use auto, always or never"),
+        "{}",
+        r.stderr
+    );
+}
