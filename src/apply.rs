@@ -50,7 +50,7 @@ pub fn run(cmd: &Command) -> u8 {
 }
 
 /// A document to apply: its family, its text, where it came from.
-type Document = (Family, String, String);
+pub(crate) type Document = (Family, String, String);
 
 /// Where and how this apply runs.
 struct Ctx<'a> {
@@ -174,7 +174,7 @@ fn family_of_ip(f: IpFamily) -> Family {
 
 /// Compiles the manifests for the node: one document per family (the `--family`, or every
 /// family of the service CIDRs). `Err(code)` when the input has errors (printed).
-fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
+pub(crate) fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
     let Render::Node(new) = cmd.target.render else {
         unreachable!("targets with a planner render per node")
     };
@@ -215,7 +215,7 @@ fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
 
 /// One clear line when a program is missing: the planner's, the scratch namespace's
 /// (`unshare`, `sh`) and `ip` for `--netns`.
-fn check_tools(tools: Vec<Tool>, netns: bool) -> Result<(), Fail> {
+pub(crate) fn check_tools(tools: Vec<Tool>, netns: bool) -> Result<(), Fail> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = |tool: &str| std::env::split_paths(&path).any(|d| d.join(tool).is_file());
     let tool = |program, package| Tool { program, package };
@@ -266,13 +266,13 @@ fn take_lock(path: &Path, timeout_s: f64) -> Result<File, Fail> {
 }
 
 /// A finished command: success, stdout, stderr.
-struct Output {
-    ok: bool,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Output {
+    pub(crate) ok: bool,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
-fn run_captured(argv: &[String]) -> Result<Output, Fail> {
+pub(crate) fn run_captured(argv: &[String]) -> Result<Output, Fail> {
     let out = process::Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(Stdio::null())
@@ -670,7 +670,7 @@ fn fnv1a(text: &str) -> u64 {
     })
 }
 
-fn first_line(s: &str) -> String {
+pub(crate) fn first_line(s: &str) -> String {
     let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     match lines.as_slice() {
         [] => "no error message".into(),

@@ -51,6 +51,13 @@ enum Sub {
         #[command(flatten)]
         apply: ApplyFlags,
     },
+    /// Compare a node's live (or saved) rules with the compiled ruleset; exit 1 on drift
+    Drift {
+        #[command(flatten)]
+        compile: CompileFlags,
+        #[command(flatten)]
+        drift: DriftFlags,
+    },
     /// Write a synthetic cluster for benchmarks (deterministic from the seed)
     Gen(GenFlags),
     /// Print shell completions
@@ -130,6 +137,17 @@ struct CompileFlags {
     /// command line)
     #[arg(long, value_name = "GLOB")]
     include: Vec<String>,
+    /// Colour text diagnostics: auto = on a terminal unless NO_COLOR is set
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
+    color: String,
+    /// The node's iptables supports MASQUERADE --random-fully (kube-proxy detects it)
+    /// [default: ClusterConfig `randomFully`, else on]
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    random_fully: Option<String>,
+    /// The node has kube-proxy's nfacct counters (kube-proxy detects it) [default:
+    /// ClusterConfig `nfacct`, else off]
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    nfacct: Option<String>,
 }
 
 #[derive(Args)]
@@ -156,6 +174,25 @@ struct ApplyFlags {
     /// Wait at most this long for another apply [default: 30]
     #[arg(long, value_name = "SECONDS")]
     lock_timeout: Option<String>,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "Drift options")]
+struct DriftFlags {
+    /// Read the node's rules inside network namespace NAME (ip netns)
+    #[arg(long, value_name = "NAME", conflicts_with = "from_saved")]
+    netns: Option<String>,
+    /// Compare with a saved listing instead of the node: `iptables-save` output (counters
+    /// are dropped) or `nft -j list ruleset` / `nft -j list table ...`
+    #[arg(long, value_name = "FILE")]
+    from_saved: Option<String>,
+}
+
+/// The flags only `drift` takes.
+#[derive(Debug, Default)]
+pub struct DriftArgs {
+    pub netns: Option<String>,
+    pub from_saved: Option<String>,
 }
 
 #[derive(Args)]
@@ -245,8 +282,15 @@ pub struct Command {
     /// `--exclude GLOB` / `--include GLOB` (repeatable): which files are read.
     pub exclude: Vec<String>,
     pub include: Vec<String>,
+    /// `--color`: `None` = auto (a terminal, and NO_COLOR unset), else always / never.
+    pub color: Option<bool>,
+    /// `--random-fully on|off`, `--nfacct on|off`: node capabilities.
+    pub random_fully: Option<bool>,
+    pub nfacct: Option<bool>,
     /// `svc-compile apply ...`.
     pub apply: Option<Box<ApplyArgs>>,
+    /// `svc-compile drift ...`.
+    pub drift: Option<Box<DriftArgs>>,
 }
 
 /// The flags only `apply` takes.
@@ -315,12 +359,14 @@ fn command(targets: &[&'static Target]) -> clap::Command {
         .mut_subcommand("check", compiling)
         .mut_subcommand("compile", compiling)
         .mut_subcommand("apply", compiling)
+        .mut_subcommand("drift", compiling)
 }
 
 const SUBCOMMANDS: &[&str] = &[
     "check",
     "compile",
     "apply",
+    "drift",
     "gen",
     "completions",
     "man",
@@ -365,6 +411,7 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
         Sub::Apply { compile, apply } => {
             compile_command(compile, Some(apply), false, sub_matches, targets)
         }
+        Sub::Drift { compile, drift } => drift_command(compile, drift, sub_matches, targets),
         Sub::Gen(g) => gen_command(g),
         Sub::Completions { shell } => {
             let shell = match shell {
@@ -606,7 +653,15 @@ fn compile_command(
         format,
         exclude: c.exclude,
         include: c.include,
+        color: match c.color.as_str() {
+            "always" => Some(true),
+            "never" => Some(false),
+            _ => None,
+        },
+        random_fully: c.random_fully.map(|v| v == "on"),
+        nfacct: c.nfacct.map(|v| v == "on"),
         apply,
+        drift: None,
     };
     if let Some(apply) = &cmd.apply {
         if cmd.part.is_some() {
@@ -631,6 +686,41 @@ fn compile_command(
         return Err("this target needs --node NAME (or --all-nodes --out DIR)".into());
     }
     Ok(Parsed::Run(Box::new(cmd)))
+}
+
+/// `svc-compile drift`: a compile for one node of a target `apply` can load, and where to
+/// read the node's state.
+fn drift_command(
+    c: CompileFlags,
+    d: DriftFlags,
+    matches: Option<&clap::ArgMatches>,
+    targets: &[&'static Target],
+) -> Result<Parsed, String> {
+    let Parsed::Run(mut cmd) = compile_command(c, None, false, matches, targets)? else {
+        unreachable!("compile_command gives a run")
+    };
+    if cmd.target.planner.is_none() {
+        let names: Vec<String> = targets
+            .iter()
+            .filter(|t| t.planner.is_some())
+            .map(|t| format!("--target {}", t.name))
+            .collect();
+        return Err(format!("drift needs {}", one_of(&names)));
+    }
+    if cmd.node.is_none() {
+        return Err("drift needs --node NAME: the node the rules are compiled for".into());
+    }
+    if cmd.all_nodes || cmd.out_dir.is_some() || cmd.part.is_some() || cmd.write_lock {
+        return Err(
+            "drift compares one node: --all-nodes, --out, --part and --write-lock do not apply"
+                .into(),
+        );
+    }
+    cmd.drift = Some(Box::new(DriftArgs {
+        netns: d.netns,
+        from_saved: d.from_saved,
+    }));
+    Ok(Parsed::Run(cmd))
 }
 
 fn apply_args(a: ApplyFlags) -> Result<ApplyArgs, String> {

@@ -38,6 +38,8 @@ pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
         cluster_domain: cmd.cluster_domain.clone(),
         allocate: cmd.allocate,
         lock,
+        random_fully: cmd.random_fully,
+        nfacct: cmd.nfacct,
     };
     let mut comp = svc_compiler::compile(&sources, &inputs.files, &opts);
     let checked = inputs.files.len();

@@ -6,6 +6,7 @@ mod apply;
 mod cli;
 mod compile;
 mod diff;
+mod drift;
 mod inputs;
 mod report;
 mod run;
@@ -28,6 +29,7 @@ fn main() -> ExitCode {
             0
         }
         Ok(cli::Parsed::Run(cmd)) if cmd.apply.is_some() => apply::run(&cmd),
+        Ok(cli::Parsed::Run(cmd)) if cmd.drift.is_some() => drift::run(&cmd),
         Ok(cli::Parsed::Run(cmd)) => run::run(*cmd),
         Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
         Ok(cli::Parsed::Diff(flags)) => diff::run(&flags),

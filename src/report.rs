@@ -1,7 +1,7 @@
 //! What the user reads: diagnostics (text, JSON, SARIF) and the one line of a failure.
 
 use crate::cli::{Command, Format};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use svc_compiler::diag::{self, Severity};
 use svc_compiler::source::SourceMap;
 
@@ -48,6 +48,17 @@ pub(crate) fn print_diagnostics(
         }
         Format::Text => {
             let text = diag::render_all(diags, sources);
+            // Where the text goes decides `--color auto`.
+            let terminal = if cmd.check {
+                std::io::stdout().is_terminal()
+            } else {
+                std::io::stderr().is_terminal()
+            };
+            let text = if colour(cmd.color, terminal) {
+                diag::colorize(&text)
+            } else {
+                text
+            };
             if cmd.check {
                 let _ = write!(std::io::stdout(), "{text}");
                 if !diags.has_errors() {
@@ -63,6 +74,12 @@ pub(crate) fn print_diagnostics(
             }
         }
     }
+}
+
+/// Whether to colour: `--color always|never` decide; `auto` colours a terminal unless
+/// `NO_COLOR` is set to anything but the empty string (https://no-color.org).
+fn colour(flag: Option<bool>, terminal: bool) -> bool {
+    flag.unwrap_or_else(|| terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()))
 }
 
 /// SARIF 2.1.0, for code-scanning tools in CI.

@@ -903,3 +903,167 @@ fn ebpf_flag_mistakes_are_one_line() {
         r.stderr
     );
 }
+
+/// `drift`'s usage errors are one line and exit 2 (1 means drift).
+#[test]
+fn drift_usage_errors_exit_2() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["drift", "examples/", "--node", "node-a", "--target", "ir"],
+            "drift needs --target iptables or --target nftables",
+        ),
+        (
+            &["drift", "examples/", "--target", "iptables"],
+            "this target needs --node NAME",
+        ),
+        (
+            &[
+                "drift",
+                "examples/",
+                "--node",
+                "a",
+                "--target",
+                "iptables",
+                "--netns",
+                "x",
+                "--from-saved",
+                "f",
+            ],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "drift",
+                "examples/",
+                "--node",
+                "a",
+                "--target",
+                "iptables",
+                "--all-nodes",
+                "--out",
+                "d",
+            ],
+            "use either --node or --all-nodes",
+        ),
+    ];
+    for (args, msg) in cases {
+        let r = svc(args, None, &root());
+        r.expect(2);
+        assert!(r.stderr.contains(msg), "{args:?}: {}", r.stderr);
+        assert!(r.stdout.is_empty());
+    }
+}
+
+/// `--random-fully` and `--nfacct` (node capabilities kube-proxy detects at runtime), from
+/// the flags or the ClusterConfig document; flags win.
+#[test]
+fn random_fully_and_nfacct_from_flags_and_cluster_config() {
+    let base = [
+        "golden/cases/nodeport",
+        "golden/common/nodes.yaml",
+        "golden/common/kube-proxy.yaml",
+        "--node",
+        "node-1",
+        "--target",
+        "iptables",
+    ];
+    let compile = |extra: &[&str], stdin: Option<&str>| {
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend(extra);
+        svc(&args, stdin, &root()).expect(0).stdout.clone()
+    };
+    const MASQ: &str = "-j MASQUERADE --random-fully\n";
+    const LOCALHOST: &str = "-d 127.0.0.0/8 --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-";
+    const INVALID: &str =
+        "--ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP";
+    // Defaults: random-fully on, nfacct off.
+    let default = compile(&[], None);
+    assert!(default.contains(MASQ) && !default.contains("nfacct"));
+    let flags = compile(&["--random-fully", "off", "--nfacct", "on"], None);
+    assert!(!flags.contains("--random-fully"), "{flags}");
+    assert!(
+        flags.contains(LOCALHOST) && flags.contains(INVALID),
+        "{flags}"
+    );
+    // The localhost rule comes just before the node port's general rule (kube-proxy's order).
+    let lines: Vec<&str> = flags.lines().collect();
+    let at = lines.iter().position(|l| l.contains(LOCALHOST)).unwrap();
+    assert!(lines[at + 1].contains("--dport 30080") && !lines[at + 1].contains("127.0.0.0/8"));
+    let config =
+        "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\nrandomFully: false\nnfacct: true\n";
+    assert_eq!(compile(&["-"], Some(config)), flags);
+    // Flags win over the document.
+    let mixed = compile(
+        &["-", "--random-fully", "on", "--nfacct", "off"],
+        Some(config),
+    );
+    assert_eq!(mixed, default);
+    let r = svc(&["examples/", "--nfacct", "yes"], None, &root());
+    r.expect(2);
+    assert!(
+        r.stderr.contains("--nfacct `yes`: use on or off"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// `.pre-commit-hooks.yaml`'s hook runs: its entry with a path, as pre-commit calls it,
+/// checks clean manifests (exit 0) and fails on a broken one (exit 1).
+#[test]
+fn the_pre_commit_hook_runs() {
+    let text = std::fs::read_to_string(root().join(".pre-commit-hooks.yaml")).unwrap();
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key}"))
+            .trim()
+            .to_string()
+    };
+    let entry = field("entry:");
+    let words: Vec<&str> = entry.split(' ').collect();
+    assert_eq!(words[0], "svc-compile", "the entry runs our binary");
+    assert_eq!(field("pass_filenames:"), "false");
+    let mut args: Vec<&str> = words[1..].to_vec();
+    args.push("examples/");
+    svc(&args, None, &root()).expect(0);
+    let dir = TempDir::new("hook");
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        SVC.replace("port: 80", "port: 70000"),
+    )
+    .unwrap();
+    let mut args: Vec<&str> = words[1..].to_vec();
+    args.push(".");
+    svc(&args, None, dir.path()).expect(1);
+}
+
+/// `--color`: escapes only when asked for (always) or on a terminal (auto); piped output
+/// is the plain text, NO_COLOR or not.
+#[test]
+fn colour_only_when_asked_or_on_a_terminal() {
+    let bad = SVC.replace("port: 80", "port: 70000");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["check", "-"];
+        args.extend(extra);
+        let r = svc(&args, Some(&bad), &root());
+        r.expect(1);
+        r.stdout.clone()
+    };
+    let plain = run(&[]);
+    assert!(
+        plain.contains("error[") && !plain.contains('\x1b'),
+        "{plain}"
+    );
+    assert_eq!(run(&["--color", "never"]), plain);
+    assert_eq!(run(&["--color", "auto"]), plain);
+    let colored = run(&["--color", "always"]);
+    assert!(colored.contains("\x1b[1;31merror["), "{colored:?}");
+    let r = svc(&["check", "-", "--color", "sometimes"], Some(&bad), &root());
+    r.expect(2);
+    assert!(
+        r.stderr
+            .contains("--color `sometimes`: use auto, always or never"),
+        "{}",
+        r.stderr
+    );
+}

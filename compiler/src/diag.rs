@@ -213,6 +213,65 @@ pub fn render_all(diags: &Diagnostics, sources: &SourceMap) -> String {
     out
 }
 
+/// [`render_all`]'s text with ANSI colours, for a terminal (`--color`): the severity and
+/// code, the location arrows, the carets, the field and help lines, the summary. Only
+/// ever applied on top of the plain text, so the plain text (snapshots, pipes, files) never
+/// changes; source lines in code frames (`N | …`) are left as they are.
+pub fn colorize(text: &str) -> String {
+    const RESET: &str = "\x1b[0m";
+    let mut out = String::with_capacity(text.len() + text.len() / 4);
+    for line in text.split_inclusive('\n') {
+        let (body, nl) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        let header = [
+            (Severity::Error, "\x1b[1;31m"),
+            (Severity::Warning, "\x1b[1;33m"),
+            (Severity::Note, "\x1b[1;36m"),
+        ]
+        .into_iter()
+        .find_map(|(sev, c)| {
+            let rest = body.strip_prefix(sev.as_str())?.strip_prefix('[')?;
+            let (code, msg) = rest.split_once("]: ")?;
+            Some(format!(
+                "{c}{}[{code}]{RESET}\x1b[1m: {msg}{RESET}",
+                sev.as_str()
+            ))
+        });
+        let trimmed = body.trim_start();
+        let colored = if let Some(h) = header {
+            h
+        } else if let Some(loc) = body.strip_prefix("  --> ") {
+            format!("  \x1b[1;34m-->{RESET} {loc}")
+        } else if body.starts_with(' ')
+            && trimmed.starts_with('|')
+            && trimmed[1..].trim_start().starts_with('^')
+        {
+            // A caret line: `   |     ^^^^ label`.
+            let (pad, rest) = body.split_at(body.len() - trimmed.len());
+            let after = &rest[1..];
+            let spaces = after.len() - after.trim_start().len();
+            let (lead, marks) = after.split_at(spaces);
+            let carets = marks.len() - marks.trim_start_matches('^').len();
+            let (carets, label) = marks.split_at(carets);
+            format!("{pad}\x1b[1;34m|{RESET}{lead}\x1b[1;31m{carets}{RESET}{label}")
+        } else if let Some(rest) = body.strip_prefix("   = ") {
+            match rest.split_once(": ") {
+                Some((k, v)) => format!("   \x1b[1;34m= {k}:{RESET} {v}"),
+                None => body.to_string(),
+            }
+        } else if body.ends_with(" warning(s)") && body.contains(" error(s), ") {
+            format!("\x1b[1m{body}{RESET}")
+        } else {
+            body.to_string()
+        };
+        out.push_str(&colored);
+        out.push_str(nl);
+    }
+    out
+}
+
 /// The JSON form of one diagnostic (`--format json`).
 #[derive(Serialize)]
 pub struct JsonDiagnostic<'a> {
@@ -262,6 +321,49 @@ pub fn to_json<'a>(d: &'a Diagnostic, sources: &'a SourceMap) -> JsonDiagnostic<
 mod tests {
     use super::*;
     use crate::source::FileId;
+
+    /// Colour adds escapes and nothing else: without them the text is the plain text; the
+    /// source line of a code frame is never coloured, even when it looks like a header.
+    #[test]
+    fn colour_only_adds_escapes() {
+        let mut sources = SourceMap::default();
+        let f = sources.add("svc.yaml", "error[SVC999]: not a header\n".to_string());
+        let mut diags = Diagnostics::default();
+        diags.push(
+            Diagnostic::error("SVC116", "bad port")
+                .at(Span::new(f, 1, 1, 5))
+                .path("spec.ports[0]")
+                .hint("use 1-65535"),
+        );
+        diags.push(Diagnostic::warning("SVC201", "odd"));
+        let plain = render_all(&diags, &sources);
+        let colored = colorize(&plain);
+        assert_ne!(colored, plain);
+        let mut stripped = String::new();
+        let mut chars = colored.chars();
+        while let Some(c) = chars.next() {
+            if c == '\x1b' {
+                for d in chars.by_ref() {
+                    if d == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                stripped.push(c);
+            }
+        }
+        assert_eq!(stripped, plain);
+        assert!(
+            colored.starts_with("\x1b[1;31merror[SVC116]"),
+            "{colored:?}"
+        );
+        assert!(colored.contains("\x1b[1;33mwarning[SVC201]"), "{colored:?}");
+        assert!(colored.contains("\x1b[1;31m^^^^^"), "{colored:?}");
+        assert!(
+            colored.contains("1 | error[SVC999]: not a header\n"),
+            "{colored:?}"
+        );
+    }
 
     #[test]
     fn long_lines_are_windowed_around_the_column() {

@@ -47,6 +47,13 @@ pub struct ClusterConfig {
     /// `--service-node-port-range`, inclusive.
     pub node_port_range: (u16, u16),
     pub cluster_domain: String,
+    /// Node capabilities kube-proxy detects at runtime, when set (`--random-fully`,
+    /// `--nfacct` or the ClusterConfig document); `None` leaves each back end's default.
+    /// Left out of the IR's JSON when unset, so modules serialise as before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub random_fully: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nfacct: Option<bool>,
 }
 
 /// kube-proxy's KubeProxyConfiguration, with upstream defaults filled in.
@@ -317,6 +324,12 @@ impl Node {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeView {
+    /// The module's node capabilities ([`ClusterConfig::random_fully`],
+    /// [`ClusterConfig::nfacct`]), copied for the back ends that honour them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub random_fully: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nfacct: Option<bool>,
     pub node_name: String,
     pub family: IpFamily,
     /// The node's IPs of this family, primary first.

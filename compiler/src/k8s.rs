@@ -212,6 +212,9 @@ pub struct ClusterConfigDoc {
     pub service_cluster_ip_range: Option<Sp<String>>,
     pub service_node_port_range: Option<Sp<String>>,
     pub cluster_domain: Option<Sp<String>>,
+    /// Node capabilities (see `ir::ClusterConfig`).
+    pub random_fully: Option<Sp<bool>>,
+    pub nfacct: Option<Sp<bool>>,
 }
 
 /// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
@@ -1302,6 +1305,8 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         "serviceClusterIPRange",
         "serviceNodePortRange",
         "clusterDomain",
+        "randomFully",
+        "nfacct",
     ];
     let mut out = ClusterConfigDoc {
         span: root.span,
@@ -1317,6 +1322,8 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
             &path.key("serviceNodePortRange"),
         );
         out.cluster_domain = d.str_(f.get("clusterDomain"), &path.key("clusterDomain"));
+        out.random_fully = d.bool_(f.get("randomFully"), &path.key("randomFully"));
+        out.nfacct = d.bool_(f.get("nfacct"), &path.key("nfacct"));
     }
     out
 }

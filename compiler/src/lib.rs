@@ -41,6 +41,9 @@ pub struct Options {
     pub allocate: bool,
     /// The lock file, already added to the source map.
     pub lock: Option<FileId>,
+    /// `--random-fully on|off`, `--nfacct on|off`.
+    pub random_fully: Option<bool>,
+    pub nfacct: Option<bool>,
 }
 
 pub struct Compilation {
@@ -201,6 +204,14 @@ pub fn settings(objects: &Objects, opts: &Options) -> Settings {
         if let Some(d) = &doc.cluster_domain {
             s.cluster_domain = d.v.clone();
         }
+        s.random_fully = doc.random_fully.as_ref().map(|b| b.v);
+        s.nfacct = doc.nfacct.as_ref().map(|b| b.v);
+    }
+    if opts.random_fully.is_some() {
+        s.random_fully = opts.random_fully;
+    }
+    if opts.nfacct.is_some() {
+        s.nfacct = opts.nfacct;
     }
     if let Some(c) = &opts.service_cidrs {
         s.service_cidrs = c.clone();

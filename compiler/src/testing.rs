@@ -45,6 +45,8 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             service_cidrs: vec![cidr("172.30.0.0/16"), cidr("fd00:10:96::/112")],
             node_port_range: (30000, 32767),
             cluster_domain: "cluster.local".into(),
+            random_fully: None,
+            nfacct: None,
         },
         proxy: ProxyConfig {
             mode: "iptables".into(),

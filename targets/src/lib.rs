@@ -15,6 +15,7 @@ pub use registry::{File, Flag, NodeRenderer, Params, Render, RenderError, Sharin
 
 // The targets: a module each, and one line each in `TARGETS`, in `--help` order.
 pub mod dns;
+pub mod drift;
 pub mod ebpf;
 pub mod env;
 pub mod iptables;

@@ -49,6 +49,7 @@
 
 mod apply;
 mod differential;
+mod drift;
 mod ebpf;
 pub mod echo;
 mod flows;

@@ -151,6 +151,8 @@ pub fn lower(
             service_cidrs: settings.service_cidrs.clone(),
             node_port_range: settings.node_port_range,
             cluster_domain: settings.cluster_domain.clone(),
+            random_fully: settings.random_fully,
+            nfacct: settings.nfacct,
         },
         proxy: proxy_config(objects.proxy_configs.first()),
         services,

@@ -22,6 +22,10 @@ pub struct Settings {
     pub node_port_range: (u16, u16),
     /// `--cluster-domain`. Default cluster.local.
     pub cluster_domain: String,
+    /// `--random-fully` / `randomFully`, `--nfacct` / `nfacct`: node capabilities kube-proxy
+    /// detects at runtime. `None` = each back end's default.
+    pub random_fully: Option<bool>,
+    pub nfacct: Option<bool>,
 }
 
 impl Default for Settings {
@@ -30,6 +34,8 @@ impl Default for Settings {
             service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
             node_port_range: (30000, 32767),
             cluster_domain: "cluster.local".into(),
+            random_fully: None,
+            nfacct: None,
         }
     }
 }

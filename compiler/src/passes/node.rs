@@ -106,6 +106,8 @@ pub fn node_view(
     let total_endpoints: usize = ports.iter().map(|p| p.endpoints.len()).sum();
 
     Ok(NodeView {
+        random_fully: module.cluster.random_fully,
+        nfacct: module.cluster.nfacct,
         node_name: sel.name.clone(),
         family,
         masquerade_mark: 1u32.checked_shl(proxy.masquerade_bit.into()).unwrap_or(0),

@@ -104,6 +104,20 @@ impl PortRendering for Iptables {
         cache: Option<&PortCache<PortSettings, Sections>>,
         text: &mut String,
     ) {
+        // Node capabilities the module sets (`--random-fully`, `--nfacct`, ClusterConfig)
+        // win over the renderer's defaults.
+        let own;
+        let opts = match (view.random_fully, view.nfacct) {
+            (None, None) => opts,
+            (r, n) => {
+                own = Options {
+                    random_fully: r.unwrap_or(opts.random_fully),
+                    nfacct: n.unwrap_or(opts.nfacct),
+                    ..opts.clone()
+                };
+                &own
+            }
+        };
         let fixed = StaticRules::new(view, opts);
         let (mut head, mut tail) = (Sections::default(), Sections::default());
         fixed.head(&mut head);

@@ -125,6 +125,7 @@ impl Options {
         Options {
             scheduler: view.ipvs_scheduler.clone(),
             config: view.ipvs.clone(),
+            random_fully: view.random_fully.unwrap_or(Options::default().random_fully),
             ..Options::default()
         }
     }

@@ -1,0 +1,145 @@
+//! `svc-compile drift`: compiles the node's ruleset, reads what the node shows (live, in
+//! `--netns`, or a `--from-saved` listing) and prints what differs, by service
+//! (`svc_targets::drift`). Changes nothing on the node.
+//!
+//! Both sides are compared in the kernel's spelling: the compiled document is loaded into
+//! a throwaway network namespace and read back, as `apply` does (so drift needs root, even
+//! for a saved listing), and both are cut to the owned part by the target's planner.
+//! Exit codes: 0 no drift, 1 drift, 2 anything else (including input errors, so that CI
+//! can tell drift from a broken manifest).
+
+use crate::apply::{check_tools, compile, first_line, run_captured};
+use crate::cli::Command;
+use crate::inputs::read_file;
+use crate::report::{exit_code, Fail};
+use std::path::Path;
+use svc_targets::drift;
+use svc_targets::plan::{self, Family, Planner};
+
+pub fn run(cmd: &Command) -> u8 {
+    exit_code(drift_all(cmd))
+}
+
+fn drift_all(cmd: &Command) -> Result<u8, Fail> {
+    let args = cmd.drift.as_ref().expect("a drift command");
+    let planner = cmd.target.planner.expect("checked by cli");
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Fail(
+            "drift needs root: it loads the compiled ruleset into a throwaway network namespace to learn the kernel's spelling (and reads the node's rules)".into(),
+        ));
+    }
+    if let Some(ns) = &args.netns {
+        if !Path::new("/run/netns").join(ns).exists() {
+            return Err(Fail(format!(
+                "no network namespace `{ns}` (see `ip netns list`)"
+            )));
+        }
+    }
+    let docs = match compile(cmd)? {
+        Ok(docs) => docs,
+        // Input errors are printed; 1 means drift here.
+        Err(_) => return Ok(2),
+    };
+    if args.from_saved.is_some() && docs.len() > 1 {
+        return Err(Fail(
+            "--from-saved is one family's listing: give --family ipv4 or ipv6".into(),
+        ));
+    }
+    let mut drifted = false;
+    for (family, doc, _) in &docs {
+        check_tools(planner.tools(*family), args.netns.is_some())?;
+        let (listing, source) = match &args.from_saved {
+            Some(file) => (read_file(Path::new(file))?, file.clone()),
+            None => read_node(planner, *family, args.netns.as_deref())?,
+        };
+        let kernel =
+            drift::node_state(&listing, *family).map_err(|e| Fail(format!("{source}: {e}")))?;
+        let prepared = planner
+            .prepare(doc, *family, None, &kernel, true)
+            .map_err(|e| Fail(format!("{source}: {e}")))?;
+        let back = scratch(&prepared, &planner.commands(*family).scratch)?;
+        let plan = plan::plan(&prepared, &back).map_err(Fail)?;
+        let actual = plan
+            .owned(&kernel)
+            .map_err(|e| Fail(format!("{source}: {e}")))?;
+        let items = drift::compare(drift::syntax_of(&plan.expected), &plan.expected, &actual);
+        drifted |= !items.is_empty();
+        let title = format!(
+            "node {} ({}, {}) against {source}",
+            cmd.node.as_deref().unwrap_or_default(),
+            cmd.target.name,
+            family.as_str()
+        );
+        print!("{}", drift::render(&title, &items));
+    }
+    Ok(u8::from(drifted))
+}
+
+/// The node's listing (`Commands::read`, inside `netns`), and where it came from.
+fn read_node(
+    planner: &dyn Planner,
+    family: Family,
+    netns: Option<&str>,
+) -> Result<(String, String), Fail> {
+    let mut argv = planner.commands(family).read;
+    let source = match netns {
+        Some(ns) => {
+            argv.splice(0..0, ["ip", "netns", "exec", ns].map(String::from));
+            format!("network namespace {ns}")
+        }
+        None => "this host".into(),
+    };
+    let out = run_captured(&argv)?;
+    if out.ok {
+        Ok((out.stdout, source))
+    } else if planner.absent().is_some_and(|a| out.stderr.contains(a)) {
+        Ok((String::new(), source))
+    } else {
+        Err(Fail(format!(
+            "cannot read the node's rules (`{}`): {}",
+            argv.join(" "),
+            first_line(&out.stderr)
+        )))
+    }
+}
+
+/// The compiled document as the kernel spells it: loaded into a throwaway namespace.
+fn scratch(prepared: &plan::Prepared, argv: &[String]) -> Result<String, Fail> {
+    if prepared.scratch.is_empty() {
+        return Ok(String::new());
+    }
+    let dir = tempdir()?;
+    let path = dir.join("compiled");
+    let res = std::fs::write(&path, &prepared.scratch)
+        .map_err(|e| Fail(format!("cannot write {}: {e}", path.display())))
+        .and_then(|()| {
+            let mut argv = argv.to_vec();
+            argv.push(path.display().to_string());
+            run_captured(&argv)
+        });
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = res?;
+    if !out.ok {
+        return Err(Fail(format!(
+            "the kernel refuses the compiled ruleset (loaded into an empty network namespace): {}",
+            first_line(&out.stderr)
+        )));
+    }
+    Ok(out.stdout)
+}
+
+/// A fresh private directory for the scratch document.
+fn tempdir() -> Result<std::path::PathBuf, Fail> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    for n in 0..100u32 {
+        let dir = base.join(format!("svc-compile-drift-{}-{n}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(Fail(format!("cannot create {}: {e}", dir.display()))),
+        }
+    }
+    Err(Fail("cannot create a temporary directory".into()))
+}
