@@ -51,6 +51,13 @@ enum Sub {
         #[command(flatten)]
         apply: ApplyFlags,
     },
+    /// What the node does with one packet, step by step, and the rules that do it
+    Trace {
+        #[command(flatten)]
+        compile: CompileFlags,
+        #[command(flatten)]
+        trace: TraceFlags,
+    },
     /// Write a synthetic cluster for benchmarks (deterministic from the seed)
     Gen(GenFlags),
     /// Print shell completions
@@ -60,6 +67,27 @@ enum Sub {
     },
     /// Print the man page (roff)
     Man,
+}
+
+/// `svc-compile trace`: the packet (`--target iptables|nftables` adds their rules; the
+/// compile flags' `--format text|json` is the report's format).
+#[derive(Args)]
+pub(crate) struct TraceFlags {
+    /// The sender: IP[:PORT] (a node IP = the node itself; the local-traffic detector decides pod or outside)
+    #[arg(long, value_name = "IP[:PORT]")]
+    pub from: Option<String>,
+    /// The destination: IP:PORT
+    #[arg(long, value_name = "IP:PORT")]
+    pub to: Option<String>,
+    /// The protocol
+    #[arg(long, value_name = "PROTO", default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
+    pub proto: String,
+    /// Another address local to the node (repeatable): node ports are reached there too
+    #[arg(long, value_name = "IP")]
+    pub local_ip: Vec<String>,
+    /// Trace many packets: one `FROM TO [PROTO]` per line (`#` comments); one report each
+    #[arg(long, value_name = "FILE")]
+    pub flows: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -231,6 +259,8 @@ pub enum Parsed {
     /// Boxed: a `Command` is several times the size of the other variants.
     Run(Box<Command>),
     Gen(GenCommand),
+    /// `svc-compile trace`: the compile part checked like `compile`'s.
+    Trace(Box<Command>, TraceFlags),
 }
 
 #[derive(Debug)]
@@ -278,9 +308,18 @@ fn command(targets: &[&'static Target]) -> clap::Command {
         .mut_subcommand("check", compiling)
         .mut_subcommand("compile", compiling)
         .mut_subcommand("apply", compiling)
+        .mut_subcommand("trace", compiling)
 }
 
-const SUBCOMMANDS: &[&str] = &["check", "compile", "apply", "gen", "completions", "man"];
+const SUBCOMMANDS: &[&str] = &[
+    "check",
+    "compile",
+    "apply",
+    "trace",
+    "gen",
+    "completions",
+    "man",
+];
 
 pub fn parse(args: &[String]) -> Result<Parsed, String> {
     parse_with(args, svc_targets::TARGETS)
@@ -319,6 +358,12 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
         Sub::Compile(c) => compile_command(c, None, false, sub_matches, targets),
         Sub::Apply { compile, apply } => {
             compile_command(compile, Some(apply), false, sub_matches, targets)
+        }
+        Sub::Trace { compile, trace } => {
+            match compile_command(compile, None, true, sub_matches, targets)? {
+                Parsed::Run(cmd) => Ok(Parsed::Trace(cmd, trace)),
+                other => Ok(other),
+            }
         }
         Sub::Gen(g) => gen_command(g),
         Sub::Completions { shell } => {

@@ -8,6 +8,7 @@ mod compile;
 mod inputs;
 mod report;
 mod run;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
         Ok(cli::Parsed::Run(cmd)) if cmd.apply.is_some() => apply::run(&cmd),
         Ok(cli::Parsed::Run(cmd)) => run::run(*cmd),
         Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
+        Ok(cli::Parsed::Trace(cmd, flags)) => trace::run(&cmd, flags),
         Err(e) => {
             eprintln!("svc-compile: {e}");
             eprintln!("svc-compile: run `svc-compile --help` for usage");
