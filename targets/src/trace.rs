@@ -39,10 +39,10 @@ pub fn rules(
         .map(|s| select(target, doc, pv, &names, s.rule))
         .zip(&t.steps)
         .map(|(lines, s)| {
-            if s.rule != Rule::ServiceMatch {
+            if !matches!(s.rule, Rule::ServiceMatch | Rule::NoEndpoints) {
                 return lines;
             }
-            // Only the rule or element that matched this destination.
+            // Only the rules or elements for this destination.
             let (by_ip, by_port) = if target == "iptables" {
                 (
                     format!(" -d {dst} --dport {port} "),
@@ -50,8 +50,8 @@ pub fn rules(
                 )
             } else {
                 (
-                    format!("{{ {dst} . {} . {port} :", pv.protocol.lower()),
-                    format!("{{ {} . {port} :", pv.protocol.lower()),
+                    format!("{{ {dst} . {} . {port} ", pv.protocol.lower()),
+                    format!("{{ {} . {port} ", pv.protocol.lower()),
                 )
             };
             let node_port = t.matched == Some(svc_compiler::trace::Match::NodePort);
@@ -59,7 +59,10 @@ pub fn rules(
                 .into_iter()
                 .filter(|l| {
                     if node_port {
-                        l.contains(&by_port) && (l.contains("NODEPORTS") || l.contains("nodeports"))
+                        l.contains(&by_port)
+                            && (l.contains("NODEPORTS")
+                                || l.contains("nodeports")
+                                || l.contains("--dst-type LOCAL"))
                     } else {
                         l.contains(&by_ip)
                     }
@@ -166,9 +169,11 @@ fn select(target: &str, doc: &str, pv: &PortView, n: &Names, rule: Rule) -> Vec<
     match rule {
         Rule::ServiceMatch => mentions(&|l| {
             if ipt {
-                l.starts_with("-A KUBE-SERVICES ") || l.starts_with("-A KUBE-NODEPORTS ")
+                (l.starts_with("-A KUBE-SERVICES ") || l.starts_with("-A KUBE-NODEPORTS "))
+                    && !l.ends_with("-j REJECT")
+                    && !l.ends_with("-j DROP")
             } else {
-                l.starts_with("add element ")
+                l.starts_with("add element ") && !l.contains("no-endpoint-")
             }
         }),
         Rule::Firewall => {
