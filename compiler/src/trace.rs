@@ -588,3 +588,144 @@ impl Trace {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{ServiceType, TrafficPolicy};
+    use crate::net::IpFamily;
+    use crate::testing::*;
+
+    fn packet(src: &str, dst: &str, port: u16) -> Packet {
+        Packet {
+            src: ip(src),
+            dst: ip(dst),
+            port,
+            proto: Protocol::TCP,
+            local_ips: vec![],
+        }
+    }
+
+    fn addrs(v: &Verdict) -> Vec<(String, bool)> {
+        match v {
+            Verdict::Forward { backends, .. } => backends
+                .iter()
+                .map(|b| (b.addr.clone(), b.masquerade))
+                .collect(),
+            other => panic!("not forwarded: {other:?}"),
+        }
+    }
+
+    /// A NodePort service with ETP=Local: two endpoints elsewhere, one (terminating but
+    /// serving) here.
+    fn etp_local() -> NodeView {
+        let mut p = port(
+            "http",
+            80,
+            8080,
+            endpoints(
+                &["10.1.0.5@other", "10.2.0.7@node-a#serving-terminating"],
+                8080,
+            ),
+        );
+        p.node_port = Some(30080);
+        let mut s = service("ns", "web", ServiceType::NodePort, "172.30.0.10", vec![p]);
+        s.external_traffic_policy = TrafficPolicy::Local;
+        let m = module(
+            vec![s],
+            vec![
+                node("node-a", &NODE_IPS, None),
+                node("other", &["192.168.0.3"], None),
+            ],
+        );
+        view(&m, "node-a", IpFamily::IPv4)
+    }
+
+    #[test]
+    fn external_local_uses_the_terminating_fallback_and_keeps_the_source() {
+        let v = etp_local();
+        let t = trace(
+            &v,
+            &packet("203.0.113.9", "192.168.0.2", 30080),
+            Mode::Iptables,
+        );
+        assert_eq!(t.origin, Origin::Outside);
+        assert_eq!(t.matched, Some(Match::NodePort));
+        assert_eq!(addrs(&t.verdict), [("10.2.0.7:8080".to_string(), false)]);
+        // Cluster IP traffic from a pod: the ready endpoint only, not masqueraded.
+        let t = trace(&v, &packet("10.9.9.9", "172.30.0.10", 80), Mode::Nftables);
+        assert_eq!(t.origin, Origin::Pod);
+        assert_eq!(addrs(&t.verdict), [("10.1.0.5:8080".to_string(), false)]);
+        // The node itself: masqueraded, to the cluster endpoints.
+        let t = trace(
+            &v,
+            &packet("192.168.0.2", "192.168.0.2", 30080),
+            Mode::Iptables,
+        );
+        assert_eq!(t.origin, Origin::Node);
+        assert_eq!(addrs(&t.verdict), [("10.1.0.5:8080".to_string(), true)]);
+    }
+
+    #[test]
+    fn node_ports_on_loopback_differ_by_mode() {
+        let v = etp_local();
+        let p = packet("127.0.0.1", "127.0.0.1", 30080);
+        assert!(matches!(
+            trace(&v, &p, Mode::Iptables).verdict,
+            Verdict::Forward { .. }
+        ));
+        assert_eq!(
+            trace(&v, &p, Mode::Nftables).verdict,
+            Verdict::NoMatch { local: true }
+        );
+    }
+
+    #[test]
+    fn external_local_without_local_endpoints_drops() {
+        let mut p = port("", 80, 8080, endpoints(&["10.1.0.5@other"], 8080));
+        p.node_port = Some(30081);
+        let mut s = service("ns", "api", ServiceType::NodePort, "172.30.0.11", vec![p]);
+        s.external_traffic_policy = TrafficPolicy::Local;
+        let m = module(vec![s], vec![node("node-a", &NODE_IPS, None)]);
+        let v = view(&m, "node-a", IpFamily::IPv4);
+        for mode in [Mode::Iptables, Mode::Nftables] {
+            let t = trace(&v, &packet("203.0.113.9", "192.168.0.2", 30081), mode);
+            assert_eq!(t.verdict, Verdict::Drop, "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn ipv6_and_no_match() {
+        let p = port("", 443, 8443, endpoints(&["fd00:10::5@node-a"], 8443));
+        let s = service(
+            "ns",
+            "v6",
+            ServiceType::ClusterIP,
+            "fd00:10:96::20",
+            vec![p],
+        );
+        let m = module(vec![s], vec![node("node-a", &NODE_IPS, None)]);
+        let v = view(&m, "node-a", IpFamily::IPv6);
+        let t = trace(
+            &v,
+            &packet("fd00:10::9", "fd00:10:96::20", 443),
+            Mode::Nftables,
+        );
+        assert_eq!(
+            addrs(&t.verdict),
+            [("[fd00:10::5]:8443".to_string(), false)]
+        );
+        let t = trace(
+            &v,
+            &packet("fd00:10::9", "fd00:10:96::20", 80),
+            Mode::Nftables,
+        );
+        assert_eq!(t.verdict, Verdict::Reject);
+        let t = trace(
+            &v,
+            &packet("fd00:10::9", "fd00:10:96::20", 80),
+            Mode::Iptables,
+        );
+        assert_eq!(t.verdict, Verdict::NoMatch { local: false });
+    }
+}
