@@ -97,9 +97,10 @@ fn run_inner(cmd: &Command, flags: TraceFlags) -> Result<u8, Fail> {
         return Err(Fail("trace: --format is text or json".into()));
     }
     let target = cmd.target.name;
-    if !matches!(target, "ir" | "iptables" | "nftables") {
+    if target != "ir" && !svc_targets::trace::TRACEABLE.contains(&target) {
         return Err(Fail(format!(
-            "trace shows the rules of --target iptables or nftables, not {target}"
+            "trace shows the rules of --target {}, not {target}",
+            svc_targets::trace::TRACEABLE.join(", ")
         )));
     }
     let qs = queries(&flags)?;
@@ -194,7 +195,7 @@ fn run_inner(cmd: &Command, flags: TraceFlags) -> Result<u8, Fail> {
                     out += &format!("# {}\n", q.line);
                 }
                 out += &format!(
-                    "{} {} -> {}:{}/{} on {node} ({} rules)\n",
+                    "{} {} -> {}:{}/{} on {node} ({})\n",
                     match t.origin {
                         svc_compiler::trace::Origin::Node => "node",
                         svc_compiler::trace::Origin::Pod => "pod",
@@ -204,9 +205,12 @@ fn run_inner(cmd: &Command, flags: TraceFlags) -> Result<u8, Fail> {
                     q.to.ip(),
                     q.to.port(),
                     q.proto.lower(),
-                    match mode {
-                        Mode::Iptables => "iptables",
-                        Mode::Nftables => "nftables",
+                    match (target, mode) {
+                        ("ipvs", _) => {
+                            "ipvs rules; the verdict is iptables mode's, not checked against IPVS"
+                        }
+                        (_, Mode::Iptables) => "iptables rules",
+                        (_, Mode::Nftables) => "nftables rules",
                     }
                 );
                 for (i, line) in t.to_text().lines().enumerate() {

@@ -8,8 +8,10 @@ use std::net::IpAddr;
 use svc_compiler::ir::{NodeView, PortView};
 use svc_compiler::trace::{Rule, Trace, Verdict};
 
-/// Targets whose rules a trace can show.
-pub const TRACEABLE: &[&str] = &["iptables", "nftables"];
+/// Targets whose rules a trace can show. For `ipvs` only the virtual server and its real
+/// servers (its iptables part is not traced, and its verdicts are not checked against
+/// IPVS).
+pub const TRACEABLE: &[&str] = &["iptables", "nftables", "ipvs"];
 
 /// For each step of `t` (same order), the document lines that implement it (maybe none).
 /// `dst`, `port`: the packet's destination (the service-match step shows only the rule
@@ -29,6 +31,9 @@ pub fn rules(
         Verdict::Forward { backends, .. } => backends.iter().map(|b| b.addr.clone()).collect(),
         _ => Vec::new(),
     };
+    if target == "ipvs" {
+        return ipvs_rules(t, pv, dst, port, doc);
+    }
     let names = match target {
         "iptables" => iptables_names(pv, &backends),
         "nftables" => nft_names(pv, &backends),
@@ -68,6 +73,45 @@ pub fn rules(
                     }
                 })
                 .collect()
+        })
+        .collect()
+}
+
+/// IPVS: the virtual server `-A -t VIP:PORT` at the service-match step, its real servers
+/// (`-a ... -r BACKEND`) at the endpoints step, from the `ipvsadm-save` part.
+fn ipvs_rules(t: &Trace, pv: &PortView, dst: IpAddr, port: u16, doc: &str) -> Vec<Vec<String>> {
+    let flag = match pv.protocol {
+        svc_compiler::ir::Protocol::TCP => "-t",
+        svc_compiler::ir::Protocol::UDP => "-u",
+        svc_compiler::ir::Protocol::SCTP => "--sctp-service",
+    };
+    let vip = match dst {
+        IpAddr::V4(a) => format!("{a}:{port}"),
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
+    };
+    let virtual_server = format!("-A {flag} {vip} ");
+    let real = format!("-a {flag} {vip} -r ");
+    let backends: Vec<String> = match &t.verdict {
+        Verdict::Forward { backends, .. } => backends.iter().map(|b| b.addr.clone()).collect(),
+        _ => Vec::new(),
+    };
+    t.steps
+        .iter()
+        .map(|s| match s.rule {
+            Rule::ServiceMatch => doc
+                .lines()
+                .filter(|l| l.starts_with(&virtual_server))
+                .map(str::to_string)
+                .collect(),
+            Rule::Endpoints => doc
+                .lines()
+                .filter(|l| {
+                    l.strip_prefix(&real)
+                        .is_some_and(|r| backends.iter().any(|b| r.starts_with(&format!("{b} "))))
+                })
+                .map(str::to_string)
+                .collect(),
+            _ => Vec::new(),
         })
         .collect()
 }
