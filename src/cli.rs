@@ -58,6 +58,13 @@ enum Sub {
         #[command(flatten)]
         drift: DriftFlags,
     },
+    /// What the node does with one packet, step by step, and the rules that do it
+    Trace {
+        #[command(flatten)]
+        compile: CompileFlags,
+        #[command(flatten)]
+        trace: TraceFlags,
+    },
     /// Write a synthetic cluster for benchmarks (deterministic from the seed)
     Gen(GenFlags),
     /// Print shell completions
@@ -69,6 +76,27 @@ enum Sub {
     Man,
     /// What changes between two revisions of the manifests; exit 1 on changes
     Diff(DiffFlags),
+}
+
+/// `svc-compile trace`: the packet (`--target iptables|nftables` adds their rules; the
+/// compile flags' `--format text|json` is the report's format).
+#[derive(Args)]
+pub(crate) struct TraceFlags {
+    /// The sender: IP[:PORT] (a node IP = the node itself; the local-traffic detector decides pod or outside)
+    #[arg(long, value_name = "IP[:PORT]")]
+    pub from: Option<String>,
+    /// The destination: IP:PORT
+    #[arg(long, value_name = "IP:PORT")]
+    pub to: Option<String>,
+    /// The protocol
+    #[arg(long, value_name = "PROTO", default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
+    pub proto: String,
+    /// Another address local to the node (repeatable): node ports are reached there too
+    #[arg(long, value_name = "IP")]
+    pub local_ip: Vec<String>,
+    /// Trace many packets: one `FROM TO [PROTO]` per line (`#` comments); one report each
+    #[arg(long, value_name = "FILE")]
+    pub flows: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -312,6 +340,8 @@ pub enum Parsed {
     Run(Box<Command>),
     Gen(GenCommand),
     Diff(Box<DiffFlags>),
+    /// `svc-compile trace`: the compile part checked like `compile`'s.
+    Trace(Box<Command>, TraceFlags),
 }
 
 #[derive(Debug)]
@@ -360,6 +390,7 @@ fn command(targets: &[&'static Target]) -> clap::Command {
         .mut_subcommand("compile", compiling)
         .mut_subcommand("apply", compiling)
         .mut_subcommand("drift", compiling)
+        .mut_subcommand("trace", compiling)
 }
 
 const SUBCOMMANDS: &[&str] = &[
@@ -367,6 +398,7 @@ const SUBCOMMANDS: &[&str] = &[
     "compile",
     "apply",
     "drift",
+    "trace",
     "gen",
     "completions",
     "man",
@@ -412,6 +444,12 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
             compile_command(compile, Some(apply), false, sub_matches, targets)
         }
         Sub::Drift { compile, drift } => drift_command(compile, drift, sub_matches, targets),
+        Sub::Trace { compile, trace } => {
+            match compile_command(compile, None, true, sub_matches, targets)? {
+                Parsed::Run(cmd) => Ok(Parsed::Trace(cmd, trace)),
+                other => Ok(other),
+            }
+        }
         Sub::Gen(g) => gen_command(g),
         Sub::Completions { shell } => {
             let shell = match shell {

@@ -10,6 +10,7 @@ mod drift;
 mod inputs;
 mod report;
 mod run;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,7 @@ fn main() -> ExitCode {
         Ok(cli::Parsed::Run(cmd)) => run::run(*cmd),
         Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
         Ok(cli::Parsed::Diff(flags)) => diff::run(&flags),
+        Ok(cli::Parsed::Trace(cmd, flags)) => trace::run(&cmd, flags),
         Err(e) => {
             eprintln!("svc-compile: {e}");
             eprintln!("svc-compile: run `svc-compile --help` for usage");

@@ -1067,3 +1067,121 @@ fn colour_only_when_asked_or_on_a_terminal() {
         r.stderr
     );
 }
+
+/// `trace --format json`: the verdict as data (backends, probabilities, per-backend
+/// masquerade), each step with the rules of `--target`.
+#[test]
+fn trace_json() {
+    let base = [
+        "trace",
+        "golden/cases/hairpin",
+        "golden/common/nodes.yaml",
+        "golden/common/kube-proxy.yaml",
+        "--node",
+        "node-1",
+        "--format",
+        "json",
+    ];
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        let r = svc(&a, None, &root());
+        r.expect(0);
+        serde_json::from_str(&r.stdout).expect("trace JSON")
+    };
+    // pod-a to its own service: forwarded to itself, hairpin-masqueraded.
+    let v = run(&[
+        "--from",
+        "10.244.1.2:40000",
+        "--to",
+        "10.96.0.20:80",
+        "--target",
+        "iptables",
+    ]);
+    assert_eq!(v["mode"], "iptables");
+    assert_eq!(v["origin"], "pod");
+    assert_eq!(v["match"], "cluster-ip");
+    assert_eq!(v["packet"]["to"], "10.96.0.20:80");
+    let verdict = &v["verdict"];
+    assert_eq!(verdict["kind"], "forward");
+    assert_eq!(verdict["masquerade"], false);
+    let b = verdict["backends"].as_array().unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0]["addr"], "10.244.1.2:8080");
+    assert_eq!(b[0]["probability"], 1.0);
+    assert_eq!(b[0]["masquerade"], true, "hairpin");
+    let steps = v["steps"].as_array().unwrap();
+    let dnat = steps.iter().find(|s| s["rule"] == "endpoints").unwrap();
+    assert!(dnat["rules"].as_array().unwrap().iter().any(|l| l
+        .as_str()
+        .unwrap()
+        .contains("-j DNAT --to-destination 10.244.1.2:8080")));
+    // Without --target, no rules; a UDP packet to the TCP-only service matches nothing.
+    let v = run(&[
+        "--from",
+        "10.244.1.3",
+        "--to",
+        "10.96.0.20:80",
+        "--proto",
+        "udp",
+    ]);
+    assert_eq!(v["verdict"]["kind"], "no-match");
+    assert_eq!(v["verdict"]["local"], false);
+    assert!(v["steps"][0].get("rules").is_none());
+    // nftables rejects a cluster IP's unknown port.
+    let v = run(&[
+        "--from",
+        "10.244.1.3",
+        "--to",
+        "10.96.0.20:1",
+        "--target",
+        "nftables",
+    ]);
+    assert_eq!(v["mode"], "nftables");
+    assert_eq!(v["verdict"]["kind"], "reject");
+}
+
+#[test]
+fn trace_usage_errors() {
+    let case = "golden/cases/hairpin";
+    for (args, msg) in [
+        (
+            vec!["trace", case, "--node", "node-1", "--to", "10.96.0.20:80"],
+            "needs --from",
+        ),
+        (
+            vec![
+                "trace",
+                case,
+                "--node",
+                "node-1",
+                "--from",
+                "x",
+                "--to",
+                "10.96.0.20:80",
+            ],
+            "--from `x`",
+        ),
+        (
+            vec!["trace", case, "--from", "10.0.0.1", "--to", "10.96.0.20:80"],
+            "needs --node",
+        ),
+        (
+            vec![
+                "trace",
+                case,
+                "--node",
+                "node-1",
+                "--from",
+                "10.0.0.1",
+                "--to",
+                "10.96.0.20",
+            ],
+            "--to `10.96.0.20`",
+        ),
+    ] {
+        let r = svc(&args, None, &root());
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains(msg), "{args:?}: {}", r.stderr);
+    }
+}

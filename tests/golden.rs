@@ -165,3 +165,42 @@ fn check_error(s: &insta::Settings, f: &str) {
     let text = format!("exit code: {}\n{}", r.code, r.stdout);
     s.bind(|| insta::assert_snapshot!(format!("errors.{stem}"), text));
 }
+
+/// `golden/trace/CASE.flows` (one `FROM TO [PROTO]` per line) → `svc-compile trace` of
+/// each packet through golden case CASE, with the iptables, nftables and ipvs rules:
+/// `golden/snapshots/trace.CASE.TARGET.snap`.
+#[test]
+fn golden_traces() {
+    let s = settings();
+    let dir = root().join("golden/trace");
+    let mut cases: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.strip_suffix(".flows").map(str::to_string)
+        })
+        .collect();
+    cases.sort();
+    assert!(!cases.is_empty());
+    check_each(cases.iter().flat_map(|case| {
+        let s = &s;
+        ["iptables", "nftables", "ipvs"]
+            .into_iter()
+            .map(move |target| {
+                let name = format!("trace.{case}.{target}");
+                let check = move || {
+                    let dir = format!("golden/cases/{case}");
+                    let flows = format!("golden/trace/{case}.flows");
+                    let args = case_args(case);
+                    let mut a: Vec<&str> = vec!["trace", &dir];
+                    a.extend(args.iter().map(String::as_str));
+                    a.extend(["--target", target, "--flows", &flows]);
+                    let r = svc(&a, None, &root());
+                    r.expect(0);
+                    s.bind(|| insta::assert_snapshot!(format!("trace.{case}.{target}"), r.stdout));
+                };
+                (name, Box::new(check) as Box<dyn FnOnce() + '_>)
+            })
+    }));
+}

@@ -21,6 +21,7 @@ pub mod synth;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod testing;
+pub mod trace;
 pub mod tree;
 
 use diag::Diagnostics;

@@ -23,6 +23,7 @@ pub mod ipvs;
 pub mod ir;
 pub mod nftables;
 pub mod template;
+pub mod trace;
 
 /// Every target. The CLI, `--help`, `--out`, `apply` and the golden tests read this list.
 pub static TARGETS: &[&Target] = &[

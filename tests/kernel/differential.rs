@@ -499,6 +499,8 @@ struct Flow {
     /// What the IR says, for each target (the same unless `intended`).
     expect: [Expect; 2],
     intended: Option<Intended>,
+    /// What `svc-compile trace` says, per target (filled after the flows are derived).
+    traced: [Traced; 2],
 }
 
 impl Flow {
@@ -590,6 +592,7 @@ fn derive_flows(view: &View) -> Vec<Flow> {
                 dst,
                 expect: e,
                 intended: i,
+                traced: Default::default(),
             })
         };
         let both = |e: Expect| [e.clone(), e];
@@ -745,9 +748,157 @@ fn derive_flows(view: &View) -> Vec<Flow> {
             dst: (p.cluster_ip.unwrap(), 1).into(),
             expect: [Expect::NoAnswer, Expect::Refused],
             intended: Some(Intended::UnknownPort),
+            traced: Default::default(),
         });
     }
     flows
+}
+
+// ---------------------------------------------------------------------------------------
+// `svc-compile trace`: an independent answer for every flow
+// ---------------------------------------------------------------------------------------
+
+/// What `svc-compile trace --format json` answered for a flow, in lab terms. It is
+/// computed by the library's `trace` from the node view (not from [`derive_flows`]'s
+/// reasoning), and the kernel must agree with it on every flow.
+#[derive(Clone, Debug, Default, PartialEq)]
+enum Traced {
+    /// Not traced yet (a bug in the test if it stays).
+    #[default]
+    Missing,
+    /// Forwarded: backend (`pod:port`) → masqueraded; `sticky` with session affinity.
+    Forward {
+        backends: BTreeMap<String, bool>,
+        sticky: bool,
+    },
+    /// A backend the lab does not serve: the kernel cannot show it; not compared.
+    Unservable,
+    Reject,
+    Drop,
+    /// No service rule: `local` = the node's own stack answers (nothing listens: refused),
+    /// else routed on (no answer).
+    NoMatch {
+        local: bool,
+    },
+}
+
+/// The sender's address as the node sees it (loopback for the node's own loopback flows).
+fn source_ip(f: &Flow) -> IpAddr {
+    if f.dst.ip().is_loopback() {
+        return f.dst.ip();
+    }
+    let spec = LabSpec::default();
+    spec.local_pods
+        .iter()
+        .chain(&spec.remote_pods)
+        .chain(&spec.clients)
+        .find(|h| h.name == f.from)
+        .map(|h| IpAddr::V4(h.ip))
+        .unwrap_or(IpAddr::V4(super::addr::NODE_LAN))
+}
+
+/// Trace every flow through the CLI, once per target (`--flows`, JSON), and record the
+/// answers in the flows. Returns how many flows got an answer the kernel can show.
+fn trace_flows(m: &Manifest, flows: &mut [Flow], spec: &LabSpec) -> usize {
+    let file = std::env::temp_dir().join(format!(
+        "svc-diff-trace-{}-{}.flows",
+        std::process::id(),
+        m.label.replace(' ', "-")
+    ));
+    let text: String = flows
+        .iter()
+        .map(|f| {
+            let proto = match f.proto {
+                Proto::Tcp => "tcp",
+                Proto::Udp => "udp",
+            };
+            format!("{} {} {proto}\n", source_ip(f), f.dst)
+        })
+        .collect();
+    std::fs::write(&file, text).expect("write flows file");
+    let pod_of = |ip: &str| {
+        spec.local_pods
+            .iter()
+            .chain(&spec.remote_pods)
+            .find(|h| h.ip.to_string() == ip)
+            .map(|h| h.name.clone())
+    };
+    let mut comparable = 0;
+    for (t, target) in TARGETS.iter().enumerate() {
+        let out = m.trace(target, file.to_str().unwrap());
+        let answers: Value = serde_json::from_str(&out).expect("trace JSON");
+        let answers = answers.as_array().expect("an array with --flows");
+        assert_eq!(
+            answers.len(),
+            flows.len(),
+            "{}: one trace per flow",
+            m.label
+        );
+        for (f, a) in flows.iter_mut().zip(answers) {
+            let v = &a["verdict"];
+            f.traced[t] = match v["kind"].as_str() {
+                Some("forward") => {
+                    let backends: Option<BTreeMap<String, bool>> = v["backends"]
+                        .as_array()
+                        .expect("backends")
+                        .iter()
+                        .map(|b| {
+                            let (ip, port) = b["addr"].as_str()?.rsplit_once(':')?;
+                            let port: u16 = port.parse().ok()?;
+                            SERVED_PORTS.contains(&port).then_some(())?;
+                            Some((format!("{}:{port}", pod_of(ip)?), b["masquerade"] == true))
+                        })
+                        .collect();
+                    match backends {
+                        Some(backends) => Traced::Forward {
+                            backends,
+                            sticky: !v["affinity_seconds"].is_null(),
+                        },
+                        None => Traced::Unservable,
+                    }
+                }
+                Some("reject") => Traced::Reject,
+                Some("drop") => Traced::Drop,
+                Some("no-match") => Traced::NoMatch {
+                    local: v["local"] == true,
+                },
+                k => panic!("{}: trace verdict {k:?}", m.label),
+            };
+            if f.traced[t] != Traced::Unservable {
+                comparable += 1;
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+    comparable
+}
+
+/// Whether what the kernel did (`s`) is what the trace said.
+fn trace_agrees(t: &Traced, s: &Seen) -> bool {
+    let unanswered = |allowed: &dyn Fn(&str) -> bool| {
+        s.answers.is_empty() && !s.others.is_empty() && s.others.iter().all(|o| allowed(class(o)))
+    };
+    match t {
+        Traced::Missing => false,
+        Traced::Unservable => true,
+        Traced::Forward { backends, sticky } => {
+            let reached = if *sticky {
+                s.answers.len() == 1
+            } else {
+                s.answers.len() == backends.len()
+            };
+            s.others.is_empty()
+                && reached
+                && s.answers.iter().all(|(b, m)| {
+                    backends
+                        .get(b)
+                        .is_some_and(|masq| *m == BTreeSet::from([*masq]))
+                })
+        }
+        Traced::Reject | Traced::NoMatch { local: true } => unanswered(&|o| o == "refused"),
+        Traced::Drop => unanswered(&|o| o == "timeout"),
+        Traced::NoMatch { local: false } => unanswered(&|o| o != "refused"),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -955,6 +1106,12 @@ fn judge(f: &Flow, seen: &[Seen; 2]) -> Vec<String> {
         why.push("the targets differ".to_string());
     }
     for t in 0..2 {
+        if !trace_agrees(&f.traced[t], &seen[t]) {
+            why.push(format!(
+                "{} disagrees with `svc-compile trace` ({:?})",
+                TARGETS[t], f.traced[t]
+            ));
+        }
         if !ok_vs(&f.expect[t], &f.from, &seen[t]) {
             why.push(format!(
                 "{} disagrees with the IR ({:?})",
@@ -977,6 +1134,39 @@ struct Manifest {
 }
 
 impl Manifest {
+    /// `svc-compile trace --flows FILE --format json` for this manifest and target; the
+    /// lab node's pod gateway is a local address (node ports answer there too).
+    fn trace(&self, target: &str, flows: &str) -> String {
+        let gw = super::addr::NODE_POD_GW.to_string();
+        let mut a: Vec<String> = vec!["trace".into()];
+        match &self.case {
+            Some(case) => {
+                a.push(format!("golden/cases/{case}"));
+                a.extend(crate::golden::case_args(case));
+            }
+            None => a.extend(["-".into(), "--node".into(), NODE.into()]),
+        }
+        let tail = [
+            "--target",
+            target,
+            "--format",
+            "json",
+            "--flows",
+            flows,
+            "--local-ip",
+            &gw,
+        ];
+        a.extend(tail.iter().map(|s| s.to_string()));
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let r = svc(&a, self.text.as_deref(), &root());
+        assert_eq!(
+            r.code, 0,
+            "{}: `{}` exited {}\n{}",
+            self.label, r.cmdline, r.code, r.stderr
+        );
+        r.stdout
+    }
+
     fn compile(&self, target: &str) -> String {
         if let Some(case) = &self.case {
             return compile_case(case, target);
@@ -1000,6 +1190,8 @@ impl Manifest {
 struct Stats {
     manifests: usize,
     flows: usize,
+    /// (flow, target) pairs whose `svc-compile trace` answer was checked against the kernel.
+    traced: usize,
     probes: usize,
     rechecked: usize,
     /// Wall time: compiling, loading, probing (first pass), re-checking.
@@ -1043,7 +1235,8 @@ fn check_manifest(labs: &[Lab; 2], m: &Manifest, stats: &mut Stats) -> Option<St
         return None;
     };
     let rules = TARGETS.map(|t| m.compile(t));
-    let flows = derive_flows(&view);
+    let mut flows = derive_flows(&view);
+    stats.traced += trace_flows(m, &mut flows, &spec);
     let t1 = Instant::now();
     thread::scope(|s| {
         for t in 0..2 {
@@ -1222,12 +1415,14 @@ fn iptables_and_nftables_agree() {
         .filter(|m| m.label.starts_with("seed"))
         .count() as u64;
     println!(
-        "differential: {} manifests ({generated} generated, seeds {first}..{}), {} flows, {} probes, \
+        "differential: {} manifests ({generated} generated, seeds {first}..{}), {} flows, \
+         {} (flow, target) answers of `svc-compile trace` checked against the kernel, {} probes, \
          {} flows re-checked, intended differences seen: {:?}, {:.1} s \
          (compile {:.1}, load {:.1}, probe {:.1}, re-check {:.1})",
         stats.manifests,
         first + generated,
         stats.flows,
+        stats.traced,
         stats.probes,
         stats.rechecked,
         stats.intended,
