@@ -73,12 +73,14 @@ pub fn svc(args: &[&str], stdin: Option<&str>, cwd: &Path) -> Run {
         .spawn()
         .expect("run svc-compile");
     if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
+        // A command that fails before reading its input (a usage error) closes the pipe:
+        // what it did is in its exit code and output, not in this write.
+        match child.stdin.take().unwrap().write_all(input.as_bytes()) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                panic!("writing svc-compile's stdin: {e}")
+            }
+            _ => {}
+        }
     }
     let out = child.wait_with_output().unwrap();
     Run {
