@@ -383,14 +383,9 @@ fn is_counter(c: &str) -> bool {
 /// `nft -j list ruleset` (or `list table`) output cut to the `kube-proxy` table of
 /// `family` (`ip`, `ip6`), as `nft -j list table FAMILY kube-proxy` prints it.
 pub fn nft_table(json: &str, family: &str) -> Result<String, String> {
-    if json.trim().is_empty() {
+    let Some(items) = crate::plan::nftables::nft_items(json)? else {
         return Ok(String::new());
-    }
-    let v: Value = serde_json::from_str(json).map_err(|e| format!("nft -j output: {e}"))?;
-    let items = v
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or("nft -j output has no `nftables` list")?;
+    };
     let ours = |o: &serde_json::Map<String, Value>, name_key: &str| {
         o.get("family").and_then(Value::as_str) == Some(family)
             && o.get(name_key).and_then(Value::as_str) == Some("kube-proxy")

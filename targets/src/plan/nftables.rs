@@ -164,17 +164,28 @@ fn full_document(d: &Doc) -> String {
     out
 }
 
+/// The items of `nft -j` output (its `nftables` list); `None` for empty output (nothing
+/// listed, e.g. no table).
+pub(crate) fn nft_items(json: &str) -> Result<Option<Vec<Value>>, String> {
+    if json.trim().is_empty() {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_str(json).map_err(|e| format!("nft -j output: {e}"))?;
+    match v {
+        Value::Object(mut o) => match o.remove("nftables") {
+            Some(Value::Array(items)) => Ok(Some(items)),
+            _ => Err("nft -j output has no `nftables` list".into()),
+        },
+        _ => Err("nft -j output has no `nftables` list".into()),
+    }
+}
+
 /// `nft -j list table` output → canonical owned-state text (see the module docs). Empty
 /// input (no table) gives empty text.
 pub(super) fn normalize(json: &str) -> Result<String, String> {
-    if json.trim().is_empty() {
+    let Some(items) = nft_items(json)? else {
         return Ok(String::new());
-    }
-    let v: Value = serde_json::from_str(json).map_err(|e| format!("nft -j output: {e}"))?;
-    let items = v
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or("nft -j output has no `nftables` list")?;
+    };
     let mut tables = Vec::new();
     let mut objects: BTreeMap<(String, String), String> = BTreeMap::new();
     let mut rules: BTreeMap<String, Vec<String>> = BTreeMap::new();
