@@ -26,7 +26,7 @@
 //! two writes) counts as no record, so the next apply loads everything.
 
 use crate::cli::{ApplyArgs, Command};
-use crate::compile::{compile_inputs, node_jobs, target_params, Compiled};
+use crate::compile::{compile_inputs, node_jobs, Compiled};
 use crate::inputs::read_file;
 use crate::report::{exit_code, print_diagnostics, Fail};
 use std::fs::{self, File, OpenOptions};
@@ -179,11 +179,11 @@ pub(crate) fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> 
         unreachable!("targets with a planner render per node")
     };
     let Compiled {
-        mut sources,
+        sources,
         mut comp,
         checked,
+        params,
     } = compile_inputs(cmd)?;
-    let params = target_params(cmd, &mut sources)?;
     let mut diags = std::mem::take(&mut comp.diags);
     let mut views: Vec<NodeView> = Vec::new();
     if !diags.has_errors() {

@@ -18,9 +18,12 @@ pub(crate) struct Compiled {
     /// including the ones found not to be Kubernetes objects (each has its note); not the
     /// lock file, nor kustomize patches, which are skipped without being checked.
     pub checked: usize,
+    /// The target's flags, with the files they name read (and added to `sources`).
+    pub params: Params,
 }
 
-/// Read the inputs (and the lock file, if it exists) and compile them.
+/// Read the inputs (and the lock file, if it exists) and compile them; read the files the
+/// target's flags name.
 pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
     let mut sources = SourceMap::default();
     let filters = Filters {
@@ -49,10 +52,12 @@ pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
         comp.diags.extend(inputs.diags);
         comp.diags.sort(&sources);
     }
+    let params = target_params(cmd, &mut sources)?;
     Ok(Compiled {
         sources,
         comp,
         checked,
+        params,
     })
 }
 
@@ -100,7 +105,7 @@ pub(crate) fn node_jobs(
 
 /// The target's own flags, with the files they name read and added to `sources` (so that
 /// a diagnostic of the target can point into them).
-pub(crate) fn target_params(cmd: &Command, sources: &mut SourceMap) -> Result<Params, Fail> {
+fn target_params(cmd: &Command, sources: &mut SourceMap) -> Result<Params, Fail> {
     let mut params = Params::default();
     for flag in cmd.target.flags {
         for v in cmd.params.all(flag.name) {

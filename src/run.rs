@@ -1,7 +1,7 @@
 //! Running a command: the only place that reads files, writes files and prints.
 
 use crate::cli::{Command, GenCommand};
-use crate::compile::{compile_inputs, node_jobs, target_params, Compiled};
+use crate::compile::{compile_inputs, node_jobs, Compiled};
 use crate::report::{exit_code, print_diagnostics, Fail};
 use std::io::Write;
 use std::path::Path;
@@ -24,11 +24,11 @@ pub fn gen(cmd: GenCommand) -> u8 {
 
 fn run_inner(cmd: &Command) -> Result<u8, Fail> {
     let Compiled {
-        mut sources,
+        sources,
         mut comp,
         checked,
+        params,
     } = compile_inputs(cmd)?;
-    let params = target_params(cmd, &mut sources)?;
     check_part(cmd, &params)?;
     let mut diags = std::mem::take(&mut comp.diags);
 

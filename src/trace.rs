@@ -3,7 +3,7 @@
 //! the compiled document's lines behind each step (`svc_targets::trace`).
 
 use crate::cli::{Command, Format, TraceFlags};
-use crate::compile::{compile_inputs, target_params, Compiled};
+use crate::compile::{compile_inputs, Compiled};
 use crate::report::{exit_code, Fail};
 use std::net::{IpAddr, SocketAddr};
 use svc_compiler::diag;
@@ -113,9 +113,11 @@ fn run_inner(cmd: &Command, flags: TraceFlags) -> Result<u8, Fail> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let Compiled {
-        mut sources, comp, ..
+        sources,
+        comp,
+        params,
+        ..
     } = compile_inputs(cmd)?;
-    let params = target_params(cmd, &mut sources)?;
     if !comp.diags.items.is_empty() {
         match cmd.format {
             Format::Text => eprint!("{}", diag::render_all(&comp.diags, &sources)),
