@@ -167,13 +167,8 @@ fn all_nodes_writes_one_file_per_node_and_family() {
         &root(),
     );
     r.expect(0);
-    let mut names: Vec<String> = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
     assert_eq!(
-        names,
+        listing(&out),
         [
             "node-1.ipv4.rules",
             "node-1.ipv6.rules",
@@ -721,15 +716,7 @@ fn ipvs_all_nodes_writes_one_file_per_part() {
         &root(),
     );
     r.expect(0);
-    let list = |dir: &std::path::Path| {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    };
-    let names = list(&out);
+    let names = listing(&out);
     let mut want = Vec::new();
     for node in ["node-1", "node-2"] {
         for fam in ["ipv4", "ipv6"] {
@@ -775,7 +762,7 @@ fn ipvs_all_nodes_writes_one_file_per_part() {
     );
     r.expect(0);
     assert_eq!(
-        list(&only),
+        listing(&only),
         [
             "node-1.ipv4.ipset.ipvs",
             "node-1.ipv6.ipset.ipvs",
