@@ -65,9 +65,12 @@ const SERVED_PORTS: [u16; 2] = [8080, 9090];
 /// counts.
 const FAST_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// Probe timeout of the re-check: four times the fast one, so that a slow answer on a
-/// busy machine is not taken for a drop.
-const RECHECK_TIMEOUT: Duration = Duration::from_secs(1);
+/// Probe timeout of the re-check, so that a slow answer on a busy machine is not taken
+/// for a drop. Longer than TCP's first SYN retransmission (1 s): a connection whose
+/// first SYN was lost and that the retransmission completes is a slow answer, not a drop.
+/// (A probe timing out at 1 s among ~90k was seen four times today, in both labs, mostly
+/// under load; finding where such a SYN is lost is issue 18's.)
+const RECHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Parallel flow groups per lab.
 const WORKERS: usize = 8;
