@@ -7,9 +7,9 @@ use std::io::Write;
 use std::path::Path;
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
-use svc_compiler::passes::allocate::write_lock;
+use svc_compiler::passes::allocate::{write_lock, Lock, NodeIds};
 use svc_compiler::passes::node::{check_selection, node_view, NodeSelection};
-use svc_targets::{File, Params, Render, RenderError, Sharing};
+use svc_targets::{File, NodeRenderer, Params, Render, RenderError, Sharing};
 
 /// `svc-compile check` and `svc-compile compile`.
 pub fn run(cmd: Command) -> u8 {
@@ -70,6 +70,7 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
                     Render::Node(new) => {
                         let renderer = new(&params, Sharing::One);
                         let mut text = String::new();
+                        let lock = &mut comp.lock;
                         Some(
                             views
                                 .iter()
@@ -77,7 +78,7 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
                                     renderer.check(v)?;
                                     match &cmd.part {
                                         Some(p) => renderer.render_part_into(v, p, &mut text),
-                                        None => renderer.render_into(v, &mut text),
+                                        None => render_locked(&*renderer, v, lock, &mut text),
                                     }
                                     Ok(File {
                                         name: String::new(),
@@ -96,10 +97,9 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
     if diags.has_errors() {
         return Ok(1);
     }
-    if cmd.write_lock {
-        let p = cmd.lock.as_ref().expect("checked by cli");
-        std::fs::write(p, write_lock(&comp.lock))
-            .map_err(|e| Fail(format!("cannot write lock file {p}: {e}")))?;
+    // With --out, the per-node files (and the ids they assign) are made below.
+    if cmd.write_lock && !(cmd.out_dir.is_some() && target.per_node()) {
+        write_lock_file(cmd, &comp.lock)?;
     }
     if cmd.check {
         return Ok(0);
@@ -112,7 +112,18 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| Fail(format!("cannot create {dir}: {e}")))?;
             if target.per_node() {
-                write_per_node(cmd, &params, &comp.module, &per_node, Path::new(dir))?;
+                let ids = write_per_node(
+                    cmd,
+                    &params,
+                    &comp.module,
+                    &per_node,
+                    Path::new(dir),
+                    &comp.lock,
+                )?;
+                comp.lock.ebpf.extend(ids);
+                if cmd.write_lock {
+                    write_lock_file(cmd, &comp.lock)?;
+                }
             } else {
                 // A cluster-wide target's files, each under its own name.
                 for f in &files {
@@ -131,6 +142,21 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
     std::mem::forget(comp);
     std::mem::forget(sources);
     Ok(0)
+}
+
+fn write_lock_file(cmd: &Command, lock: &Lock) -> Result<(), Fail> {
+    let p = cmd.lock.as_ref().expect("checked by cli");
+    std::fs::write(p, write_lock(lock))
+        .map_err(|e| Fail(format!("cannot write lock file {p}: {e}")))
+}
+
+/// Renders `view`, keeping the ids the lock holds for its node and family and recording
+/// the ones it used (see `NodeRenderer::render_locked`).
+fn render_locked(renderer: &dyn NodeRenderer, view: &NodeView, lock: &mut Lock, text: &mut String) {
+    let key = lock_key(view);
+    if let Some(ids) = renderer.render_locked(view, lock.ebpf.get(&key), text) {
+        lock.ebpf.insert(key, ids);
+    }
 }
 
 /// `--part NAME` names one of the parts of the target's renderer (a usage error, before
@@ -167,7 +193,8 @@ fn write_per_node(
     module: &svc_compiler::ir::Module,
     jobs: &[(NodeSelection, IpFamily)],
     dir: &Path,
-) -> Result<(), Fail> {
+    lock: &Lock,
+) -> Result<LockedIds, Fail> {
     use rayon::prelude::*;
     let Render::Node(new) = cmd.target.render else {
         unreachable!("only per-node targets write a file per node")
@@ -182,6 +209,7 @@ fn write_per_node(
         std::fs::write(&p, text.as_bytes())
             .map_err(|e| Fail(format!("cannot write {}: {e}", p.display())))
     };
+    let locked = std::sync::Mutex::new(LockedIds::new());
     // Each thread reuses one text buffer: a fresh one per node would be paged in each time.
     jobs.par_iter()
         .try_for_each_init(String::new, |text, (sel, fam)| {
@@ -196,7 +224,10 @@ fn write_per_node(
             };
             let ext = cmd.target.ext;
             if parts.is_empty() {
-                renderer.render_into(&view, text);
+                let key = lock_key(&view);
+                if let Some(ids) = renderer.render_locked(&view, lock.ebpf.get(&key), text) {
+                    locked.lock().expect("not poisoned").insert(key, ids);
+                }
                 drop(view);
                 return write(dir.join(format!("{}.{fam}.{ext}", sel.name)), text);
             }
@@ -205,8 +236,21 @@ fn write_per_node(
                 write(dir.join(format!("{}.{fam}.{part}.{ext}", sel.name)), text)?;
             }
             Ok(())
-        })
+        })?;
+    Ok(locked.into_inner().expect("not poisoned"))
 }
+
+/// The lock's key for a view's eBPF ids: (node, `ipv4` or `ipv6`).
+pub(crate) fn lock_key(view: &NodeView) -> (String, String) {
+    let fam = match view.family {
+        IpFamily::IPv4 => "ipv4",
+        IpFamily::IPv6 => "ipv6",
+    };
+    (view.node_name.clone(), fam.to_string())
+}
+
+/// eBPF ids by (node, family), as the lock keeps them.
+type LockedIds = std::collections::BTreeMap<(String, String), NodeIds>;
 
 fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {
     match path {

@@ -1172,3 +1172,64 @@ fn trace_usage_errors() {
         assert!(r.stderr.contains(msg), "{args:?}: {}", r.stderr);
     }
 }
+
+/// `--target ebpf --lock FILE --write-lock` keeps the service and backend ids in the lock
+/// (per node and family), and a later compile with the lock keeps every id while a new
+/// service that sorts first gets fresh ones; without the lock, ids move.
+#[test]
+fn ebpf_ids_are_kept_by_the_lock_file() {
+    let t = TempDir::new("ebpf-lock");
+    let lock = t.path().join("svc.lock.yaml");
+    let l = lock.to_str().unwrap();
+    let ids = |r: &crate::support::Run| -> serde_json::Value {
+        r.expect(0);
+        serde_json::from_str::<serde_json::Value>(&r.stdout).expect("JSON")["ids"].clone()
+    };
+    let base = ["--target", "ebpf", "--node", "node-a", "--lock", l];
+    let mut args = vec!["examples/"];
+    args.extend(base);
+    args.push("--write-lock");
+    let before = ids(&svc(&args, None, &root()));
+    let text = std::fs::read_to_string(&lock).unwrap();
+    assert!(
+        text.contains("ebpf:\n- node: \"node-a\"\n  family: ipv4\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("{frontend: \"10.0.24.40:80/TCP\", id: 5}"),
+        "{text}"
+    );
+
+    // A service whose cluster IP sorts before every other, with one endpoint.
+    let extra = t.path().join("first.yaml");
+    std::fs::write(
+        &extra,
+        "apiVersion: v1\nkind: Service\nmetadata: {name: first}\nspec:\n  clusterIP: 10.0.0.20\n  ports: [{port: 80}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: first-1\n  labels: {kubernetes.io/service-name: first}\naddressType: IPv4\nports: [{port: 80, protocol: TCP}]\nendpoints:\n- addresses: [\"10.244.0.1\"]\n  nodeName: node-a\n  conditions: {ready: true}\n",
+    )
+    .unwrap();
+    let e = extra.to_str().unwrap();
+    let mut args = vec!["examples/", e];
+    args.extend(base);
+    args.push("--write-lock");
+    let kept = ids(&svc(&args, None, &root()));
+    for kind in ["services", "backends"] {
+        for (k, v) in before[kind].as_object().unwrap() {
+            assert_eq!(&kept[kind][k], v, "{kind} {k}");
+        }
+    }
+    assert_eq!(kept["services"]["10.0.0.20:80/TCP"], 20);
+    assert_eq!(kept["backends"]["10.244.0.1:80/TCP"], 8);
+    // The lock now holds the new ids too; without it the sorted assignment moves ids.
+    let text = std::fs::read_to_string(&lock).unwrap();
+    assert!(
+        text.contains("{frontend: \"10.0.0.20:80/TCP\", id: 20}"),
+        "{text}"
+    );
+    let fresh = ids(&svc(
+        &["examples/", e, "--target", "ebpf", "--node", "node-a"],
+        None,
+        &root(),
+    ));
+    assert_eq!(fresh["services"]["10.0.0.20:80/TCP"], 5);
+    assert_ne!(fresh["services"]["10.0.24.40:80/TCP"], 5);
+}

@@ -93,8 +93,10 @@ pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compil
         None => Lock::default(),
     };
     let resolved = passes::resolve::resolve(&objects);
-    let (allocs, new_lock) =
+    let (allocs, mut new_lock) =
         passes::allocate::allocate(&objects, &settings, &lock, opts.allocate, &mut diags);
+    // eBPF ids are assigned by that back end per node: carried over, updated by the CLI.
+    new_lock.ebpf = lock.ebpf;
     let module = passes::lower::lower(&objects, &settings, resolved, allocs);
     template_notes(sources, inputs, &mut diags);
     diags.sort(sources);

@@ -9,6 +9,7 @@ use crate::plan::Planner;
 use std::collections::BTreeMap;
 use svc_compiler::diag::Diagnostic;
 use svc_compiler::ir::{Module, NodeView};
+use svc_compiler::passes::allocate::NodeIds;
 use svc_compiler::source::FileId;
 
 /// One back end, as the CLI sees it.
@@ -86,6 +87,21 @@ pub trait NodeRenderer: Send + Sync {
     }
     /// The document for `view` into `out` (cleared first), reusing its memory.
     fn render_into(&self, view: &NodeView, out: &mut String);
+
+    /// [`render_into`](NodeRenderer::render_into) for a target whose output carries ids
+    /// that must stay stable across runs (`ebpf`): `locked` is what the `--lock` file keeps
+    /// for this node and family, and the ids used are returned for it to keep. The
+    /// default renders without ids and returns `None`.
+    fn render_locked(
+        &self,
+        view: &NodeView,
+        locked: Option<&NodeIds>,
+        out: &mut String,
+    ) -> Option<NodeIds> {
+        let _ = locked;
+        self.render_into(view, out);
+        None
+    }
 
     /// The names of the parts a document has, when it has several that load separately
     /// (`--part NAME` writes one; `--all-nodes --out DIR` writes `DIR/NODE.FAMILY.PART.EXT`

@@ -37,6 +37,17 @@ pub struct Allocation {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lock {
     pub services: BTreeMap<String, LockEntry>,
+    /// `--target ebpf`'s service and backend ids, per (node, family `ipv4`/`ipv6`): the
+    /// compiler only carries them (read, kept, written back); the back end assigns them.
+    pub ebpf: BTreeMap<(String, String), NodeIds>,
+}
+
+/// One node's (and family's) eBPF ids, keyed by the frontend and backend text the
+/// back end gives them (`10.96.0.10:53/UDP`, `[fd00::1]:80/TCP/i`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeIds {
+    pub services: BTreeMap<String, u16>,
+    pub backends: BTreeMap<String, u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -525,6 +536,7 @@ pub fn write_lock(lock: &Lock) -> String {
     let _ = writeln!(s, "kind: {LOCK_KIND}");
     if lock.services.is_empty() {
         s.push_str("services: []\n");
+        write_ebpf_ids(&mut s, lock);
         return s;
     }
     s.push_str("services:\n");
@@ -547,7 +559,81 @@ pub fn write_lock(lock: &Lock) -> String {
             let _ = writeln!(s, "  healthCheckNodePort: {h}");
         }
     }
+    write_ebpf_ids(&mut s, lock);
     s
+}
+
+/// The `ebpf:` section (absent when no eBPF ids were assigned, so other targets' locks
+/// stay as they were).
+fn write_ebpf_ids(s: &mut String, lock: &Lock) {
+    if lock.ebpf.is_empty() {
+        return;
+    }
+    s.push_str("ebpf:\n");
+    for ((node, family), ids) in &lock.ebpf {
+        let _ = writeln!(s, "- node: \"{node}\"\n  family: {family}");
+        s.push_str("  services:\n");
+        for (fe, id) in &ids.services {
+            let _ = writeln!(s, "  - {{frontend: \"{fe}\", id: {id}}}");
+        }
+        s.push_str("  backends:\n");
+        for (be, id) in &ids.backends {
+            let _ = writeln!(s, "  - {{backend: \"{be}\", id: {id}}}");
+        }
+    }
+}
+
+/// The `ebpf:` section of a lock file.
+fn read_ebpf_ids(
+    root: &Node,
+    lock: &mut Lock,
+    bad: &dyn Fn(&Node, &str) -> Diagnostic,
+    diags: &mut Diagnostics,
+) {
+    let Some(Value::Seq(items)) = root.get("ebpf").map(|n| &n.value) else {
+        return;
+    };
+    for it in items {
+        let node = it.get("node").and_then(Node::as_str);
+        let family = it.get("family").and_then(Node::as_str);
+        let (Some(node), Some(family @ ("ipv4" | "ipv6"))) = (node, family) else {
+            diags.push(bad(it, "ebpf entries need node and family (ipv4 or ipv6)"));
+            continue;
+        };
+        let mut ids = NodeIds::default();
+        for (list, field) in [("services", "frontend"), ("backends", "backend")] {
+            let Some(Value::Seq(es)) = it.get(list).map(|n| &n.value) else {
+                continue;
+            };
+            for e in es {
+                let key = e.get(field).and_then(Node::as_str);
+                let id = e.get("id").and_then(Node::as_str);
+                let ok = match (key, id, list) {
+                    (Some(k), Some(v), "services") => v
+                        .parse::<u16>()
+                        .ok()
+                        .filter(|v| *v != 0)
+                        .map(|v| ids.services.insert(k.to_string(), v))
+                        .is_some(),
+                    (Some(k), Some(v), _) => v
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|v| *v != 0)
+                        .map(|v| ids.backends.insert(k.to_string(), v))
+                        .is_some(),
+                    _ => false,
+                };
+                if !ok {
+                    diags.push(bad(
+                        e,
+                        &format!("ebpf {list} entries need {field} and a non-zero id"),
+                    ));
+                }
+            }
+        }
+        lock.ebpf
+            .insert((node.to_string(), family.to_string()), ids);
+    }
 }
 
 /// Read a lock file from its parsed root. Problems are SVC360 errors.
@@ -562,6 +648,7 @@ pub fn read_lock(root: &Node, diags: &mut Diagnostics) -> Lock {
         diags.push(bad(root, "expected `kind: AllocationLock`"));
         return lock;
     }
+    read_ebpf_ids(root, &mut lock, &bad, diags);
     let Some(Value::Seq(items)) = root.get("services").map(|n| &n.value) else {
         return lock;
     };
@@ -679,6 +766,30 @@ mod tests {
         let m = module(y);
         assert!(m.services[0].headless);
         assert!(m.services[0].cluster_ips.is_empty());
+    }
+
+    /// The `ebpf:` section is read, carried through a compile and written back as it
+    /// was; a bad entry is an SVC360 error.
+    #[test]
+    fn ebpf_ids_round_trip_through_the_lock() {
+        let y = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.20\n  ports: [{port: 80}]\n";
+        let lock = "apiVersion: svc-compile/v1alpha1\nkind: AllocationLock\nservices: []\nebpf:\n- node: \"node-a\"\n  family: ipv4\n  services:\n  - {frontend: \"10.96.0.20:80/TCP\", id: 7}\n  - {frontend: \"[fd00::1]:80/TCP/i\", id: 9}\n  backends:\n  - {backend: \"10.244.1.5:8080/TCP\", id: 3}\n";
+        let c = compile(y, Some(lock));
+        let ids = &c.lock.ebpf[&("node-a".to_string(), "ipv4".to_string())];
+        assert_eq!(ids.services["10.96.0.20:80/TCP"], 7);
+        assert_eq!(ids.services["[fd00::1]:80/TCP/i"], 9);
+        assert_eq!(ids.backends["10.244.1.5:8080/TCP"], 3);
+        let written = super::write_lock(&c.lock);
+        assert!(
+            written.ends_with(&lock[lock.find("ebpf:").unwrap()..]),
+            "{written}"
+        );
+        // Read back, it is the same lock.
+        let again = compile(y, Some(&written));
+        assert_eq!(again.lock, c.lock);
+        let bad = lock.replace("id: 7", "id: 0");
+        let c = compile_with_errors(y, Some(&bad));
+        assert!(c.diags.items.iter().any(|d| d.code == "SVC360"));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use svc_compiler::ir::{NodePortAddresses, NodeView, PortView, Protocol};
 use svc_compiler::net::{Cidr, IpFamily};
+use svc_compiler::passes::allocate::NodeIds;
 
 /// Cilium's `--bpf-lb-map-max` default: the size of every LB map unless more is needed.
 pub const DEFAULT_MAX_ENTRIES: u32 = 65536;
@@ -80,6 +81,74 @@ impl fmt::Display for Backend {
 pub struct Ids {
     pub services: BTreeMap<Frontend, u16>,
     pub backends: BTreeMap<Backend, u32>,
+}
+
+impl Ids {
+    /// The ids a lock file keeps ([`NodeIds`]); entries whose text is not a frontend or
+    /// backend (edited by hand) are left out, so their addresses get fresh ids.
+    pub fn from_lock(locked: &NodeIds) -> Ids {
+        Ids {
+            services: locked
+                .services
+                .iter()
+                .filter_map(|(k, v)| Some((parse_frontend(k)?, *v)))
+                .collect(),
+            backends: locked
+                .backends
+                .iter()
+                .filter_map(|(k, v)| Some((parse_backend(k)?, *v)))
+                .collect(),
+        }
+    }
+
+    /// The lock file's form of these ids.
+    pub fn to_lock(&self) -> NodeIds {
+        NodeIds {
+            services: self
+                .services
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            backends: self
+                .backends
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+        }
+    }
+}
+
+fn parse_protocol(s: &str) -> Option<Protocol> {
+    match s {
+        "TCP" => Some(Protocol::TCP),
+        "UDP" => Some(Protocol::UDP),
+        "SCTP" => Some(Protocol::SCTP),
+        _ => None,
+    }
+}
+
+/// The inverse of [`Backend`]'s `Display`.
+pub fn parse_backend(s: &str) -> Option<Backend> {
+    let (addr, proto) = s.split_once('/')?;
+    Some(Backend {
+        addr: addr.parse().ok()?,
+        proto: parse_protocol(proto)?,
+    })
+}
+
+/// The inverse of [`Frontend`]'s `Display`.
+pub fn parse_frontend(s: &str) -> Option<Frontend> {
+    let (addr, rest) = s.split_once('/')?;
+    let (proto, scope) = match rest.split_once('/') {
+        Some((p, "i")) => (p, Scope::Internal),
+        Some(_) => return None,
+        None => (rest, Scope::External),
+    };
+    Some(Frontend {
+        addr: addr.parse().ok()?,
+        proto: parse_protocol(proto)?,
+        scope,
+    })
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

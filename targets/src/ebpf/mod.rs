@@ -11,8 +11,9 @@
 //!
 //! `--target ebpf` ([`TARGET`]) picks the rendering with `--map-format` (JSON by default)
 //! and refuses, before rendering, a node with more frontends than Cilium's 16-bit service
-//! ids can name ([`check`]). Ids are assigned afresh on every run: keeping them across
-//! runs (`previous`) is not wired to `--lock` yet.
+//! ids can name ([`check`]). Ids are kept across runs by the `--lock` file (its `ebpf:`
+//! section, per node and family, through [`NodeRenderer::render_locked`]) and, for
+//! `apply`, by the last applied document.
 //!
 //! Byte order is Cilium's: addresses, ports and rev-NAT ids in network order; slots,
 //! counts, backend ids, flags and the affinity timeout in host order (little-endian:
@@ -21,13 +22,15 @@
 mod layout;
 
 pub use layout::{
-    assign_ids, flags_text, frontend_count, layout, Backend, Entry, Error, Frontend, FrontendKind,
-    Ids, Layout, MapId, MapSpec, Scope, DEFAULT_MAX_ENTRIES, MAX_FRONTENDS,
+    assign_ids, flags_text, frontend_count, layout, parse_backend, parse_frontend, Backend, Entry,
+    Error, Frontend, FrontendKind, Ids, Layout, MapId, MapSpec, Scope, DEFAULT_MAX_ENTRIES,
+    MAX_FRONTENDS,
 };
 
 use crate::{Flag, NodeRenderer, Params, Render, Target};
 use std::fmt::Write as _;
 use svc_compiler::ir::NodeView;
+use svc_compiler::passes::allocate::NodeIds;
 
 /// `--target ebpf`.
 pub const TARGET: Target = Target {
@@ -114,6 +117,32 @@ impl NodeRenderer for Renderer {
             .expect("NodeRenderer::check refuses bad flags first");
         *out = write_string(view, None, opts).expect("NodeRenderer::check counted the frontends");
     }
+
+    fn render_locked(
+        &self,
+        view: &NodeView,
+        locked: Option<&NodeIds>,
+        out: &mut String,
+    ) -> Option<NodeIds> {
+        let opts = self
+            .opts
+            .as_ref()
+            .expect("NodeRenderer::check refuses bad flags first");
+        let previous = locked.map(Ids::from_lock);
+        let l = layout(view, previous.as_ref(), opts.max_entries)
+            .expect("NodeRenderer::check counted the frontends");
+        *out = render(&l, opts);
+        Some(l.ids.to_lock())
+    }
+}
+
+/// `l` in the rendering [`Options::format`] selects.
+pub fn render(l: &Layout, opts: &Options) -> String {
+    match opts.format {
+        Format::Json => json_of(l),
+        Format::Batch => batch_of(l, opts),
+        Format::Table => table_of(l),
+    }
 }
 
 /// Whether `view` fits Cilium's maps: at most [`MAX_FRONTENDS`] frontends, so that every
@@ -162,12 +191,7 @@ pub fn write_string(
     previous: Option<&Ids>,
     opts: &Options,
 ) -> Result<String, Error> {
-    let l = layout(view, previous, opts.max_entries)?;
-    Ok(match opts.format {
-        Format::Json => json_of(&l),
-        Format::Batch => batch_of(&l, opts),
-        Format::Table => table_of(&l),
-    })
+    Ok(render(&layout(view, previous, opts.max_entries)?, opts))
 }
 
 pub fn write_json(view: &NodeView, opts: &Options) -> Result<String, Error> {

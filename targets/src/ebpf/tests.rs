@@ -400,3 +400,33 @@ fn flags_become_options() {
         assert!(!e.contains('\n'), "{e}");
     }
 }
+
+/// The lock file's text of ids reads back as the same ids; text that is not a frontend
+/// or backend is dropped (its address gets a fresh id).
+#[test]
+fn ids_round_trip_through_the_lock_text() {
+    use super::layout::Ids;
+    use svc_compiler::passes::allocate::NodeIds;
+    let mut locked = NodeIds::default();
+    for (k, v) in [
+        ("10.96.0.10:53/UDP", 1),
+        ("[fd00::1]:80/TCP/i", 2),
+        ("0.0.0.0:30007/SCTP", 3),
+        ("10.96.0.10:53/ICMP", 4),
+        ("10.96.0.10/TCP", 5),
+        ("10.96.0.10:53/TCP/x", 6),
+    ] {
+        locked.services.insert(k.to_string(), v);
+    }
+    locked.backends.insert("10.244.1.5:9376/TCP".into(), 7);
+    locked.backends.insert("nonsense".into(), 8);
+    let ids = Ids::from_lock(&locked);
+    assert_eq!(ids.services.len(), 3);
+    assert_eq!(ids.backends.len(), 1);
+    let back = ids.to_lock();
+    assert_eq!(back.services.len(), 3);
+    for k in ["10.96.0.10:53/UDP", "[fd00::1]:80/TCP/i", "0.0.0.0:30007/SCTP"] {
+        assert_eq!(back.services[k], locked.services[k], "{k}");
+    }
+    assert_eq!(back.backends["10.244.1.5:9376/TCP"], 7);
+}
