@@ -42,8 +42,8 @@ use svc_compiler::passes::node::node_view;
 use svc_targets::plan::{self, Commands, Family, Mode, Plan, Planner, Prepared, Previous, Tool};
 use svc_targets::{Render, Sharing, Target};
 
-const DEFAULT_STATE_ROOT: &str = "/var/lib/svc-compile";
-const DEFAULT_LOCK_TIMEOUT: f64 = 30.0;
+pub(crate) const DEFAULT_STATE_ROOT: &str = "/var/lib/svc-compile";
+pub(crate) const DEFAULT_LOCK_TIMEOUT: f64 = 30.0;
 
 pub fn run(cmd: &Command) -> u8 {
     exit_code(apply(cmd))
@@ -64,6 +64,10 @@ struct Ctx<'a> {
 fn apply(cmd: &Command) -> Result<u8, Fail> {
     let args = cmd.apply.as_ref().expect("an apply command");
     let target = cmd.target;
+    // The socket load balancer is loaded in-process, not by a planner's commands.
+    if crate::ebpf_apply::applies(target) {
+        return crate::ebpf_apply::apply(cmd);
+    }
     let planner = target.planner.expect("checked by cli");
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
@@ -237,7 +241,7 @@ pub(crate) fn check_tools(tools: Vec<Tool>, netns: bool) -> Result<(), Fail> {
 
 /// `flock` on the lock file, retried until `timeout_s`. The lock lives as long as the open
 /// file: in this process and in the loaders it is handed to.
-fn take_lock(path: &Path, timeout_s: f64) -> Result<File, Fail> {
+pub(crate) fn take_lock(path: &Path, timeout_s: f64) -> Result<File, Fail> {
     let f = OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -324,7 +328,7 @@ fn run_loader(argv: &[String], lock: Option<&File>, log: &Path) -> Result<Output
 }
 
 /// Writes a file so that readers see the old or the new content, never a part.
-fn write_atomic(path: &Path, text: &str) -> Result<(), Fail> {
+pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<(), Fail> {
     let tmp = path.with_extension("tmp");
     let res = (|| {
         let mut f = File::create(&tmp)?;

@@ -202,6 +202,10 @@ struct ApplyFlags {
     /// Wait at most this long for another apply [default: 30]
     #[arg(long, value_name = "SECONDS")]
     lock_timeout: Option<String>,
+    /// ebpf: the cgroup v2 directory the socket load balancer serves [default: the
+    /// cgroup2 mount's root]
+    #[arg(long, value_name = "PATH")]
+    cgroup: Option<String>,
 }
 
 #[derive(Args)]
@@ -331,6 +335,8 @@ pub struct ApplyArgs {
     pub full: bool,
     pub state_dir: Option<String>,
     pub lock_timeout: Option<f64>,
+    /// `--cgroup` (ebpf only).
+    pub cgroup: Option<String>,
 }
 
 pub enum Parsed {
@@ -779,6 +785,7 @@ fn apply_args(a: ApplyFlags) -> Result<ApplyArgs, String> {
         full: a.full,
         state_dir: a.state_dir,
         lock_timeout,
+        cgroup: a.cgroup,
     })
 }
 
@@ -787,10 +794,14 @@ fn check_apply(
     apply: &ApplyArgs,
     targets: &[&'static Target],
 ) -> Result<(), String> {
-    if cmd.target.planner.is_none() {
+    let in_process = crate::ebpf_apply::applies(cmd.target);
+    if apply.cgroup.is_some() && !in_process {
+        return Err("--cgroup is for apply --target ebpf".into());
+    }
+    if cmd.target.planner.is_none() && !in_process {
         let appliable = targets
             .iter()
-            .filter(|t| t.planner.is_some())
+            .filter(|t| t.planner.is_some() || crate::ebpf_apply::applies(t))
             .map(|t| format!("--target {}", t.name));
         let names: Vec<String> = appliable.collect();
         if names.is_empty() {

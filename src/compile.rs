@@ -103,6 +103,11 @@ pub(crate) fn node_jobs(
         .collect()
 }
 
+/// [`target_params`] for a command that compiles nothing (`apply --from`, `--rollback`).
+pub(crate) fn target_params_of(cmd: &Command) -> Result<Params, Fail> {
+    target_params(cmd, &mut SourceMap::default())
+}
+
 /// The target's own flags, with the files they name read and added to `sources` (so that
 /// a diagnostic of the target can point into them).
 fn target_params(cmd: &Command, sources: &mut SourceMap) -> Result<Params, Fail> {

@@ -7,6 +7,7 @@ mod cli;
 mod compile;
 mod diff;
 mod drift;
+mod ebpf_apply;
 mod inputs;
 mod report;
 mod run;

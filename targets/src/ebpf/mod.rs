@@ -20,6 +20,7 @@
 //! the maps are for x86-64 and arm64 nodes).
 
 mod layout;
+pub mod plan;
 
 pub use layout::{
     assign_ids, flags_text, frontend_count, layout, parse_backend, parse_frontend, Backend, Entry,

@@ -425,8 +425,155 @@ fn ids_round_trip_through_the_lock_text() {
     assert_eq!(ids.backends.len(), 1);
     let back = ids.to_lock();
     assert_eq!(back.services.len(), 3);
-    for k in ["10.96.0.10:53/UDP", "[fd00::1]:80/TCP/i", "0.0.0.0:30007/SCTP"] {
+    for k in [
+        "10.96.0.10:53/UDP",
+        "[fd00::1]:80/TCP/i",
+        "0.0.0.0:30007/SCTP",
+    ] {
         assert_eq!(back.services[k], locked.services[k], "{k}");
     }
     assert_eq!(back.backends["10.244.1.5:9376/TCP"], 7);
+}
+
+mod plan {
+    use super::super::plan::*;
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn contents(w: &Wanted) -> BTreeMap<String, Contents> {
+        w.expected()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    fn rank_names(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Update { map, key, .. } => format!("+{map}/{}", key.len()),
+                Op::Delete { map, key } => format!("-{map}/{}", key.len()),
+            })
+            .collect()
+    }
+
+    /// From nothing every entry is written, backends first and masters last; the same
+    /// state again writes nothing; the JSON rendering plans like the layout.
+    #[test]
+    fn a_first_plan_writes_everything_in_cilium_order_and_a_second_nothing() {
+        let l = layout(&view_of(&[NODES, SERVICES]), None, DEFAULT_MAX_ENTRIES).unwrap();
+        let w = Wanted::from_layouts(&[&l]);
+        let ops = diff(&w, &BTreeMap::new());
+        let configured = l.entries.len();
+        assert_eq!(ops.len(), configured);
+        let first_master = ops
+            .iter()
+            .position(|op| matches!(op, Op::Update { map, key, .. } if map == "cilium_lb4_services_v2" && key[6] == 0 && key[7] == 0))
+            .unwrap();
+        assert!(ops[first_master..].iter().all(|op| matches!(op, Op::Update { map, key, .. } if map == "cilium_lb4_services_v2" && key[6] == 0 && key[7] == 0)));
+        assert!(matches!(&ops[0], Op::Update { map, .. } if map == "cilium_lb4_backends_v3"));
+        assert_eq!(diff(&w, &contents(&w)), vec![]);
+        let json = render(
+            &l,
+            &Options {
+                format: Format::Json,
+                ..Options::default()
+            },
+        );
+        assert_eq!(Wanted::from_json(&[&json]).unwrap(), w);
+        assert!(Wanted::from_json(&["{}"]).is_err());
+    }
+
+    /// One endpoint fewer: the changed master, then the slot that moved down, then
+    /// the stale slot and backend deleted (slot before backend); nothing else written.
+    #[test]
+    fn an_endpoint_less_rewrites_only_what_changed() {
+        let old = layout(&view_of(&[NODES, SERVICES]), None, DEFAULT_MAX_ENTRIES).unwrap();
+        let fewer = SERVICES.replacen("- {addresses: [10.244.1.2], nodeName: node-1}\n", "", 1);
+        assert_ne!(fewer, SERVICES);
+        let new = layout(
+            &view_of(&[NODES, &fewer]),
+            Some(&old.ids),
+            DEFAULT_MAX_ENTRIES,
+        )
+        .unwrap();
+        let (wo, wn) = (Wanted::from_layouts(&[&old]), Wanted::from_layouts(&[&new]));
+        let ops = diff(&wn, &contents(&wo));
+        assert!(!ops.is_empty());
+        // The dns service (10.96.0.10), whose endpoints did not change, is not written.
+        assert!(
+            ops.iter().all(|op| match op {
+                Op::Update { key, .. } | Op::Delete { key, .. } =>
+                    !key.starts_with(&[10, 96, 0, 10]),
+            }),
+            "{ops:?}"
+        );
+        // Applied to the old contents, the plan gives exactly the new ones.
+        let mut now = contents(&wo);
+        for op in &ops {
+            match op {
+                Op::Update { map, key, value } => {
+                    now.entry(map.clone())
+                        .or_default()
+                        .insert(key.clone(), value.clone());
+                }
+                Op::Delete { map, key } => {
+                    now.get_mut(map).unwrap().remove(key);
+                }
+            }
+        }
+        assert_eq!(now, contents(&wn));
+        assert_eq!(first_mismatch(&wn, &now), None);
+        assert!(first_mismatch(&wo, &now).is_some());
+        // Updates before deletes; a deleted backend after every deleted slot.
+        let names = rank_names(&ops);
+        let first_delete = names.iter().position(|n| n.starts_with('-')).unwrap();
+        assert!(
+            names[first_delete..].iter().all(|n| n.starts_with('-')),
+            "{names:?}"
+        );
+        let last_slot = names
+            .iter()
+            .rposition(|n| n == "-cilium_lb4_services_v2/12");
+        let backend = names.iter().position(|n| n == "-cilium_lb4_backends_v3/4");
+        assert!(last_slot < backend, "{names:?}");
+    }
+
+    #[test]
+    fn dumps_and_shapes() {
+        let dump = r#"[{"key":["0x01","0x00","0x00","0x00"],"value":["0x0a","0xf4"],"formatted":{}},{"key":["0x02","0x00","0x00","0x00"],"value":["0x0a","0xf5"]}]"#;
+        let c = parse_dump(dump).unwrap();
+        assert_eq!(c[&vec![1, 0, 0, 0]], vec![0x0a, 0xf4]);
+        assert_eq!(c.len(), 2);
+        assert!(parse_dump("[{\"key\": 1}]").is_err());
+        let l = layout(&view_of(&[NODES, SERVICES]), None, 4).unwrap();
+        let w = Wanted::from_layouts(&[&l]);
+        let mut shapes: BTreeMap<String, Shape> = w
+            .maps
+            .values()
+            .map(|m| {
+                (
+                    m.name.clone(),
+                    Shape {
+                        kind: m.kind.clone(),
+                        key_size: m.key_size,
+                        value_size: m.value_size,
+                        max_entries: m.max_entries,
+                    },
+                )
+            })
+            .collect();
+        assert_eq!(fits(&w, &shapes), None);
+        shapes
+            .get_mut("cilium_lb4_services_v2")
+            .unwrap()
+            .max_entries = 2;
+        assert!(fits(&w, &shapes)
+            .unwrap()
+            .contains("cilium_lb4_services_v2"));
+        shapes.remove("cilium_lb4_backends_v3");
+        assert!(fits(&w, &shapes).is_some());
+        // Runtime maps are never planned.
+        assert!(!w.maps.contains_key("cilium_lb4_affinity"));
+        assert!(!w.maps.contains_key("cilium_lb4_reverse_sk"));
+    }
 }
