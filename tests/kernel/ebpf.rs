@@ -161,7 +161,7 @@ fn sweep_stale(cgroup_mount: &Path) {
     }
 }
 
-fn cgroup2_mount() -> Option<PathBuf> {
+pub(super) fn cgroup2_mount() -> Option<PathBuf> {
     let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
     mounts.lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
@@ -170,10 +170,10 @@ fn cgroup2_mount() -> Option<PathBuf> {
 }
 
 /// A fresh cgroup v2 directory; removed on drop (its processes have exited by then).
-struct Cgroup(PathBuf);
+pub(super) struct Cgroup(pub(super) PathBuf);
 
 impl Cgroup {
-    fn new(mount: &Path) -> Cgroup {
+    pub(super) fn new(mount: &Path) -> Cgroup {
         let p = mount.join(unique("svc-compile-test"));
         std::fs::create_dir(&p).expect("create cgroup");
         Cgroup(p)
@@ -379,7 +379,7 @@ impl Served {
 
 /// One probe's result as seen by the client.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Seen {
+pub(super) enum Seen {
     /// Who answered, and the peer address the socket reports (getpeername for TCP, the
     /// datagram's source for UDP).
     Answer { backend: String, peer: SocketAddr },
@@ -459,7 +459,7 @@ fn decode(l: &str) -> Seen {
 /// Runs `n` probes of `proto` to `dst` from a child process that first moves itself into
 /// `cgroup` (None: stays outside) and into the network namespace `netns`. Stops early
 /// after a probe that timed out or failed oddly.
-fn probes(
+pub(super) fn probes(
     cgroup: Option<&Cgroup>,
     netns: &str,
     proto: Proto,
@@ -672,9 +672,15 @@ fn golden_cases_render() {
 
 /// The dump of every map, as a set of (key, value) hex strings.
 fn dump(pins: &Pins, name: &str) -> BTreeSet<(String, String)> {
+    dump_pinned(&pins.0.join(name))
+}
+
+/// `bpftool -j map dump pinned PATH` as (key, value) hex pairs.
+pub(super) fn dump_pinned(path: &Path) -> BTreeSet<(String, String)> {
+    let name = path.display();
     let out = Command::new("bpftool")
         .args(["-j", "map", "dump", "pinned"])
-        .arg(pins.0.join(name))
+        .arg(path)
         .output()
         .expect("bpftool");
     assert!(
@@ -699,7 +705,7 @@ fn dump(pins: &Pins, name: &str) -> BTreeSet<(String, String)> {
 }
 
 /// The JSON rendering's entries of one map.
-fn json_entries(json: &serde_json::Value, name: &str) -> BTreeSet<(String, String)> {
+pub(super) fn json_entries(json: &serde_json::Value, name: &str) -> BTreeSet<(String, String)> {
     json["maps"]
         .as_array()
         .unwrap()
@@ -782,7 +788,7 @@ fn batch_file_loads_and_dump_equals_json() {
 }
 
 /// The lab's pods by address (what a flows file names them).
-fn probe_set(seen: &[Seen]) -> BTreeSet<String> {
+pub(super) fn probe_set(seen: &[Seen]) -> BTreeSet<String> {
     seen.iter()
         .filter_map(|s| match s {
             Seen::Answer { backend, .. } => Some(backend.clone()),

@@ -51,6 +51,7 @@ mod apply;
 mod differential;
 mod drift;
 mod ebpf;
+mod ebpf_apply;
 pub mod echo;
 mod flows;
 mod ipvs;

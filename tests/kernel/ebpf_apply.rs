@@ -1,0 +1,522 @@
+//! `svc-compile apply --target ebpf` in the real kernel: the binary's embedded socket load
+//! balancer, pinned under /sys/fs/bpf/svc-compile, serving a fresh cgroup v2 whose
+//! processes live in the lab's node namespace.
+//!
+//! Root, a cgroup2 mount, bpftool and a binary built with clang are needed; otherwise the
+//! test prints `skipped:` (a failure under `SVC_KERNEL=require`). Every name is unique
+//! (pid and a counter: cgroup, pin instance, foreign pin, state directory), so tests run
+//! in parallel; [`Cleanup`] removes the instance's pins (which detaches its links) and the
+//! cgroup on drop, also when an assertion fails, and a later run sweeps what a killed one
+//! left.
+
+use super::ebpf::{cgroup2_mount, dump_pinned, json_entries, probe_set, probes, Cgroup, Seen};
+use super::flows::BACKEND_PORT;
+use super::lab::skip;
+use super::sys::enter_netns;
+use super::{Lab, LabSpec, Proto};
+use crate::support::{root, svc, Run, TempDir};
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const PIN_ROOT: &str = "/sys/fs/bpf/svc-compile";
+/// The long-lived connection's service port (its server echoes lines).
+const LONG_PORT: u16 = 7001;
+const WEB_VIP: &str = "10.96.0.50:80";
+const LONG_VIP: &str = "10.96.0.51:7001";
+
+/// The node and two services: `web` (port 80 TCP and UDP → [`BACKEND_PORT`]) with `web_eps`, `long`
+/// (port 7001) with `long_eps`.
+fn manifests(web_eps: &[&str], long_eps: &[&str]) -> String {
+    let eps = |ips: &[&str]| {
+        ips.iter()
+            .map(|ip| {
+                format!(
+                    "- addresses: [\"{ip}\"]\n  nodeName: node\n  conditions: {{ready: true}}\n"
+                )
+            })
+            .collect::<String>()
+    };
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: node}}\nspec: {{podCIDRs: [10.244.1.0/24]}}\nstatus: {{addresses: [{{type: InternalIP, address: 192.0.2.10}}]}}\n---\n\
+apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec:\n  clusterIP: 10.96.0.50\n  ports: [{{name: tcp, port: 80, targetPort: {BACKEND_PORT}}}, {{name: udp, port: 80, protocol: UDP, targetPort: {BACKEND_PORT}}}]\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: tcp, port: {BACKEND_PORT}, protocol: TCP}}, {{name: udp, port: {BACKEND_PORT}, protocol: UDP}}]\nendpoints:\n{}---\n\
+apiVersion: v1\nkind: Service\nmetadata: {{name: long}}\nspec:\n  clusterIP: 10.96.0.51\n  ports: [{{port: {LONG_PORT}}}]\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: long-1, labels: {{kubernetes.io/service-name: long}}}}\naddressType: IPv4\nports: [{{port: {LONG_PORT}, protocol: TCP}}]\nendpoints:\n{}",
+        eps(web_eps),
+        eps(long_eps)
+    )
+}
+
+/// Removes the instance's pins (links go with them: nothing else holds them) and then
+/// the cgroup, and the foreign pin; on drop, in that order.
+struct Cleanup {
+    inst: PathBuf,
+    foreign: PathBuf,
+    cg: Option<Cgroup>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.inst);
+        self.cg = None;
+        let _ = std::fs::remove_file(&self.foreign);
+    }
+}
+
+/// Pins and cgroups of earlier runs whose process is gone (Drop cannot run after SIGKILL).
+fn sweep(cgroot: &Path) {
+    let dead = |name: &str, prefix: &str| {
+        name.strip_prefix(prefix)
+            .and_then(|r| r.split('-').next())
+            .is_some_and(|pid| !Path::new("/proc").join(pid).exists())
+    };
+    for e in std::fs::read_dir(PIN_ROOT).into_iter().flatten().flatten() {
+        if dead(&e.file_name().to_string_lossy(), "cg-svc-compile-test-") {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    for e in std::fs::read_dir("/sys/fs/bpf")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if dead(&e.file_name().to_string_lossy(), "svc-compile-foreign-") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    let _ = cgroot;
+}
+
+fn apply(dir: &Path, state: &Path, cg: &Path, netns: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "apply",
+        dir.to_str().unwrap(),
+        "--target",
+        "ebpf",
+        "--node",
+        "node",
+        "--cgroup",
+        cg.to_str().unwrap(),
+        "--netns",
+        netns,
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    svc(&args, None, &root())
+}
+
+/// The one generation directory of an instance.
+fn generation(inst: &Path) -> PathBuf {
+    let gens: Vec<PathBuf> = std::fs::read_dir(inst)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("gen-"))
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(gens.len(), 1, "generations: {gens:?}");
+    gens[0].clone()
+}
+
+fn map_id(path: &Path) -> u64 {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "show", "pinned"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bpftool map show {}", path.display());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["id"].as_u64().unwrap()
+}
+
+/// `bpftool -j map dump` of every map the compiled JSON (of `dir`) configures equals its
+/// entries; the runtime maps are the shared ones.
+fn check_read_back(dir: &Path, inst: &Path) {
+    let r = svc(
+        &[dir.to_str().unwrap(), "--target", "ebpf", "--node", "node"],
+        None,
+        &root(),
+    );
+    r.expect(0);
+    let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let gen = generation(inst);
+    let mut compared = 0;
+    for m in json["maps"].as_array().unwrap() {
+        let name = m["name"].as_str().unwrap();
+        if name.ends_with("_affinity") || name.ends_with("_reverse_sk") {
+            assert_eq!(
+                map_id(&gen.join(name)),
+                map_id(&inst.join("shared").join(name)),
+                "{name} is not the shared map"
+            );
+            continue;
+        }
+        assert_eq!(
+            dump_pinned(&gen.join(name)),
+            json_entries(&json, name),
+            "{name}: the pinned map differs from the compiled JSON"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 5, "configuration maps compared");
+}
+
+/// A process in the cgroup and the node's namespace holding one TCP connection to `dst`:
+/// it reports its peer address and the first echo, then, each time it is told to, sends
+/// a line and reports the echo and the peer address again.
+struct LongClient {
+    pid: libc::pid_t,
+    ctl: std::fs::File,
+    out: BufReader<std::fs::File>,
+}
+
+impl LongClient {
+    fn start(cg: &Cgroup, netns: &str, dst: SocketAddr) -> LongClient {
+        let procs =
+            std::ffi::CString::new(cg.0.join("cgroup.procs").as_os_str().as_encoded_bytes())
+                .unwrap();
+        let pipe = || {
+            let mut fds = [0i32; 2];
+            // SAFETY: pipe2 fills two descriptors we then own.
+            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+        };
+        let (ctl_rd, ctl_wr) = pipe();
+        let (out_rd, out_wr) = pipe();
+        // SAFETY: the child makes syscalls and small allocations (glibc's malloc is
+        // fork-safe) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut out = std::fs::File::from(out_wr);
+            let mut ctl = std::fs::File::from(ctl_rd);
+            let r = (|| -> std::io::Result<()> {
+                // SAFETY: a NUL-terminated path; writing "0" moves this process.
+                let fd = unsafe { libc::open(procs.as_ptr(), libc::O_WRONLY) };
+                if fd < 0 || unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                unsafe { libc::close(fd) };
+                enter_netns(netns)?;
+                let s = TcpStream::connect_timeout(&dst, Duration::from_secs(5))?;
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                let mut lines = BufReader::new(s.try_clone()?);
+                let mut byte = [0u8; 1];
+                loop {
+                    (&s).write_all(b"ping\n")?;
+                    let mut echo = String::new();
+                    lines.read_line(&mut echo)?;
+                    writeln!(out, "{} {}", s.peer_addr()?, echo.trim())?;
+                    if ctl.read(&mut byte)? == 0 {
+                        return Ok(());
+                    }
+                }
+            })();
+            if let Err(e) = r {
+                let _ = writeln!(out, "error {e}");
+            }
+            // SAFETY: leave without running the test harness's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        drop((ctl_rd, out_wr));
+        LongClient {
+            pid,
+            ctl: std::fs::File::from(ctl_wr),
+            out: BufReader::new(std::fs::File::from(out_rd)),
+        }
+    }
+
+    /// The next report (peer, echo), bounded.
+    fn report(&mut self) -> String {
+        let fd = self.out.get_ref().as_raw_fd();
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, 20_000) };
+        assert_eq!(r, 1, "the long-lived client did not report");
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    }
+
+    fn again(&mut self) -> String {
+        self.ctl.write_all(b"x").unwrap();
+        self.report()
+    }
+}
+
+impl Drop for LongClient {
+    fn drop(&mut self) {
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// An echo server for one connection in `netns` on [`LONG_PORT`]: each line comes back as
+/// `<name> <line>`. Runs until the connection ends or 120 s pass.
+fn echo_server(netns: String, name: &'static str) -> std::thread::JoinHandle<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        enter_netns(&netns).unwrap();
+        let l = TcpListener::bind(("0.0.0.0", LONG_PORT)).unwrap();
+        l.set_nonblocking(true).unwrap();
+        tx.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let s = loop {
+            match l.accept() {
+                Ok((s, _)) => break s,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(_) => return,
+            }
+        };
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        loop {
+            let mut line = String::new();
+            match r.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    if (&s)
+                        .write_all(format!("{name} {}\n", line.trim()).as_bytes())
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the echo server listens");
+    h
+}
+
+fn tcp_backends(cg: &Cgroup, netns: &str, dst: SocketAddr, n: usize) -> BTreeSet<String> {
+    let seen = probes(Some(cg), netns, Proto::Tcp, dst, n);
+    for s in &seen {
+        match s {
+            Seen::Answer { peer, .. } => assert_eq!(*peer, dst, "getpeername: {seen:?}"),
+            other => panic!("TCP to {dst}: {other:?}"),
+        }
+    }
+    probe_set(&seen)
+}
+
+/// The whole life of one instance: a dry run changes nothing; the first apply serves web
+/// from a process in the cgroup (TCP spread over both pods, UDP, getpeername the service)
+/// and not outside it, and every pinned map equals the compiled JSON; with new endpoints
+/// an incremental apply sends new connections only to the new set, and a `--full` apply
+/// (a new generation, links switched) too, while an established connection keeps its
+/// backend and its getpeername through both; a dry run afterwards prints the writes
+/// without making them; a rollback puts back the previous endpoints; a foreign pin
+/// outside /sys/fs/bpf/svc-compile survives; pins outside it are refused; cleanup leaves
+/// no pin and no cgroup.
+#[test]
+fn apply_serves_switches_and_cleans_up() {
+    let test = "kernel ebpf apply";
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip(test, "needs root (cgroups, BPF, network namespaces)");
+    }
+    let Some(cgroot) = cgroup2_mount() else {
+        return skip(test, "no cgroup2 mount in /proc/mounts");
+    };
+    if Command::new("bpftool").arg("version").output().is_err() {
+        return skip(test, "needs bpftool");
+    }
+    sweep(&cgroot);
+    let t = TempDir::new("ebpf-apply");
+    let state = t.path().join("state");
+    let (first, second) = (t.path().join("first"), t.path().join("second"));
+    for (d, web, long) in [
+        (&first, ["10.244.1.2", "10.244.1.3"], "10.244.1.2"),
+        (&second, ["10.244.2.2", "10.244.2.3"], "10.244.1.3"),
+    ] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("cluster.yaml"), manifests(&web, &[long])).unwrap();
+    }
+
+    let mut lab = Lab::new("ebap", &LabSpec::default()).expect("lab");
+    lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
+    lab.serve(Proto::Udp, BACKEND_PORT).expect("serve udp");
+    let cg = Cgroup::new(&cgroot);
+    let cg_path = cg.0.clone();
+    let inst = Path::new(PIN_ROOT).join(format!(
+        "cg-{}",
+        cg_path.file_name().unwrap().to_string_lossy()
+    ));
+    let foreign = Path::new("/sys/fs/bpf").join(format!(
+        "svc-compile-foreign-{}-{}",
+        std::process::id(),
+        cg_path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .rsplit('-')
+            .next()
+            .unwrap()
+    ));
+    let cleanup = Cleanup {
+        inst: inst.clone(),
+        foreign: foreign.clone(),
+        cg: Some(cg),
+    };
+    let cg = cleanup.cg.as_ref().unwrap();
+    let made = Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&foreign)
+        .args([
+            "type", "hash", "key", "4", "value", "4", "entries", "4", "name", "foreign",
+        ])
+        .status()
+        .unwrap();
+    assert!(made.success(), "bpftool map create (foreign)");
+    let node = lab.netns("node").to_string();
+    let web: SocketAddr = WEB_VIP.parse().unwrap();
+    let long: SocketAddr = LONG_VIP.parse().unwrap();
+
+    // Pins outside /sys/fs/bpf/svc-compile are refused before anything happens.
+    let r = apply(
+        &first,
+        &state,
+        &cg_path,
+        &node,
+        &["--pin-dir", "/sys/fs/bpf/tc/globals"],
+    );
+    r.expect(2);
+    assert!(
+        r.stderr.contains("only under /sys/fs/bpf/svc-compile"),
+        "{}",
+        r.stderr
+    );
+
+    // A dry run on a fresh node: the full plan, and nothing made.
+    let r = apply(&first, &state, &cg_path, &node, &["--dry-run"]);
+    if r.code == 2 && r.stderr.contains("built without the socket load balancer") {
+        return skip(test, "svc-compile was built without clang");
+    }
+    r.expect(0);
+    assert!(r.stdout.contains("full (first apply)"), "{}", r.stdout);
+    assert!(r.stdout.contains("map update pinned"), "{}", r.stdout);
+    assert!(
+        !inst.exists() && !state.exists(),
+        "the dry run made something"
+    );
+
+    // First apply.
+    let r = apply(&first, &state, &cg_path, &node, &[]);
+    r.expect(0);
+    assert!(r.stdout.contains("full (first apply)"), "{}", r.stdout);
+    check_read_back(&first, &inst);
+    assert_eq!(
+        tcp_backends(cg, &node, web, 30),
+        BTreeSet::from(["pod-a".to_string(), "pod-b".to_string()])
+    );
+    let udp = probes(Some(cg), &node, Proto::Udp, web, 10);
+    assert!(
+        udp.iter()
+            .all(|s| matches!(s, Seen::Answer { peer, .. } if *peer == web)),
+        "UDP: {udp:?}"
+    );
+    let outside = probes(None, &node, Proto::Tcp, web, 1);
+    assert!(
+        !matches!(outside[0], Seen::Answer { .. }),
+        "outside: {outside:?}"
+    );
+    // The same again: nothing written.
+    let r = apply(&first, &state, &cg_path, &node, &[]);
+    r.expect(0);
+    assert!(
+        r.stdout
+            .contains("unchanged: incremental: 0 entries written, 0 deleted"),
+        "{}",
+        r.stdout
+    );
+
+    // An established connection to long (pod-a), across the next applies.
+    let server = echo_server(lab.netns("pod-a").to_string(), "pod-a");
+    let mut client = LongClient::start(cg, &node, long);
+    assert_eq!(client.report(), format!("{long} pod-a ping"));
+
+    // New endpoints, incremental: new connections only to the new set.
+    let r = apply(&second, &state, &cg_path, &node, &[]);
+    r.expect(0);
+    assert!(r.stdout.contains(": incremental: "), "{}", r.stdout);
+    let gen = generation(&inst);
+    check_read_back(&second, &inst);
+    assert_eq!(
+        tcp_backends(cg, &node, web, 30),
+        BTreeSet::from(["pod-r1".to_string(), "pod-r2".to_string()])
+    );
+    assert_eq!(client.again(), format!("{long} pod-a ping"));
+
+    // A new generation: the links switch, the old generation goes, the shared maps stay.
+    let r = apply(&second, &state, &cg_path, &node, &["--full"]);
+    r.expect(0);
+    assert!(r.stdout.contains("full (--full)"), "{}", r.stdout);
+    assert_ne!(generation(&inst), gen, "no new generation");
+    check_read_back(&second, &inst);
+    assert_eq!(
+        tcp_backends(cg, &node, web, 30),
+        BTreeSet::from(["pod-r1".to_string(), "pod-r2".to_string()])
+    );
+    assert_eq!(client.again(), format!("{long} pod-a ping"));
+    drop(client);
+    let _ = server.join();
+
+    // A dry run towards the first state prints its writes and makes none.
+    let gen = generation(&inst);
+    let before: Vec<_> = ["cilium_lb4_services_v2", "cilium_lb4_backends_v3"]
+        .iter()
+        .map(|m| dump_pinned(&gen.join(m)))
+        .collect();
+    let r = apply(&first, &state, &cg_path, &node, &["--dry-run"]);
+    r.expect(0);
+    assert!(r.stdout.contains(": incremental: "), "{}", r.stdout);
+    assert!(r.stdout.contains("map update pinned"), "{}", r.stdout);
+    let after: Vec<_> = ["cilium_lb4_services_v2", "cilium_lb4_backends_v3"]
+        .iter()
+        .map(|m| dump_pinned(&gen.join(m)))
+        .collect();
+    assert_eq!(before, after, "the dry run wrote");
+
+    // Rollback: the first endpoints again.
+    let svc_args = [
+        "apply",
+        "--rollback",
+        "--target",
+        "ebpf",
+        "--cgroup",
+        cg_path.to_str().unwrap(),
+        "--netns",
+        node.as_str(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    svc(&svc_args, None, &root()).expect(0);
+    check_read_back(&first, &inst);
+    assert_eq!(
+        tcp_backends(cg, &node, web, 30),
+        BTreeSet::from(["pod-a".to_string(), "pod-b".to_string()])
+    );
+
+    assert!(foreign.exists(), "the foreign pin is gone");
+    drop(cleanup);
+    assert!(!inst.exists(), "pins left");
+    assert!(!cg_path.exists(), "cgroup left");
+    drop(lab);
+}
