@@ -51,6 +51,9 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// The eBPF side: the socket load balancer on the flows it serves.
+mod ebpf;
+
 /// Generated manifests when `SVC_DIFF_CASES` is unset (sized for about two minutes).
 pub const DEFAULT_CASES: u64 = 150;
 
@@ -1204,6 +1207,8 @@ struct Stats {
     /// Failing flows by signature (sender, destination kind, protocol, what each target
     /// did): how many, and the first manifest that showed it.
     signatures: BTreeMap<String, (usize, String)>,
+    /// Its lab, made on first use.
+    ebpf: Option<ebpf::Side>,
 }
 
 /// What a target did with a flow, in a word or two: `answered`, `refused`, `timeout`.
@@ -1328,6 +1333,8 @@ fn check_manifest(labs: &[Lab; 2], m: &Manifest, stats: &mut Stats) -> Option<St
             ));
         }
     }
+    let side = stats.ebpf.get_or_insert_with(ebpf::Side::new);
+    failures.extend(ebpf::check(side, m, &flows, &view));
     if failures.is_empty() {
         return None;
     }
@@ -1435,6 +1442,12 @@ fn iptables_and_nftables_agree() {
         stats.phases[2].as_secs_f64(),
         stats.phases[3].as_secs_f64(),
     );
+    if let Some(e) = &stats.ebpf {
+        println!(
+            "differential ebpf: {} manifests applied, {} flows probed ({} where Cilium's expectation is not kube-proxy's)",
+            e.applied, e.flows, e.policy_differs
+        );
+    }
     let kinds: Vec<String> = stats
         .signatures
         .iter()

@@ -689,7 +689,10 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, max_entries: u32) -> Resu
                 rev_nat,
                 flags: slot_flags,
             });
-            if p.pv.affinity_timeout.is_some() && !p.pv.endpoints[i as usize].terminating {
+            // Affinity may pin a client to any backend the master counts: the active
+            // ones, or under the terminating fallback (no active one) the terminating.
+            let counted = active == 0 || !p.pv.endpoints[i as usize].terminating;
+            if p.pv.affinity_timeout.is_some() && counted {
                 entries.push(Entry::AffinityMatch {
                     backend_id,
                     rev_nat,

@@ -577,3 +577,44 @@ mod plan {
         assert!(!w.maps.contains_key("cilium_lb4_reverse_sk"));
     }
 }
+
+/// Under the terminating fallback (no active backend) the master counts the terminating
+/// ones, so affinity must be able to pin them: each gets its affinity match. With an
+/// active backend, only that one does. (Found by the differential test.)
+#[test]
+fn affinity_matches_the_backends_the_master_counts() {
+    let svc = |cond: &str| {
+        format!(
+            "
+apiVersion: v1
+kind: Service
+metadata: {{name: aff}}
+spec:
+  clusterIP: 10.96.0.40
+  sessionAffinity: ClientIP
+  ports: [{{port: 80, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: aff-1, labels: {{kubernetes.io/service-name: aff}}}}
+addressType: IPv4
+ports: [{{port: 8080, protocol: TCP}}]
+endpoints:
+- {{addresses: [10.244.1.2], nodeName: node-1, conditions: {{ready: false, serving: true, terminating: true}}}}
+- {{addresses: [10.244.1.3], nodeName: node-1, conditions: {cond}}}
+"
+        )
+    };
+    let matches = |cond: &str| {
+        let l = layout(&view_of(&[NODES, &svc(cond)]), None, DEFAULT_MAX_ENTRIES).unwrap();
+        l.entries
+            .iter()
+            .filter(|e| e.map() == MapId::AffinityMatch)
+            .count()
+    };
+    assert_eq!(
+        matches("{ready: false, serving: true, terminating: true}"),
+        2
+    );
+    assert_eq!(matches("{ready: true}"), 1);
+}
