@@ -226,6 +226,12 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
                 }
             }
             read_back(&gen, &wanted, &what)?;
+            // A generation no link runs is what a killed apply left: it goes.
+            for other in &found.generations {
+                if *other != gen {
+                    let _ = fs::remove_dir_all(other);
+                }
+            }
             record(&docs, &fam_dir)?;
             let verb = if ops.is_empty() {
                 "unchanged"

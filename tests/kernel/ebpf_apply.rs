@@ -520,3 +520,236 @@ fn apply_serves_switches_and_cleans_up() {
     assert!(!cg_path.exists(), "cgroup left");
     drop(lab);
 }
+
+/// The generation the cgroup links run: every link's program must be that generation's
+/// (`None`: no link yet).
+fn serving_generation(inst: &Path) -> Option<PathBuf> {
+    let json = |args: &[&str], path: &Path| -> serde_json::Value {
+        let out = Command::new("bpftool")
+            .args(args)
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "bpftool {args:?} {}", path.display());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let programs = [
+        "sock4_connect",
+        "sock6_connect",
+        "sock4_sendmsg",
+        "sock6_sendmsg",
+        "sock4_recvmsg",
+        "sock6_recvmsg",
+        "sock4_getpeername",
+        "sock6_getpeername",
+    ];
+    let links: Vec<Option<u64>> = programs
+        .iter()
+        .map(|p| {
+            let pin = inst.join(format!("link_{p}"));
+            pin.exists().then(|| {
+                json(&["-j", "link", "show", "pinned"], &pin)["prog_id"]
+                    .as_u64()
+                    .unwrap()
+            })
+        })
+        .collect();
+    if links.iter().all(Option::is_none) {
+        return None;
+    }
+    let gens: Vec<PathBuf> = std::fs::read_dir(inst)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("gen-"))
+        .map(|e| e.path())
+        .collect();
+    for g in gens {
+        let ids: Vec<Option<u64>> = programs
+            .iter()
+            .map(|p| {
+                let pin = g.join(format!("prog_{p}"));
+                pin.exists().then(|| {
+                    json(&["-j", "prog", "show", "pinned"], &pin)["id"]
+                        .as_u64()
+                        .unwrap()
+                })
+            })
+            .collect();
+        if ids == links {
+            return Some(g);
+        }
+    }
+    panic!("the links {links:?} run no whole generation");
+}
+
+/// Waits (bounded) until nothing holds the state directory's lock: a killed apply's
+/// writer child finishes first.
+fn wait_for_lock(state: &Path) {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(state.join("lock"))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // SAFETY: flock on a descriptor we own.
+    while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        assert!(Instant::now() < deadline, "the lock was not released");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGKILL at any moment of an apply (incremental or a new generation, the compiled JSON
+/// of two different generated clusters in turn) leaves the old or the new state: once the
+/// lock is free (a writer child the kill left finishes first), the links run one whole
+/// generation whose configuration maps hold exactly one of the two documents; the next
+/// apply completes and leaves one generation.
+#[test]
+fn sigkill_leaves_old_or_new() {
+    let test = "kernel ebpf apply sigkill";
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip(test, "needs root (cgroups, BPF)");
+    }
+    let Some(cgroot) = cgroup2_mount() else {
+        return skip(test, "no cgroup2 mount in /proc/mounts");
+    };
+    if Command::new("bpftool").arg("version").output().is_err() {
+        return skip(test, "needs bpftool");
+    }
+    sweep(&cgroot);
+    let t = TempDir::new("ebpf-kill");
+    let state = t.path().join("state");
+    let docs: Vec<(PathBuf, serde_json::Value)> = [1, 2]
+        .iter()
+        .map(|seed| {
+            let seed = seed.to_string();
+            let m = t.path().join(format!("m{seed}.yaml"));
+            let gen = svc(
+                &[
+                    "gen",
+                    "--services",
+                    "400",
+                    "--endpoints",
+                    "5",
+                    "--nodes",
+                    "2",
+                    "--seed",
+                    &seed,
+                    "-o",
+                    m.to_str().unwrap(),
+                ],
+                None,
+                &root(),
+            );
+            gen.expect(0);
+            let r = svc(
+                &[
+                    m.to_str().unwrap(),
+                    "--target",
+                    "ebpf",
+                    "--node",
+                    "node-000",
+                ],
+                None,
+                &root(),
+            );
+            r.expect(0);
+            let p = t.path().join(format!("m{seed}.json"));
+            std::fs::write(&p, &r.stdout).unwrap();
+            (p, serde_json::from_str(&r.stdout).unwrap())
+        })
+        .collect();
+    let cg = Cgroup::new(&cgroot);
+    let cg_path = cg.0.clone();
+    let inst = Path::new(PIN_ROOT).join(format!(
+        "cg-{}",
+        cg_path.file_name().unwrap().to_string_lossy()
+    ));
+    let _cleanup = Cleanup {
+        inst: inst.clone(),
+        foreign: PathBuf::new(),
+        cg: Some(cg),
+    };
+    let args = |doc: &Path, full: bool| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "apply",
+            "--from",
+            doc.to_str().unwrap(),
+            "--target",
+            "ebpf",
+            "--cgroup",
+            cg_path.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if full {
+            a.push("--full".into());
+        }
+        a
+    };
+    let exe = env!("CARGO_BIN_EXE_svc-compile");
+    // How long one apply takes here, to spread the kills over it.
+    let t0 = Instant::now();
+    let ok = Command::new(exe)
+        .args(args(&docs[0].0, true))
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let span = t0.elapsed().as_micros() as u64 * 3 / 2;
+    let mut rng = crate::support::Rng::new(7);
+    let (mut old, mut killed) = (0usize, 0);
+    for round in 0..24 {
+        let new = 1 - old;
+        let full = round % 3 == 0;
+        let mut child = Command::new(exe)
+            .args(args(&docs[new].0, full))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_micros(rng.below(span.max(1))));
+        if child.try_wait().unwrap().is_none() {
+            killed += 1;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        wait_for_lock(&state);
+        let gen = serving_generation(&inst).expect("the first apply's links are gone");
+        let holds = |d: &serde_json::Value| {
+            d["maps"].as_array().unwrap().iter().all(|m| {
+                let name = m["name"].as_str().unwrap();
+                name.ends_with("_affinity")
+                    || name.ends_with("_reverse_sk")
+                    || dump_pinned(&gen.join(name)) == json_entries(d, name)
+            })
+        };
+        if holds(&docs[new].1) {
+            old = new;
+        } else {
+            assert!(holds(&docs[old].1), "round {round}: neither old nor new");
+        }
+    }
+    assert!(
+        killed > 5,
+        "only {killed} applies were killed while running"
+    );
+    // The next apply completes and leaves one generation.
+    let ok = Command::new(exe)
+        .args(args(&docs[0].0, false))
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    generation(&inst);
+}
