@@ -179,7 +179,8 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
         Some(layouts) => Wanted::from_layouts(&layouts),
         None => Wanted::from_json(&docs.iter().map(|d| d.json.as_str()).collect::<Vec<_>>())
             .map_err(|e| Fail(format!("cannot apply: {e}")))?,
-    };
+    }
+    .complete(opts.max_entries);
     let fingerprint = fingerprint(host_netns);
     let what = format!(
         "ebpf {} on cgroup {}",

@@ -169,6 +169,30 @@ impl Wanted {
         Ok(w)
     }
 
+    /// Every configuration map of both families, those no document named wanted empty
+    /// (`max_entries` each): a family that is gone is emptied, not left as it was.
+    pub fn complete(mut self, max_entries: u32) -> Wanted {
+        for fam in [IpFamily::IPv4, IpFamily::IPv6] {
+            for id in MapId::ALL {
+                let name = id.name(fam);
+                if !id.configured() || self.maps.contains_key(name) {
+                    continue;
+                }
+                let (key_size, value_size) = id.sizes(fam);
+                self.add(WantedMap {
+                    name: name.to_string(),
+                    kind: id.kind().to_string(),
+                    key_size,
+                    value_size,
+                    max_entries,
+                    flags: id.flags(),
+                    entries: Vec::new(),
+                });
+            }
+        }
+        self
+    }
+
     fn add(&mut self, m: WantedMap) {
         match self.maps.get_mut(&m.name) {
             Some(have) => {

@@ -572,6 +572,19 @@ mod plan {
             .contains("cilium_lb4_services_v2"));
         shapes.remove("cilium_lb4_backends_v3");
         assert!(fits(&w, &shapes).is_some());
+        // A family without a document is wanted empty, so a leftover is deleted.
+        let all = w.clone().complete(16);
+        assert_eq!(all.maps.len(), 9);
+        assert!(all.maps["cilium_lb6_services_v2"].entries.is_empty());
+        let mut stale = BTreeMap::new();
+        stale.insert(
+            "cilium_lb6_backends_v3".to_string(),
+            Contents::from([(vec![1, 0, 0, 0], vec![0; 24])]),
+        );
+        assert!(diff(&all, &stale).contains(&Op::Delete {
+            map: "cilium_lb6_backends_v3".into(),
+            key: vec![1, 0, 0, 0]
+        }));
         // Runtime maps are never planned.
         assert!(!w.maps.contains_key("cilium_lb4_affinity"));
         assert!(!w.maps.contains_key("cilium_lb4_reverse_sk"));
