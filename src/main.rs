@@ -8,6 +8,7 @@ mod compile;
 mod diff;
 mod drift;
 mod inputs;
+mod nfgen;
 mod report;
 mod run;
 mod trace;
