@@ -4,16 +4,22 @@
 //! One apply, per family:
 //!
 //! 1. take the lock (`flock` on `STATE/lock`, bounded wait);
-//! 2. read the node (`iptables-save` / `nft -j list table`) and the last apply's record;
+//! 2. read the node (`iptables-save` / `nft -j list table`) and the last apply's record —
+//!    unless the node's nf_tables generation id is the one recorded with it (the fast path,
+//!    see [`crate::nfgen`]): then nothing was committed since, and the record is the node;
 //! 3. plan step one; load its scratch document into a new, empty network namespace
 //!    (`unshare --net`) and read it back: that refuses a document the kernel rejects before
-//!    the node is touched, and gives the kernel's spelling of the rules;
-//! 4. plan step two; check the load document on the node (`--test` / `nft -c`);
+//!    the node is touched, and gives the kernel's spelling of the rules (only what the
+//!    plan writes; a read-back already seen this boot is reused, `scratch.out`);
+//! 4. plan step two; check the load document on the node (`--test` / `nft -c`), unless
+//!    it is one transaction ([`Planner::transactions`]): refused, it changes nothing;
 //! 5. load it, in a child that holds the lock and runs in its own process group, from a
 //!    file: if this process dies, the load still completes and the next apply waits for it;
-//! 6. read the node back and compare the owned part with the plan's expectation;
+//! 6. read the node back and compare the owned part with the plan's expectation — on the
+//!    fast path, the generation advanced by exactly the load's transactions proves that
+//!    only this load changed the node, and the expectation is the new state;
 //! 7. record the document and that owned state (`applied.*`, the one before as
-//!    `previous.*` for `--rollback`).
+//!    `previous.*` for `--rollback`), and the generation it holds at (`applied.gen`).
 //!
 //! A failed load leaves the previous state: nftables loads one transaction; iptables
 //! commits table by table, so tables a failed load did commit are put back from what the
@@ -448,6 +454,8 @@ impl Ctx<'_> {
         // Plan; an incremental nftables transaction a pre-6.2 kernel refuses is retried
         // as a full load.
         let mut full = self.args.full;
+        let mut loaded = false;
+        let mut note = None;
         let (plan, load_path) = loop {
             let prepared = match (known, previous) {
                 (true, Some(p)) => self.planner.prepare_unchanged(doc, family, p),
@@ -483,10 +491,34 @@ impl Ctx<'_> {
                 .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
             let path = dir.join(format!("load.{ext}"));
             write_atomic(&path, load)?;
-            // A full load that is one transaction needs no check: a refused load changes
-            // nothing, and the scratch namespace has already loaded the same document.
-            if matches!(plan.mode, Mode::Full(_)) && self.planner.transactions(load) == Some(1) {
-                break (plan, Some(path));
+            // A load that is one transaction needs no check first: refused, it changes
+            // nothing (and the scratch namespace has loaded what it writes).
+            if self.planner.transactions(load) == Some(1) {
+                let argv = self.on_node(cmds.load.clone(), Some(&path));
+                let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
+                times.mark("load");
+                if out.ok {
+                    loaded = true;
+                    break (plan, Some(path));
+                }
+                if known {
+                    known = false;
+                    continue;
+                }
+                if plan.mode == Mode::Incremental && !full {
+                    // Said once the full load is in: if it is refused too, its error says why.
+                    note = Some(format!(
+                        "svc-compile: note: {what}: the incremental load was refused ({}); loaded everything instead",
+                        first_line(&out.stderr)
+                    ));
+                    full = true;
+                    continue;
+                }
+                return Err(Fail(format!(
+                    "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed",
+                    shell_line(&argv),
+                    first_line(&out.stderr)
+                )));
             }
             let check = self.on_node(cmds.check.clone(), Some(&path));
             let out = run_captured(&check)?;
@@ -517,7 +549,7 @@ impl Ctx<'_> {
             eprintln!("svc-compile: warning: {what}: {w}");
         }
 
-        if let Some(path) = &load_path {
+        if let Some(path) = load_path.as_ref().filter(|_| !loaded) {
             let argv = self.on_node(cmds.load.clone(), Some(path));
             let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
             times.mark("load");
@@ -593,6 +625,9 @@ impl Ctx<'_> {
         }
         times.mark("record");
 
+        if let Some(note) = note {
+            eprintln!("{note}");
+        }
         let verb = if load_path.is_some() {
             "applied"
         } else {

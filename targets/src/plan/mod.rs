@@ -88,9 +88,11 @@ pub trait Planner: Sync {
     fn tracked_by_generation(&self, _family: Family, _kernel: &str) -> bool {
         false
     }
-    /// How many nf_tables transactions loading `load` commits (`nft -f`: one). Known, and
-    /// the generation advanced by exactly that many from a state the CLI knows, only
-    /// this load changed the node. `None` (the default): unknown.
+    /// How many transactions loading `load` commits, each all or nothing (`nft -f`: one;
+    /// `iptables-restore`: one per table). One: the CLI loads without checking first (a
+    /// refused load changes nothing). Through nf_tables, a generation advanced by exactly
+    /// that many from a state the CLI knows proves that only this load changed the node.
+    /// `None` (the default): unknown.
     fn transactions(&self, _load: &str) -> Option<u32> {
         None
     }
