@@ -456,6 +456,8 @@ impl Ctx<'_> {
         let mut full = self.args.full;
         let mut loaded = false;
         let mut note = None;
+        // The read-back of a load into an empty table, with its generation.
+        let mut direct: Option<(String, Generation)> = None;
         let (plan, load_path) = loop {
             let prepared = match (known, previous) {
                 (true, Some(p)) => self.planner.prepare_unchanged(doc, family, p),
@@ -475,6 +477,14 @@ impl Ctx<'_> {
             }
             .map_err(|e| Fail(format!("cannot apply {source}: {e}")))?;
             times.mark("plan");
+            if let Some((plan, path, after)) =
+                self.load_into_empty(&prep, kernel.as_deref(), &cmds, &dir)?
+            {
+                times.mark("load and read back");
+                loaded = true;
+                direct = Some(after);
+                break (plan, Some(path));
+            }
             let canonical = self.scratch(&prep, &cmds, ext, source)?;
             times.mark("scratch namespace");
             let plan = plan::plan(&prep, &canonical)
@@ -588,8 +598,9 @@ impl Ctx<'_> {
             };
             (plan.expected.clone(), g, "generation")
         } else {
-            let (g, after) = match (&load_path, kernel) {
-                (None, Some(k)) => (gen_start.clone(), k),
+            let (g, after) = match (&load_path, kernel, direct) {
+                (_, _, Some((after, g))) => (Some(g), after),
+                (None, Some(k), None) => (gen_start.clone(), k),
                 _ => (nfgen::generation(netns), self.read_node(&cmds)?),
             };
             times.mark("read back");
@@ -646,6 +657,52 @@ impl Ctx<'_> {
         );
         times.print(&what);
         Ok(())
+    }
+
+    /// A first load into a node that shows nothing of ours, where the scratch document is
+    /// the load and one transaction (an nftables table): loading it on the node is the
+    /// scratch load, once. The read-back is the scratch namespace's if the generation
+    /// advanced by exactly this load (nobody else wrote in between). `None`: take the
+    /// usual way (a refused load changed nothing; the scratch namespace says why).
+    #[allow(clippy::type_complexity)]
+    fn load_into_empty(
+        &self,
+        prep: &Prepared,
+        kernel: Option<&str>,
+        cmds: &Commands,
+        dir: &Path,
+    ) -> Result<Option<(Plan, PathBuf, (String, Generation))>, Fail> {
+        let empty = kernel.is_some_and(|k| k.trim().is_empty());
+        if self.args.dry_run
+            || !empty
+            || !matches!(prep.mode, Mode::Full(_))
+            || self.planner.transactions(&prep.scratch) != Some(1)
+        {
+            return Ok(None);
+        }
+        let netns = self.args.netns.as_deref();
+        let Some(before) = nfgen::generation(netns) else {
+            return Ok(None);
+        };
+        fs::create_dir_all(dir)
+            .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
+        let path = dir.join(format!("load.{}", self.target.ext));
+        write_atomic(&path, &prep.scratch)?;
+        let argv = self.on_node(cmds.load.clone(), Some(&path));
+        if !run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?.ok {
+            return Ok(None);
+        }
+        let after = self.read_node(cmds)?;
+        let now = nfgen::generation(netns);
+        if now != Some(before.after(1)) || !self.planner.tracked_by_generation(prep.family, &after)
+        {
+            return Ok(None);
+        }
+        let plan = plan::plan(prep, &after).map_err(|e| Fail(format!("cannot plan: {e}")))?;
+        if plan.load.as_deref() != Some(prep.scratch.as_str()) {
+            return Ok(None);
+        }
+        Ok(Some((plan, path, (after, before.after(1)))))
     }
 
     /// Loads the scratch document into an empty namespace; returns its read-back. A
