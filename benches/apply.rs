@@ -1,15 +1,23 @@
-//! `cargo bench --bench apply`: how long `svc-compile apply` takes for 1,000 services, in a
-//! throwaway network namespace, for both targets: a full apply into an empty namespace, a
-//! one-service change (incremental), the same state again (unchanged), and a forced full
-//! reload. Prints the wall time of each `svc-compile apply` process (compiling included)
-//! and the apply's own report. Needs root and iproute2; otherwise it says so and exits 0.
+//! `cargo bench --bench apply`: what `svc-compile apply` costs at scale (issue 13), in a
+//! throwaway network namespace per target and size, against the issue's budgets.
+//!
+//! Per size (services × endpoints) and target, in order, on one node: the first apply into
+//! an empty namespace, the same input again (nothing changed), one service's endpoints
+//! changed, one service added, that service removed, 100 services' endpoints changed.
+//! Each is the wall time of one `svc-compile apply` process (compiling included) and the
+//! apply's report. Then, in the same run: the raw load of the first apply's document by
+//! hand (`iptables-restore --noflush` / `nft -f`) into another empty namespace, and the
+//! peak RSS of the first apply (its own and its tools', from `wait4`) against that of
+//! `svc-compile compile` of the same node. Every budget is printed as held or not held.
+//!
+//! Environment: `SVC_BENCH_SIZES` (default `1000x10`; e.g. `1000x10,10000x10,30000x10,5000x50`),
+//! `SVC_BENCH_TARGETS` (default `iptables,nftables`), `SVC_BENCH_BIN` (another
+//! svc-compile binary). A size with 50 endpoints runs for nftables only (the issue's
+//! 5k × 50). Needs root and iproute2; otherwise it says so and exits 0.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const SERVICES: usize = 1000;
-const RUNS: usize = 3;
 
 fn main() {
     // SAFETY: geteuid cannot fail.
@@ -18,100 +26,312 @@ fn main() {
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let bin = std::env::var("SVC_BENCH_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_svc-compile").to_string());
+    let sizes: Vec<(usize, usize)> = std::env::var("SVC_BENCH_SIZES")
+        .unwrap_or_else(|_| "1000x10".into())
+        .split(',')
+        .filter_map(|s| {
+            let (a, b) = s.trim().split_once('x')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .collect();
+    let targets: Vec<String> = std::env::var("SVC_BENCH_TARGETS")
+        .unwrap_or_else(|_| "iptables,nftables".into())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
     let work = std::env::temp_dir().join(format!("svc-compile-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(work.join("v1")).unwrap();
-    std::fs::create_dir_all(work.join("v2")).unwrap();
-    std::fs::write(work.join("v1/services.yaml"), manifest(None)).unwrap();
-    std::fs::write(work.join("v2/services.yaml"), manifest(Some(SERVICES / 2))).unwrap();
+    let mut verdicts: Vec<String> = Vec::new();
 
-    println!("svc-compile apply, {SERVICES} services (2 endpoints each, every 4th a NodePort), median of {RUNS}");
-    for target in ["iptables", "nftables"] {
-        let mut rows: Vec<(&str, Vec<Duration>, String)> = vec![
-            ("full apply into an empty namespace", vec![], String::new()),
-            ("one service changed", vec![], String::new()),
-            ("same state again", vec![], String::new()),
-            ("forced full reload (--full)", vec![], String::new()),
+    for &(services, endpoints) in &sizes {
+        let versions = [
+            ("base", Change::None),
+            ("endpoints", Change::Endpoints(1)),
+            ("added", Change::Added),
+            ("endpoints", Change::Endpoints(1)), // the added one removed again
+            ("hundred", Change::Endpoints(100)),
         ];
-        for run in 0..RUNS {
-            let ns = Netns::new(&format!("svcc-bench-{}-{target}-{run}", std::process::id()));
-            let state = work.join(format!("state-{target}-{run}"));
-            let steps: [(&str, &[&str]); 4] =
-                [("v1", &[]), ("v2", &[]), ("v2", &[]), ("v2", &["--full"])];
-            for (i, (dir, extra)) in steps.iter().enumerate() {
-                let (took, report) = apply(&root, &work.join(dir), target, &ns.0, &state, extra);
-                rows[i].1.push(took);
-                rows[i].2 = report;
-            }
+        for (name, change) in &versions {
+            let dir = work.join(format!("{services}x{endpoints}/{name}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(
+                dir.join("services.yaml"),
+                manifest(services, endpoints, *change),
+            )
+            .unwrap();
         }
-        println!("\n{target}:");
-        for (what, mut times, report) in rows {
-            times.sort();
+        for target in &targets {
+            if endpoints > 10 && target != "nftables" {
+                continue;
+            }
+            let tag = format!("{services}x{endpoints}-{}", &target[..3]);
+            let input = |v: &str| work.join(format!("{services}x{endpoints}/{v}"));
+            let ns = Netns::new(&format!("svcb-{}-{tag}", std::process::id()));
+            let state = work.join(format!("state-{tag}"));
+            println!("\n{target}, {services} services × {endpoints} endpoints (node-1):");
+            let steps: [(&str, &str); 6] = [
+                ("first apply (full)", "base"),
+                ("nothing changed", "base"),
+                ("one service's endpoints changed", "endpoints"),
+                ("one service added", "added"),
+                ("one service removed", "endpoints"),
+                ("100 services changed", "hundred"),
+            ];
+            let mut took: Vec<Duration> = Vec::new();
+            let mut apply_rss = 0;
+            for (i, (what, v)) in steps.iter().enumerate() {
+                let run = apply(&bin, &root, &input(v), target, &ns.0, &state);
+                println!(
+                    "  {what:<34} {:>9} ms   {}",
+                    run.took.as_millis(),
+                    run.report
+                );
+                if i == 0 {
+                    apply_rss = run.max_rss_kb;
+                }
+                took.push(run.took);
+            }
+            // The raw load of the first apply's full document, in an empty namespace.
+            let ext = if target == "iptables" { "rules" } else { "nft" };
+            let raw_doc = work.join(format!("raw-{tag}.{ext}"));
+            let first_doc = compile(&bin, &root, &input("base"), target);
+            let full_doc = match target.as_str() {
+                "nftables" => first_doc.text,
+                // iptables: apply's full load declares and fills the same chains.
+                _ => first_doc.text,
+            };
+            std::fs::write(&raw_doc, full_doc).unwrap();
+            let raw_ns = Netns::new(&format!("svcb-{}-{tag}-raw", std::process::id()));
+            let raw = match target.as_str() {
+                "iptables" => timed(
+                    &[
+                        "ip",
+                        "netns",
+                        "exec",
+                        &raw_ns.0,
+                        "iptables-restore",
+                        "--noflush",
+                    ],
+                    &raw_doc,
+                ),
+                _ => timed(&["ip", "netns", "exec", &raw_ns.0, "nft", "-f"], &raw_doc),
+            };
+            let raw_tool = if target == "iptables" {
+                "iptables-restore --noflush"
+            } else {
+                "nft -f"
+            };
             println!(
-                "  {what:<38} {:>6} ms   ({})",
-                times[times.len() / 2].as_millis(),
-                report.trim()
+                "  {:<34} {:>9} ms",
+                format!("raw `{raw_tool}` of the document"),
+                raw.as_millis()
+            );
+            println!(
+                "  peak RSS: apply {} MB (with its tools), compile {} MB",
+                apply_rss / 1024,
+                first_doc.max_rss_kb / 1024
+            );
+            let mut verdict = |budget: String, held: bool| {
+                let line = format!(
+                    "{target} {services}×{endpoints}: {budget}: {}",
+                    if held { "held" } else { "NOT held" }
+                );
+                println!("  budget: {line}");
+                verdicts.push(line);
+            };
+            let ratio = took[0].as_secs_f64() / raw.as_secs_f64().max(1e-9);
+            verdict(
+                format!("first apply ≤ 1.2× the raw load ({ratio:.2}×)"),
+                ratio <= 1.2,
+            );
+            if services == 10_000 {
+                verdict(
+                    format!("one changed service ≤ 150 ms ({} ms)", took[2].as_millis()),
+                    took[2] <= Duration::from_millis(150),
+                );
+                verdict(
+                    format!("nothing changed ≤ 100 ms ({} ms)", took[1].as_millis()),
+                    took[1] <= Duration::from_millis(100),
+                );
+            }
+            let rss = apply_rss as f64 / (first_doc.max_rss_kb as f64).max(1.0);
+            verdict(
+                format!("peak RSS of apply ≤ 2× compile ({rss:.2}×)"),
+                rss <= 2.0,
             );
         }
+    }
+    println!("\nbudgets (the one-service and nothing-changed budgets are for 10k services):");
+    for v in &verdicts {
+        println!("  {v}");
     }
     let _ = std::fs::remove_dir_all(&work);
 }
 
-fn apply(
-    root: &Path,
-    manifests: &Path,
-    target: &str,
-    netns: &str,
-    state: &Path,
-    extra: &[&str],
-) -> (Duration, String) {
+#[derive(Clone, Copy)]
+enum Change {
+    None,
+    /// The first endpoint of this many services moves.
+    Endpoints(usize),
+    /// One more service.
+    Added,
+}
+
+/// One finished process: wall time, peak RSS in kB (its own and its reaped children's),
+/// stdout.
+struct Ran {
+    took: Duration,
+    max_rss_kb: i64,
+    text: String,
+    report: String,
+}
+
+fn run(mut cmd: Command) -> Ran {
     let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_svc-compile"))
-        .arg("apply")
+    let out_path = std::env::temp_dir().join(format!(
+        "svc-compile-bench-out-{}-{}",
+        std::process::id(),
+        start.elapsed().as_nanos()
+    ));
+    let out = std::fs::File::create(&out_path).unwrap();
+    // Reaped by wait4 below, for its resource usage.
+    #[allow(clippy::zombie_processes)]
+    let mut child = cmd
+        .stdout(out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run svc-compile");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 on our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: waiting for the child we spawned (reaped here, not by `child.wait`).
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let took = start.elapsed();
+    assert_eq!(r, pid, "wait4");
+    let text = std::fs::read_to_string(&out_path).unwrap();
+    let _ = std::fs::remove_file(&out_path);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{cmd:?} failed: {stderr}"
+    );
+    let mut report = text
+        .lines()
+        .find(|l| l.starts_with("svc-compile: "))
+        .map(|l| l.split(": ").skip(2).collect::<Vec<_>>().join(": "))
+        .unwrap_or_default();
+    // Where the apply's time went (SVC_COMPILE_APPLY_TIMES).
+    if let Some(times) = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("svc-compile: times: "))
+    {
+        report += &format!("\n{:48}[{times}]", "");
+    }
+    Ran {
+        took,
+        max_rss_kb: usage.ru_maxrss,
+        text,
+        report,
+    }
+}
+
+fn apply(bin: &str, root: &Path, manifests: &Path, target: &str, netns: &str, state: &Path) -> Ran {
+    let mut c = Command::new(bin);
+    c.env("SVC_COMPILE_APPLY_TIMES", "1");
+    c.arg("apply")
         .arg(manifests)
         .arg(root.join("golden/common"))
         .args(["--node", "node-1", "--target", target, "--netns", netns])
         .arg("--state-dir")
-        .arg(state)
-        .args(extra)
-        .output()
-        .expect("run svc-compile");
-    let took = start.elapsed();
-    assert!(
-        out.status.success(),
-        "svc-compile apply failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report = String::from_utf8_lossy(&out.stdout);
-    let report = report.split(": ").skip(1).collect::<Vec<_>>().join(": ");
-    (took, report)
+        .arg(state);
+    run(c)
 }
 
-/// `SERVICES` ClusterIP services with two endpoints each; every fourth is a NodePort. With
-/// `changed`, that service's second endpoint moves.
-fn manifest(changed: Option<usize>) -> String {
-    let mut out = String::new();
-    for i in 0..SERVICES {
-        let (hi, lo) = (i / 250, i % 250 + 2);
+fn compile(bin: &str, root: &Path, manifests: &Path, target: &str) -> Ran {
+    let mut c = Command::new(bin);
+    c.arg("compile")
+        .arg(manifests)
+        .arg(root.join("golden/common"))
+        .args(["--node", "node-1", "--target", target]);
+    run(c)
+}
+
+/// Wall time of `argv FILE`.
+fn timed(argv: &[&str], file: &Path) -> Duration {
+    let start = Instant::now();
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .arg(file)
+        .output()
+        .expect("run the raw load");
+    assert!(
+        out.status.success(),
+        "{argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    start.elapsed()
+}
+
+/// `services` services with `endpoints` endpoints each, alternately on node-1 and node-2
+/// (golden/common's nodes);
+/// every fourth is a NodePort.
+fn manifest(services: usize, endpoints: usize, change: Change) -> String {
+    let count = services + usize::from(matches!(change, Change::Added));
+    let moved = match change {
+        Change::Endpoints(n) => n,
+        _ => 0,
+    };
+    let mut out = String::with_capacity(count * (400 + endpoints * 60));
+    for i in 0..count {
+        let ip = format!(
+            "10.{}.{}.{}",
+            96 + (i + 1) / 65536,
+            (i + 1) / 256 % 256,
+            (i + 1) % 256
+        );
         let node_port = if i % 4 == 0 {
-            format!(", nodePort: {}", 30000 + i)
+            format!(", nodePort: {}", 30000 + i / 4)
         } else {
             String::new()
         };
-        let kind = if i % 4 == 0 { "NodePort" } else { "ClusterIP" };
-        let second = if changed == Some(i) { 250 } else { lo };
+        let kind = if i % 4 == 0 && i < 8000 {
+            "NodePort"
+        } else {
+            "ClusterIP"
+        };
+        let node_port = if kind == "NodePort" {
+            node_port
+        } else {
+            String::new()
+        };
         out += &format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench}}\n\
-             spec:\n  type: {kind}\n  clusterIP: 10.96.{}.{}\n  selector: {{app: svc-{i}}}\n  \
+             spec:\n  type: {kind}\n  clusterIP: {ip}\n  selector: {{app: svc-{i}}}\n  \
              ports:\n  - {{name: http, port: 80, targetPort: 8080{node_port}}}\n---\n\
              apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
              metadata:\n  name: svc-{i}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: svc-{i}}}\n\
              addressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n\
-             endpoints:\n- {{addresses: [10.244.1{hi}.{lo}], nodeName: node-1}}\n\
-             - {{addresses: [10.244.2{hi}.{second}], nodeName: node-2}}\n---\n",
-            10 + hi,
-            lo,
+             endpoints:\n"
         );
+        for e in 0..endpoints {
+            let n = i * endpoints + e;
+            let third = if e == 0 && i < moved {
+                255
+            } else {
+                n / 250 % 250
+            };
+            out += &format!(
+                "- {{addresses: [10.{}.{third}.{}], nodeName: node-{}}}\n",
+                128 + n / 62500 % 64,
+                n % 250 + 1,
+                e % 2 + 1
+            );
+        }
+        out += "---\n";
     }
     out
 }

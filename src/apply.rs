@@ -4,16 +4,22 @@
 //! One apply, per family:
 //!
 //! 1. take the lock (`flock` on `STATE/lock`, bounded wait);
-//! 2. read the node (`iptables-save` / `nft -j list table`) and the last apply's record;
+//! 2. read the node (`iptables-save` / `nft -j list table`) and the last apply's record —
+//!    unless the node's nf_tables generation id is the one recorded with it (the fast path,
+//!    see [`crate::nfgen`]): then nothing was committed since, and the record is the node;
 //! 3. plan step one; load its scratch document into a new, empty network namespace
 //!    (`unshare --net`) and read it back: that refuses a document the kernel rejects before
-//!    the node is touched, and gives the kernel's spelling of the rules;
-//! 4. plan step two; check the load document on the node (`--test` / `nft -c`);
+//!    the node is touched, and gives the kernel's spelling of the rules (only what the
+//!    plan writes; a read-back already seen this boot is reused, `scratch.out`);
+//! 4. plan step two; check the load document on the node (`--test` / `nft -c`), unless
+//!    it is one transaction ([`Planner::transactions`]): refused, it changes nothing;
 //! 5. load it, in a child that holds the lock and runs in its own process group, from a
 //!    file: if this process dies, the load still completes and the next apply waits for it;
-//! 6. read the node back and compare the owned part with the plan's expectation;
+//! 6. read the node back and compare the owned part with the plan's expectation — on the
+//!    fast path, the generation advanced by exactly the load's transactions proves that
+//!    only this load changed the node, and the expectation is the new state;
 //! 7. record the document and that owned state (`applied.*`, the one before as
-//!    `previous.*` for `--rollback`).
+//!    `previous.*` for `--rollback`), and the generation it holds at (`applied.gen`).
 //!
 //! A failed load leaves the previous state: nftables loads one transaction; iptables
 //! commits table by table, so tables a failed load did commit are put back from what the
@@ -28,6 +34,7 @@
 use crate::cli::{ApplyArgs, Command};
 use crate::compile::{compile_inputs, node_jobs, Compiled};
 use crate::inputs::read_file;
+use crate::nfgen::{self, Generation};
 use crate::report::{exit_code, print_diagnostics, Fail};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -44,6 +51,8 @@ use svc_targets::{Render, Sharing, Target};
 
 pub(crate) const DEFAULT_STATE_ROOT: &str = "/var/lib/svc-compile";
 pub(crate) const DEFAULT_LOCK_TIMEOUT: f64 = 30.0;
+/// The report's words for the fast path (tests look for them).
+const BY_GENERATION: &str = "node state known by its nf_tables generation, not read";
 
 pub fn run(cmd: &Command) -> u8 {
     exit_code(apply(cmd))
@@ -409,12 +418,16 @@ impl Ctx<'_> {
 
     fn apply_one(&self, family: Family, doc: &str, source: &str) -> Result<(), Fail> {
         let start = Instant::now();
+        let mut times = Times::default();
         let cmds = self.planner.commands(family);
         let dir = self.dir(family);
         let ext = self.target.ext;
         let what = format!("{} {}", self.target.name, family.as_str());
+        let netns = self.args.netns.as_deref();
 
-        let kernel = self.read_node(&cmds)?;
+        // Before anything is read: a read taken after this and verified can be recorded
+        // with it only if nothing was committed in between (the id is the same after).
+        let gen_start = nfgen::generation(netns);
         let applied_doc = fs::read_to_string(dir.join(format!("applied.{ext}"))).ok();
         let applied_state = fs::read_to_string(dir.join("applied.state")).ok();
         // The two files are written one after the other: only a snapshot that names this
@@ -432,18 +445,71 @@ impl Ctx<'_> {
                 dir.display()
             );
         }
+        // The fast path: the generation recorded with the snapshot is still the node's,
+        // so nothing was committed since and the snapshot is what the node shows.
+        let recorded_gen = match (&applied_doc, previous) {
+            (Some(d), Some(_)) => fs::read_to_string(dir.join("applied.gen"))
+                .ok()
+                .and_then(|g| generation_of(&g, d)),
+            _ => None,
+        };
+        let mut known = !self.args.full && recorded_gen.is_some() && recorded_gen == gen_start;
+        let mut kernel: Option<String> = None;
+        times.mark("start");
+        // Known and the same document: nothing to plan, load or record.
+        if known && !self.args.dry_run && previous.is_some_and(|p| p.document == doc) {
+            println!(
+                "svc-compile: {what} unchanged in {}: {}: {}; verified in {} ms ({})",
+                self.where_(),
+                Mode::Unchanged,
+                plan::Summary::default(),
+                start.elapsed().as_millis(),
+                BY_GENERATION
+            );
+            times.mark("compare with the record");
+            times.print(&what);
+            return Ok(());
+        }
 
         // Plan; an incremental nftables transaction a pre-6.2 kernel refuses is retried
         // as a full load.
         let mut full = self.args.full;
+        let mut loaded = false;
+        let mut note = None;
+        // The read-back of a load into an empty table, with its generation.
+        let mut direct: Option<(String, Generation)> = None;
         let (plan, load_path) = loop {
-            let prep = self
-                .planner
-                .prepare(doc, family, previous, &kernel, full)
-                .map_err(|e| Fail(format!("cannot apply {source}: {e}")))?;
+            let prepared = match (known, previous) {
+                (true, Some(p)) => self.planner.prepare_unchanged(doc, family, p),
+                _ => None,
+            };
+            let prep = match prepared {
+                Some(prep) => prep,
+                None => {
+                    known = false;
+                    if kernel.is_none() {
+                        kernel = Some(self.read_node(&cmds)?);
+                        times.mark("read the node");
+                    }
+                    let k = kernel.as_deref().unwrap_or("");
+                    self.planner.prepare(doc, family, previous, k, full)
+                }
+            }
+            .map_err(|e| Fail(format!("cannot apply {source}: {e}")))?;
+            times.mark("plan");
+            if let Some((plan, path, after)) =
+                self.load_into_empty(&prep, kernel.as_deref(), &cmds, &dir)?
+            {
+                times.mark("load and read back");
+                loaded = true;
+                direct = Some(after);
+                break (plan, Some(path));
+            }
             let canonical = self.scratch(&prep, &cmds, ext, source)?;
+            times.mark("scratch namespace");
             let plan = plan::plan(&prep, &canonical)
                 .map_err(|e| Fail(format!("cannot plan {what}: {e}")))?;
+            times.mark("plan step two");
             if self.args.dry_run {
                 self.print_dry_run(&what, &plan, &cmds, &dir, ext);
                 return Ok(());
@@ -455,10 +521,45 @@ impl Ctx<'_> {
                 .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
             let path = dir.join(format!("load.{ext}"));
             write_atomic(&path, load)?;
+            // A load that is one transaction needs no check first: refused, it changes
+            // nothing (and the scratch namespace has loaded what it writes).
+            if self.planner.transactions(load) == Some(1) {
+                let argv = self.on_node(cmds.load.clone(), Some(&path));
+                let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
+                times.mark("load");
+                if out.ok {
+                    loaded = true;
+                    break (plan, Some(path));
+                }
+                if known {
+                    known = false;
+                    continue;
+                }
+                if plan.mode == Mode::Incremental && !full {
+                    // Said once the full load is in: if it is refused too, its error says why.
+                    note = Some(format!(
+                        "svc-compile: note: {what}: the incremental load was refused ({}); loaded everything instead",
+                        first_line(&out.stderr)
+                    ));
+                    full = true;
+                    continue;
+                }
+                return Err(Fail(format!(
+                    "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed",
+                    shell_line(&argv),
+                    first_line(&out.stderr)
+                )));
+            }
             let check = self.on_node(cmds.check.clone(), Some(&path));
             let out = run_captured(&check)?;
+            times.mark("check on the node");
             if out.ok {
                 break (plan, Some(path));
+            }
+            if known {
+                // Planned from the record: plan again from what the node shows.
+                known = false;
+                continue;
             }
             if plan.mode == Mode::Incremental && !full {
                 eprintln!(
@@ -478,11 +579,18 @@ impl Ctx<'_> {
             eprintln!("svc-compile: warning: {what}: {w}");
         }
 
-        if let Some(path) = &load_path {
+        if let Some(path) = load_path.as_ref().filter(|_| !loaded) {
             let argv = self.on_node(cmds.load.clone(), Some(path));
             let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
+            times.mark("load");
             if !out.ok {
-                let outcome = self.undo(&plan, &cmds, &kernel, &dir, ext)?;
+                // Without a read, the record is what the node showed before.
+                let before = match (&kernel, previous) {
+                    (Some(k), _) => k.as_str(),
+                    (None, Some(p)) => p.snapshot,
+                    (None, None) => "",
+                };
+                let outcome = self.undo(&plan, &cmds, before, &dir, ext)?;
                 return Err(Fail(format!(
                     "{what}: loading failed (`{}`): {}; {outcome}",
                     shell_line(&argv),
@@ -491,15 +599,38 @@ impl Ctx<'_> {
             }
         }
 
-        // What the kernel shows now must be what was meant (when nothing was loaded, the
-        // read before is the read-back).
-        let after = match load_path {
-            Some(_) => self.read_node(&cmds)?,
-            None => kernel,
+        // What the kernel shows now must be what was meant. Known path: the generation
+        // advanced by exactly this load's transactions (nobody else committed), and what
+        // it wrote was read back in the scratch namespace. Otherwise a read: the one
+        // before when nothing was loaded, else a fresh one.
+        let loaded_only = match (known, &plan.load, &recorded_gen) {
+            (true, None, _) => true,
+            (true, Some(load), Some(g)) => self
+                .planner
+                .transactions(load)
+                .is_some_and(|n| nfgen::generation(netns) == Some(g.after(n))),
+            _ => false,
         };
-        let owned = plan
-            .owned(&after)
-            .map_err(|e| Fail(format!("{what}: cannot read the node back: {e}")))?;
+        let (owned, gen_end, how) = if loaded_only {
+            let g = match plan.load {
+                Some(_) => nfgen::generation(netns),
+                None => recorded_gen.clone(),
+            };
+            (plan.expected.clone(), g, "generation")
+        } else {
+            let (g, after) = match (&load_path, kernel, direct) {
+                (_, _, Some((after, g))) => (Some(g), after),
+                (None, Some(k), None) => (gen_start.clone(), k),
+                _ => (nfgen::generation(netns), self.read_node(&cmds)?),
+            };
+            times.mark("read back");
+            let owned = plan
+                .owned(&after)
+                .map_err(|e| Fail(format!("{what}: cannot read the node back: {e}")))?;
+            let tracked = self.planner.tracked_by_generation(family, &after);
+            let g = g.filter(|g| tracked && nfgen::generation(netns).as_ref() == Some(g));
+            (owned, g, "read")
+        };
         if owned != plan.expected {
             let _ = fs::remove_file(dir.join("applied.state"));
             return Err(Fail(format!(
@@ -507,21 +638,91 @@ impl Ctx<'_> {
                 Plan::first_difference(&plan.expected, &owned)
             )));
         }
-        self.record(&dir, ext, doc, &owned, applied_doc.as_deref())?;
+        times.mark("compare");
+        let same_record = previous.is_some_and(|p| p.document == doc && p.snapshot == owned);
+        if !same_record {
+            self.record(&dir, ext, doc, &owned, applied_doc.as_deref())?;
+        }
+        let gen_file = dir.join("applied.gen");
+        match gen_end {
+            Some(g) if recorded_gen.as_ref() != Some(&g) || !same_record => write_atomic(
+                &gen_file,
+                &format!("{}{}\n", record_header(doc), g.to_line()),
+            )?,
+            Some(_) => {}
+            None => {
+                let _ = fs::remove_file(&gen_file);
+            }
+        }
+        times.mark("record");
 
+        if let Some(note) = note {
+            eprintln!("{note}");
+        }
         let verb = if load_path.is_some() {
             "applied"
         } else {
             "unchanged"
         };
+        let path = match how {
+            "generation" => BY_GENERATION,
+            _ => "node state read",
+        };
         println!(
-            "svc-compile: {what} {verb} in {}: {}: {}; verified in {} ms",
+            "svc-compile: {what} {verb} in {}: {}: {}; verified in {} ms ({path})",
             self.where_(),
             plan.mode,
             plan.summary,
             start.elapsed().as_millis()
         );
+        times.print(&what);
         Ok(())
+    }
+
+    /// A first load into a node that shows nothing of ours, where the scratch document is
+    /// the load and one transaction (an nftables table): loading it on the node is the
+    /// scratch load, once. The read-back is the scratch namespace's if the generation
+    /// advanced by exactly this load (nobody else wrote in between). `None`: take the
+    /// usual way (a refused load changed nothing; the scratch namespace says why).
+    #[allow(clippy::type_complexity)]
+    fn load_into_empty(
+        &self,
+        prep: &Prepared,
+        kernel: Option<&str>,
+        cmds: &Commands,
+        dir: &Path,
+    ) -> Result<Option<(Plan, PathBuf, (String, Generation))>, Fail> {
+        let empty = kernel.is_some_and(|k| k.trim().is_empty());
+        if self.args.dry_run
+            || !empty
+            || !matches!(prep.mode, Mode::Full(_))
+            || self.planner.transactions(&prep.scratch) != Some(1)
+        {
+            return Ok(None);
+        }
+        let netns = self.args.netns.as_deref();
+        let Some(before) = nfgen::generation(netns) else {
+            return Ok(None);
+        };
+        fs::create_dir_all(dir)
+            .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
+        let path = dir.join(format!("load.{}", self.target.ext));
+        write_atomic(&path, &prep.scratch)?;
+        let argv = self.on_node(cmds.load.clone(), Some(&path));
+        if !run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?.ok {
+            return Ok(None);
+        }
+        let after = self.read_node(cmds)?;
+        let now = nfgen::generation(netns);
+        if now != Some(before.after(1)) || !self.planner.tracked_by_generation(prep.family, &after)
+        {
+            return Ok(None);
+        }
+        let plan = plan::plan(prep, &after).map_err(|e| Fail(format!("cannot plan: {e}")))?;
+        if plan.load.as_deref() != Some(prep.scratch.as_str()) {
+            return Ok(None);
+        }
+        Ok(Some((plan, path, (after, before.after(1)))))
     }
 
     /// Loads the scratch document into an empty namespace; returns its read-back. A
@@ -545,6 +746,29 @@ impl Ctx<'_> {
                 .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
             dir.join(format!("scratch.{ext}"))
         };
+        // The read-back of a document depends on nothing but the document, the commands
+        // and the running kernel: one already seen this boot is not loaded again (a full
+        // reload of an unchanged document after drift costs one load, not two).
+        let cache = path.with_file_name("scratch.out");
+        let key = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .filter(|_| !self.args.dry_run)
+            .map(|boot| {
+                let what = format!("{}\n{}", cmds.scratch.join(" "), prep.scratch);
+                format!(
+                    "# svc-compile scratch read-back of {:016x} on boot {}\n",
+                    fnv1a(&what),
+                    boot.trim()
+                )
+            });
+        if let Some(key) = &key {
+            if let Some(out) = fs::read_to_string(&cache)
+                .ok()
+                .and_then(|c| c.strip_prefix(key.as_str()).map(str::to_string))
+            {
+                return Ok(out);
+            }
+        }
         write_atomic(&path, &prep.scratch)?;
         let mut argv = cmds.scratch.clone();
         argv.push(path.display().to_string());
@@ -558,6 +782,9 @@ impl Ctx<'_> {
                 "the kernel refuses {source} (loaded into an empty network namespace first): {}; nothing was changed",
                 first_line(&out.stderr)
             )));
+        }
+        if let Some(key) = key {
+            write_atomic(&cache, &format!("{key}{}", out.stdout))?;
         }
         Ok(out.stdout)
     }
@@ -660,6 +887,41 @@ impl Ctx<'_> {
 /// The first line of a snapshot file: which document it was taken for.
 fn record_header(doc: &str) -> String {
     format!("# svc-compile snapshot of document {:016x}\n", fnv1a(doc))
+}
+
+/// The generation in an `applied.gen` file if it was recorded for `doc`.
+fn generation_of(file: &str, doc: &str) -> Option<Generation> {
+    Generation::from_line(file.strip_prefix(&record_header(doc))?.trim_end())
+}
+
+/// Where one apply spent its time, printed on stderr when `SVC_COMPILE_APPLY_TIMES` is set
+/// (profiling; `cargo bench --bench apply` shows it).
+#[derive(Default)]
+struct Times {
+    last: Option<Instant>,
+    phases: Vec<(&'static str, Duration)>,
+}
+
+impl Times {
+    fn mark(&mut self, phase: &'static str) {
+        let now = Instant::now();
+        if let Some(last) = self.last {
+            self.phases.push((phase, now - last));
+        }
+        self.last = Some(now);
+    }
+
+    fn print(&self, what: &str) {
+        if std::env::var_os("SVC_COMPILE_APPLY_TIMES").is_none() {
+            return;
+        }
+        let phases: Vec<String> = self
+            .phases
+            .iter()
+            .map(|(p, d)| format!("{p} {} ms", d.as_millis()))
+            .collect();
+        eprintln!("svc-compile: times: {what}: {}", phases.join(", "));
+    }
 }
 
 /// The snapshot in `state` if it was taken for `doc`.

@@ -1053,3 +1053,115 @@ fn apply_command_line() {
         assert_eq!(err.trim(), "svc-compile: apply needs root: it reads and loads the node's packet filter rules (run it as root, or in a privileged pod with hostNetwork)");
     }
 }
+
+/// The report's word for how the node's state was known: read, or proven unchanged by the
+/// nf_tables generation id (the fast path).
+const READ: &str = "(node state read)";
+const BY_GENERATION: &str = "(node state known by its nf_tables generation, not read)";
+
+/// nftables and iptables-nft: an apply right after another one, with nothing written in
+/// between, takes the fast path (no read); a write anywhere else in nf_tables sends it back
+/// to reading. Both targets: a foreign writer changing one of our chains between two applies is detected and
+/// repaired by the next one.
+#[test]
+fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_nothing_changed() {
+    for_each_target("kernel apply: fast path and foreign writers", |target| {
+        let lab = lab(&format!("fp{}", &target[..3]));
+        install_foreign(&lab);
+        let node = Node::new(&lab, target);
+        let v1 = node.version("v1", V1_API, CHAT);
+        let v2 = node.version("v2", V2_API, CHAT);
+        // iptables-nft writes through nf_tables too; iptables-legacy has no fast path.
+        let fast = target == "nftables" || node.exec("iptables", &["-V"]).contains("nf_tables");
+        let path = |r: &Run, want: &str| {
+            assert!(r.stdout.contains(want), "[{target}] {}", r.stdout);
+        };
+
+        let r = node.apply(&v1, &[]);
+        r.expect(0);
+        path(&r, READ);
+        let r = node.apply(&v1, &[]);
+        r.expect(0);
+        path(&r, if fast { BY_GENERATION } else { READ });
+        assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+        let r = node.apply(&v2, &[]);
+        r.expect(0);
+        assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
+        path(&r, if fast { BY_GENERATION } else { READ });
+        node.flows(FLOWS_V2);
+        let good = node.owned();
+        let recorded = node.recorded();
+
+        // Someone else writes, not to our state: the next apply reads and finds it intact.
+        lab.exec_ok(
+            "node",
+            "nft",
+            &[
+                "add",
+                "element",
+                "inet",
+                "user",
+                "blocked",
+                "{ 203.0.113.22 }",
+            ],
+            None,
+        )
+        .unwrap();
+        let r = node.apply(&v2, &[]);
+        r.expect(0);
+        path(&r, READ);
+        assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+        let r = node.apply(&v2, &[]);
+        r.expect(0);
+        path(&r, if fast { BY_GENERATION } else { READ });
+
+        // A foreign writer puts a rule at the top of api's service chain.
+        match target {
+            "iptables" => {
+                let chains = iptables_chains(&node.exec("iptables-save", &["-c"]));
+                let chain = chains
+                    .iter()
+                    .find(|(k, r)| {
+                        k.starts_with("nat KUBE-SVC-") && r.iter().any(|l| l.contains("shop/api"))
+                    })
+                    .map(|(k, _)| k["nat ".len()..].to_string())
+                    .expect("api's service chain");
+                node.exec("iptables", &["-t", "nat", "-I", &chain, "-j", "RETURN"]);
+            }
+            _ => {
+                let listing = node.exec("nft", &["list", "table", "ip", "kube-proxy"]);
+                let chain = nft_objects(&listing)
+                    .into_keys()
+                    .filter_map(|k| k.strip_prefix("chain service-").map(str::to_string))
+                    .find(|n| n.contains("shop/api"))
+                    .map(|n| format!("service-{n}"))
+                    .expect("api's service chain");
+                node.exec(
+                    "nft",
+                    &["insert", "rule", "ip", "kube-proxy", &chain, "return"],
+                );
+            }
+        }
+        assert_ne!(
+            node.owned(),
+            good,
+            "[{target}] the foreign rule is not there"
+        );
+        let r = node.apply(&v2, &[]);
+        r.expect(0);
+        path(&r, READ);
+        assert!(
+            r.stdout
+                .contains("full (the kernel differs from what the last apply left"),
+            "[{target}] {}",
+            r.stdout
+        );
+        assert_eq!(node.owned(), good, "[{target}] not repaired");
+        assert_eq!(node.recorded(), recorded);
+        node.flows(FLOWS_V2);
+        // And the repaired state is known again without a read.
+        let r = node.apply(&v2, &[]);
+        r.expect(0);
+        path(&r, if fast { BY_GENERATION } else { READ });
+    });
+}

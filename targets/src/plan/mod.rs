@@ -70,6 +70,32 @@ pub trait Planner: Sync {
         kernel: &str,
         force_full: bool,
     ) -> Result<Prepared, String>;
+    /// Step one when the kernel provably still shows `previous.snapshot` (nothing was
+    /// committed since the apply that recorded it: the nf_tables generation is the one
+    /// recorded then), without reading the node. `None` (the default): this planner
+    /// needs the read; the CLI reads the node and calls [`Planner::prepare`].
+    fn prepare_unchanged(
+        &self,
+        _new_doc: &str,
+        _family: Family,
+        _previous: Previous,
+    ) -> Option<Result<Prepared, String>> {
+        None
+    }
+    /// Whether the nf_tables generation id tracks every change of this back end's state
+    /// as the read `kernel` shows it (nftables; iptables-nft but not iptables-legacy).
+    /// `false` (the default): the CLI always reads the node.
+    fn tracked_by_generation(&self, _family: Family, _kernel: &str) -> bool {
+        false
+    }
+    /// How many transactions loading `load` commits, each all or nothing (`nft -f`: one;
+    /// `iptables-restore`: one per table). One: the CLI loads without checking first (a
+    /// refused load changes nothing). Through nf_tables, a generation advanced by exactly
+    /// that many from a state the CLI knows proves that only this load changed the node.
+    /// `None` (the default): unknown.
+    fn transactions(&self, _load: &str) -> Option<u32> {
+        None
+    }
 }
 
 /// A program a plan runs, and the Debian package that has it.

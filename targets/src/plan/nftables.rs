@@ -337,63 +337,98 @@ impl Planner for Nftables {
         kernel: &str,
         force_full: bool,
     ) -> Result<Prepared, String> {
-        let new = parse(new_doc).map_err(|e| format!("the document: {e}"))?;
-        if new.family != nft_family(family) {
-            return Err(format!(
-                "the document is for family {}, not {}",
-                new.family,
-                nft_family(family)
-            ));
-        }
-        let full = full_document(&new);
-        let mut summary = Summary {
-            rewritten: new.chains.len(),
-            deleted: 0,
-            jumps: 0,
-            elements: new.elements.values().map(BTreeMap::len).sum(),
-        };
-        let mut delta = None;
-        let mode = match previous {
-            _ if force_full => Mode::Full("asked for with --full".into()),
-            None => Mode::Full("no previous apply recorded".into()),
-            Some(p) => {
-                let now = normalize(kernel)?;
-                if now != p.snapshot {
-                    Mode::Full(format!(
-                        "the kernel differs from what the last apply left: {}",
-                        Plan::first_difference(p.snapshot, &now)
-                    ))
-                } else {
-                    match parse(p.document) {
-                        Err(_) => Mode::Full("the recorded document cannot be read".into()),
-                        Ok(old) => match diff(&old, &new) {
-                            Err(why) => Mode::Full(why),
-                            Ok((mut d, s)) => {
-                                d.snapshot = p.snapshot.to_string();
-                                delta = Some(d);
-                                summary = s;
-                                Mode::Incremental
-                            }
-                        },
-                    }
+        prepare(new_doc, family, previous, Some(kernel), force_full)
+    }
+
+    /// The same plan as [`Planner::prepare`] with a kernel read whose owned part is the
+    /// snapshot: the comparison is skipped.
+    fn prepare_unchanged(
+        &self,
+        new_doc: &str,
+        family: Family,
+        previous: Previous,
+    ) -> Option<Result<Prepared, String>> {
+        Some(prepare(new_doc, family, Some(previous), None, false))
+    }
+
+    /// Everything owned is in one nf_tables table.
+    fn tracked_by_generation(&self, _family: Family, _kernel: &str) -> bool {
+        true
+    }
+
+    /// `nft -f` commits a file as one transaction.
+    fn transactions(&self, _load: &str) -> Option<u32> {
+        Some(1)
+    }
+}
+
+/// Step one; `kernel` is `None` when the kernel is known to show `previous.snapshot`.
+fn prepare(
+    new_doc: &str,
+    family: Family,
+    previous: Option<Previous>,
+    kernel: Option<&str>,
+    force_full: bool,
+) -> Result<Prepared, String> {
+    let new = parse(new_doc).map_err(|e| format!("the document: {e}"))?;
+    if new.family != nft_family(family) {
+        return Err(format!(
+            "the document is for family {}, not {}",
+            new.family,
+            nft_family(family)
+        ));
+    }
+    let full = full_document(&new);
+    let mut summary = Summary {
+        rewritten: new.chains.len(),
+        deleted: 0,
+        jumps: 0,
+        elements: new.elements.values().map(BTreeMap::len).sum(),
+    };
+    let mut delta = None;
+    let mode = match previous {
+        _ if force_full => Mode::Full("asked for with --full".into()),
+        None => Mode::Full("no previous apply recorded".into()),
+        Some(p) => {
+            let now = match kernel {
+                Some(k) => normalize(k)?,
+                None => p.snapshot.to_string(),
+            };
+            if now != p.snapshot {
+                Mode::Full(format!(
+                    "the kernel differs from what the last apply left: {}",
+                    Plan::first_difference(p.snapshot, &now)
+                ))
+            } else {
+                match parse(p.document) {
+                    Err(_) => Mode::Full("the recorded document cannot be read".into()),
+                    Ok(old) => match diff(&old, &new) {
+                        Err(why) => Mode::Full(why),
+                        Ok((mut d, s)) => {
+                            d.snapshot = p.snapshot.to_string();
+                            delta = Some(d);
+                            summary = s;
+                            Mode::Incremental
+                        }
+                    },
                 }
             }
-        };
-        let scratch = match &delta {
-            Some(d) => scratch_document(&new, d),
-            None => full.clone(),
-        };
-        Ok(Prepared {
-            mode,
-            scratch,
-            family,
-            step: Arc::new(Prep {
-                full,
-                delta,
-                summary,
-            }),
-        })
-    }
+        }
+    };
+    let scratch = match &delta {
+        Some(d) => scratch_document(&new, d),
+        None => full.clone(),
+    };
+    Ok(Prepared {
+        mode,
+        scratch,
+        family,
+        step: Arc::new(Prep {
+            full,
+            delta,
+            summary,
+        }),
+    })
 }
 
 /// The incremental transaction from `old` to `new` (see the module docs), or why there
