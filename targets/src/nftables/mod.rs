@@ -64,7 +64,7 @@ mod tests;
 
 use crate::common::{self, render_ports, PortCache, PortRendering};
 use crate::{Render, Target};
-use model::{Item, Place, PortSettings};
+use model::{Form, Item, Place, PortSettings};
 use svc_compiler::ir::NodeView;
 use text::Layout;
 
@@ -94,12 +94,12 @@ pub fn write_string(view: &NodeView, opts: &Options) -> String {
 /// The model built whole, then written: what [`write_string`] writes port by port.
 #[cfg(test)]
 pub(crate) fn write_whole(view: &NodeView, opts: &Options) -> String {
-    text::write(&model::build(view), opts)
+    text::write(&model::build(view, Form::Text), opts)
 }
 
 /// The ruleset as `nft -j -f` JSON (`{"nftables": [...]}`), one command per line.
 pub fn write_json(view: &NodeView, opts: &Options) -> String {
-    json::write(&model::build(view), opts)
+    json::write(&model::build(view, Form::Json), opts)
 }
 
 /// `--target nftables`.
@@ -174,7 +174,7 @@ impl PortRendering for Nftables {
         text::write_items(out, family, &fixed.items, &mut layout);
         let own_elements: Vec<_> = fixed.elements.into_iter().map(element_line).collect();
 
-        let settings = PortSettings::of(view);
+        let settings = PortSettings::of(view, Form::Text);
         let pieces = render_ports(&view.ports, &settings, cache, |part, ports| {
             for p in ports {
                 let items = model::port_part(&settings, p);
