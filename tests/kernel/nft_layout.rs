@@ -42,3 +42,12 @@ fn golden_fast_json_passes_the_loaders_check() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The differential test with the fast layout: on every golden case and the random
+/// manifests, iptables and the fast nftables layout send each flow to the same backends
+/// with the same masquerade decision, and each agrees with the IR (as the kube-proxy
+/// layout must in `iptables_and_nftables_agree`).
+#[test]
+fn iptables_and_nftables_fast_agree() {
+    super::differential::agree(FAST, ["diffipf", "diffnff"]);
+}
