@@ -1053,3 +1053,6 @@ fn apply_command_line() {
         assert_eq!(err.trim(), "svc-compile: apply needs root: it reads and loads the node's packet filter rules (run it as root, or in a privileged pod with hostNetwork)");
     }
 }
+
+#[path = "apply_fast.rs"]
+mod fast;

@@ -635,14 +635,30 @@ impl PortBuilder<'_> {
 
         // --- sets and chains ---
         let start = self.items.len();
-        // The fast layout's text form: one map per policy chain (`affinity-<chain>`).
-        let affinity_map = |chain: &Name| -> Name { format!("affinity-{chain}").into() };
+        // The fast layout's text form: one map per policy chain, named after the chain and
+        // its endpoints (`affinity-<hash>-<chain>`), so that an incremental apply that
+        // changes the endpoints replaces the map: no source stays stuck to an endpoint that
+        // is gone (kube-proxy deletes a removed endpoint's set with it).
+        let affinity_map = |chain: &Name, endpoints: &[u32]| -> Name {
+            let eps: Vec<String> = endpoints
+                .iter()
+                .map(|&i| {
+                    let ep = &p.endpoints[i as usize];
+                    format!("{}:{}", FastIp(&ep.ip), ep.port)
+                })
+                .collect();
+            let hash = hash_and_truncate(&eps.join(","));
+            format!("affinity-{}-{chain}", &hash[..8]).into()
+        };
         let maps = view.affinity_maps;
         if let (Some(_), true) = (affinity, maps) {
-            for (uses, name) in [(uses_cluster, &cluster_chain), (uses_local, &local_chain)] {
+            for (uses, name, endpoints) in [
+                (uses_cluster, &cluster_chain, &p.cluster_endpoints),
+                (uses_local, &local_chain, &p.local_endpoints),
+            ] {
                 if uses {
                     self.items.push(Item::Set(Set {
-                        name: affinity_map(name),
+                        name: affinity_map(name, endpoints),
                         key: vec![KeyType::Addr],
                         verdict_map: false,
                         data: vec![KeyType::Addr, KeyType::InetService],
@@ -711,7 +727,7 @@ impl PortBuilder<'_> {
             if fast {
                 let aff = match (affinity, maps) {
                     (None, _) => Affinity::None,
-                    (Some(_), true) => Affinity::Map(affinity_map(name)),
+                    (Some(_), true) => Affinity::Map(affinity_map(name, endpoints)),
                     (Some(_), false) => Affinity::Sets(&affinity_set),
                 };
                 self.fast_dispatch(p, name, endpoints, aff);
