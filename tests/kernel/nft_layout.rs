@@ -51,3 +51,59 @@ fn golden_fast_json_passes_the_loaders_check() {
 fn iptables_and_nftables_fast_agree() {
     super::differential::agree(FAST, ["diffipf", "diffnff"]);
 }
+
+/// IPv6 session affinity, which no golden case has: the dual-stack case's IPv6 half with
+/// `sessionAffinity: ClientIP`, in both layouts (the fast one's text form says
+/// `dnat ip6 to ip6 saddr map @…`): every sender sticks to one backend.
+#[test]
+fn ipv6_affinity_sticks_in_both_layouts() {
+    use super::flows::{check_flows, load, parse_flows, BACKEND_PORT};
+    use super::Proto;
+    use crate::support::{root, svc};
+    if !require_root("kernel IPv6 affinity (both nftables layouts)") {
+        return;
+    }
+    let dir = root().join("golden/cases/dual-stack-ipv6");
+    let text = std::fs::read_to_string(dir.join("svc.yaml"))
+        .unwrap()
+        .replace(
+            "  type: NodePort\n",
+            "  type: NodePort\n  sessionAffinity: ClientIP\n",
+        );
+    assert!(text.contains("sessionAffinity"));
+    let text = text + "---\n" + &std::fs::read_to_string(dir.join("cluster.yaml")).unwrap();
+    let flows = parse_flows(
+        "pod-b tcp [fd00:10:96::30]:80 sticky pod-a,pod-r1\n\
+         client1 tcp [fd00:192:0:2::10]:30100 sticky pod-a,pod-r1\n",
+    );
+    for layout in ["kube-proxy", "fast"] {
+        let r = svc(
+            &[
+                "-",
+                "--target",
+                "nftables",
+                "--family",
+                "ipv6",
+                "--service-cluster-ip-range",
+                "10.96.0.0/12,fd00:10:96::/112",
+                "--node",
+                "node-1",
+                "--nft-layout",
+                layout,
+            ],
+            Some(&text),
+            &root(),
+        );
+        r.expect(0);
+        let mut lab = Lab::new(&format!("aff6{}", &layout[..2]), &LabSpec::default()).expect("lab");
+        lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
+        load(&lab, "nftables", &r.stdout);
+        let failures = check_flows(&lab, "nftables", &flows);
+        assert!(
+            failures.is_empty(),
+            "[{layout}] {}\n{}",
+            failures.join("\n"),
+            r.stdout
+        );
+    }
+}

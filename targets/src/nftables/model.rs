@@ -436,7 +436,9 @@ pub struct PortSettings {
 /// layout's affinity is one dynamic map per policy chain in the text form and kube-proxy's
 /// one set per endpoint in the JSON form: nft 1.0.6's JSON parser has no statement that
 /// updates a map from the packet path (`update @m { ip saddr : … }`), so the JSON form
-/// can say it only with sets. Both forms give every packet the same fate.
+/// can say it only with sets. Both forms give every packet the same fate. IPv6 uses the sets
+/// in both forms: nft 1.0.6 aborts on `update @m { ip6 saddr : <ipv6> . <port> }` (an
+/// assertion in netlink_linearize.c), the map's data being the endpoint's address and port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Form {
     Text,
@@ -450,7 +452,9 @@ impl PortSettings {
             masquerade_all: view.masquerade_all,
             local_detector: view.local_detector.clone(),
             layout: view.nft_layout,
-            affinity_maps: view.nft_layout == NftLayout::Fast && form == Form::Text,
+            affinity_maps: view.nft_layout == NftLayout::Fast
+                && form == Form::Text
+                && view.family == IpFamily::IPv4,
         }
     }
 }
