@@ -107,3 +107,43 @@ fn ipv6_affinity_sticks_in_both_layouts() {
         );
     }
 }
+
+/// The fast layout's JSON form (affinity as kube-proxy's per-endpoint sets, see
+/// `model::Form`) loaded with `nft -j -f`: every golden case's `[nftables]` flows.
+#[test]
+fn golden_flows_nftables_json_fast() {
+    use super::flows::{check_flows, parse_flows, BACKEND_PORT};
+    use super::Proto;
+    use crate::support::root;
+    if !require_root("kernel golden flows (nftables-json, fast layout)") {
+        return;
+    }
+    let mut failures = Vec::new();
+    for case in case_dirs() {
+        let Ok(text) =
+            std::fs::read_to_string(root().join("golden/cases").join(&case).join("flows"))
+        else {
+            continue;
+        };
+        let json = compile_case_with(&case, "nftables-json", FAST);
+        let mut lab = Lab::new(&format!("njf{}", case.len()), &LabSpec::default()).expect("lab");
+        lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
+        lab.serve(Proto::Udp, BACKEND_PORT).expect("serve udp");
+        let out = lab
+            .exec("node", "nft", &["-j", "-f", "-"], Some(&json))
+            .expect("nft");
+        assert!(
+            out.status.success(),
+            "{case}: nft -j -f: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for f in check_flows(&lab, "nftables", &parse_flows(&text)) {
+            failures.push(format!("{case} [nftables-json fast] {f}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "kernel disagrees with the IR:\n{}",
+        failures.join("\n")
+    );
+}

@@ -52,6 +52,17 @@
 //! - Full-sync form only: no partial syncs, no element diffing, no delayed chain deletion.
 //! - A service port without a cluster IP (`--no-allocate`) gets no cluster-IP objects.
 //!
+//! # The fast layout
+//!
+//! `NodeView::nft_layout == Fast` (`--nft-layout fast`) keeps the table, the base and
+//! top-level chains and the element maps, and changes what is slow to load (README
+//! "Performance"): no endpoint chains and no anonymous sets in per-service rules (endpoints
+//! picked by `numgen random mod k 0` rules that DNAT themselves, firewall ranges as
+//! `return` rules), one `masquerading` rule over the set `hairpin-endpoints` instead of a
+//! hairpin rule per endpoint, and session affinity as one dynamic map per policy chain
+//! (text form, IPv4) instead of one set per endpoint (see `model::Form`). Every packet's
+//! fate is the kube-proxy layout's; the kernel tests run both.
+//!
 //! Architecture Invariant: this module reads `NodeView` only and recomputes no decision of
 //! the node pass (endpoint sets, masquerading, detector, node-port addresses).
 
