@@ -14,7 +14,8 @@
 //!
 //! Needs root, `ip`, `nft` and `python3`. Prints Markdown (the README's table).
 //! Options: `--cap SECONDS` `--sizes 1000x50,5000x50` `--no-dataplane`
-//! `--dataplane-services N` (default 10000).
+//! `--dataplane-services N` (default 10000) `--dataplane-cap SECONDS` (how long a layout
+//! may take to load before its connection time is left out; default 900) `--no-loads`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -206,8 +207,9 @@ print('%.1f %.1f' % (times[len(times) // 2] * 1e6, times[len(times) * 9 // 10] *
 "#;
 
 /// Median and p90 connect time (µs) from a fresh namespace with `rules` loaded (none:
-/// straight to the first endpoint).
-fn connect_time(rules: Option<&Path>, vip: &str, eps: &[String]) -> String {
+/// straight to the first endpoint); not measured when the rules take longer than `cap` to
+/// load.
+fn connect_time(rules: Option<&Path>, vip: &str, eps: &[String], cap: Duration) -> String {
     let ns = Netns::new();
     ns.ok(&["ip", "link", "set", "lo", "up"]);
     // A default route out of a veth (no dummy module here), for the VIP's first routing.
@@ -223,10 +225,11 @@ fn connect_time(rules: Option<&Path>, vip: &str, eps: &[String]) -> String {
         ns.ok(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "lo"]);
     }
     let dst = match rules {
-        Some(r) => {
-            ns.ok(&["nft", "-f", r.to_str().unwrap()]);
-            vip.to_string()
-        }
+        Some(r) => match ns.time(&["nft", "-f", r.to_str().unwrap()], cap) {
+            Ok((Some(_), _)) => vip.to_string(),
+            Ok((None, _)) => return format!("not measured: no load within {}", secs(cap)),
+            Err(e) => panic!("nft -f {}: {e}", r.display()),
+        },
         None => eps[0].clone(),
     };
     let out = ns.ok(&["python3", "-c", CLIENT, &eps.join(","), &dst, "2000"]);
@@ -271,7 +274,8 @@ fn main() {
     );
     let _ = writeln!(report, "|---|---:|---:|---:|");
     let mut fast_times = Vec::new();
-    for &(s, e) in &sizes {
+    let loads = !argv.iter().any(|a| a == "--no-loads");
+    for &(s, e) in sizes.iter().filter(|_| loads) {
         eprintln!("{s} × {e} ...");
         let input = gen(&dir, s, e);
         let mut cells = Vec::new();
@@ -340,13 +344,16 @@ fn main() {
             report,
             "| no rules, straight to {} | {} |",
             eps[0],
-            connect_time(None, &vip, &eps)
+            connect_time(None, &vip, &eps, Duration::ZERO)
         );
+        let cap = opt("--dataplane-cap").map_or(Duration::from_secs(900), |c| {
+            Duration::from_secs(c.parse().expect("--dataplane-cap SECONDS"))
+        });
         for (l, p) in LAYOUTS.iter().zip(&paths) {
             let _ = writeln!(
                 report,
                 "| {l} layout | {} |",
-                connect_time(Some(p), &vip, &eps)
+                connect_time(Some(p), &vip, &eps, cap)
             );
         }
         let _ = std::fs::remove_file(&input);
