@@ -176,6 +176,11 @@ struct CompileFlags {
     /// ClusterConfig `nfacct`, else off]
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     nfacct: Option<String>,
+    /// The nftables targets' layout: kube-proxy's (diffs against a live node) or fast
+    /// (loads a large node in seconds; see README) [default: ClusterConfig `nftLayout`,
+    /// else kube-proxy]
+    #[arg(long, value_name = "LAYOUT", value_parser = ["kube-proxy", "fast"])]
+    nft_layout: Option<String>,
 }
 
 #[derive(Args)]
@@ -319,6 +324,8 @@ pub struct Command {
     /// `--random-fully on|off`, `--nfacct on|off`: node capabilities.
     pub random_fully: Option<bool>,
     pub nfacct: Option<bool>,
+    /// `--nft-layout kube-proxy|fast`.
+    pub nft_layout: Option<svc_compiler::ir::NftLayout>,
     /// `svc-compile apply ...`.
     pub apply: Option<Box<ApplyArgs>>,
     /// `svc-compile drift ...`.
@@ -704,6 +711,10 @@ fn compile_command(
         },
         random_fully: c.random_fully.map(|v| v == "on"),
         nfacct: c.nfacct.map(|v| v == "on"),
+        nft_layout: c
+            .nft_layout
+            .as_deref()
+            .and_then(svc_compiler::ir::NftLayout::parse),
         apply,
         drift: None,
     };

@@ -43,6 +43,7 @@ pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
         lock,
         random_fully: cmd.random_fully,
         nfacct: cmd.nfacct,
+        nft_layout: cmd.nft_layout,
     };
     let mut comp = svc_compiler::compile(&sources, &inputs.files, &opts);
     let checked = inputs.files.len();

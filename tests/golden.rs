@@ -115,6 +115,45 @@ fn golden_cases() {
     }));
 }
 
+/// `golden/variants` (`NAME TARGET FLAGS...` a line): every case compiled for TARGET with
+/// FLAGS added, into `CASE.TARGET.NAME.snap` (e.g. the nftables targets' fast layout).
+pub fn variants() -> Vec<(String, String, Vec<String>)> {
+    let text = std::fs::read_to_string(root().join("golden/variants")).unwrap();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let mut w = l.split_whitespace().map(String::from);
+            let name = w.next().unwrap();
+            let target = w.next().expect("a variant names its target");
+            (name, target, w.collect())
+        })
+        .collect()
+}
+
+#[test]
+fn golden_variants() {
+    let s = settings();
+    let cases = case_dirs();
+    let variants = variants();
+    assert!(!variants.is_empty());
+    check_each(cases.iter().flat_map(|case| {
+        let s = &s;
+        variants.iter().map(move |(name, target, flags)| {
+            let snap = format!("{case}.{target}.{name}");
+            let check = {
+                let snap = snap.clone();
+                move || {
+                    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+                    let out = compile_case_with(case, target, &flags);
+                    s.bind(|| insta::assert_snapshot!(snap, out));
+                }
+            };
+            (snap, Box::new(check) as Box<dyn FnOnce() + '_>)
+        })
+    }));
+}
+
 #[test]
 fn golden_examples() {
     let s = settings();

@@ -7,5 +7,6 @@ mod diff;
 mod discovery;
 mod golden;
 mod kernel;
+mod nft_layout_cli;
 mod properties;
 mod support;

@@ -54,6 +54,35 @@ pub struct ClusterConfig {
     pub random_fully: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nfacct: Option<bool>,
+    /// The nftables targets' ruleset layout (`--nft-layout` or `nftLayout`); left out of the
+    /// IR's JSON when it is the default.
+    #[serde(skip_serializing_if = "NftLayout::is_default")]
+    pub nft_layout: NftLayout,
+}
+
+/// How the nftables targets lay the ruleset out. Both give every packet the same fate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NftLayout {
+    /// kube-proxy's own objects and names, so that the output diffs against a live node.
+    #[default]
+    KubeProxy,
+    /// Built for the kernel's load costs: no anonymous sets or endpoint chains (README).
+    Fast,
+}
+
+impl NftLayout {
+    /// `kube-proxy` or `fast`.
+    pub fn parse(s: &str) -> Option<NftLayout> {
+        match s {
+            "kube-proxy" => Some(NftLayout::KubeProxy),
+            "fast" => Some(NftLayout::Fast),
+            _ => None,
+        }
+    }
+    pub fn is_default(&self) -> bool {
+        *self == NftLayout::KubeProxy
+    }
 }
 
 /// kube-proxy's KubeProxyConfiguration, with upstream defaults filled in.
@@ -330,6 +359,9 @@ pub struct NodeView {
     pub random_fully: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nfacct: Option<bool>,
+    /// [`ClusterConfig::nft_layout`], copied for the nftables targets.
+    #[serde(skip_serializing_if = "NftLayout::is_default")]
+    pub nft_layout: NftLayout,
     pub node_name: String,
     pub family: IpFamily,
     /// The node's IPs of this family, primary first.

@@ -215,6 +215,8 @@ pub struct ClusterConfigDoc {
     /// Node capabilities (see `ir::ClusterConfig`).
     pub random_fully: Option<Sp<bool>>,
     pub nfacct: Option<Sp<bool>>,
+    /// `nftLayout`: `kube-proxy` or `fast` (see `ir::NftLayout`).
+    pub nft_layout: Option<Sp<String>>,
 }
 
 /// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
@@ -1307,6 +1309,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         "clusterDomain",
         "randomFully",
         "nfacct",
+        "nftLayout",
     ];
     let mut out = ClusterConfigDoc {
         span: root.span,
@@ -1324,6 +1327,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         out.cluster_domain = d.str_(f.get("clusterDomain"), &path.key("clusterDomain"));
         out.random_fully = d.bool_(f.get("randomFully"), &path.key("randomFully"));
         out.nfacct = d.bool_(f.get("nfacct"), &path.key("nfacct"));
+        out.nft_layout = d.str_(f.get("nftLayout"), &path.key("nftLayout"));
     }
     out
 }

@@ -45,6 +45,8 @@ pub struct Options {
     /// `--random-fully on|off`, `--nfacct on|off`.
     pub random_fully: Option<bool>,
     pub nfacct: Option<bool>,
+    /// `--nft-layout`.
+    pub nft_layout: Option<ir::NftLayout>,
 }
 
 pub struct Compilation {
@@ -185,7 +187,7 @@ fn template_notes(sources: &SourceMap, inputs: &[FileId], diags: &mut Diagnostic
 }
 
 /// Merge the ClusterConfig document (if any) with the flags; flags win. Invalid values in
-/// the document were reported by validation (SVC316, SVC317); they leave the default.
+/// the document were reported by validation (SVC316, SVC317, SVC320); they leave the default.
 /// Public for the benchmarks, which run the passes one by one.
 pub fn settings(objects: &Objects, opts: &Options) -> Settings {
     let mut s = Settings::default();
@@ -209,6 +211,16 @@ pub fn settings(objects: &Objects, opts: &Options) -> Settings {
         }
         s.random_fully = doc.random_fully.as_ref().map(|b| b.v);
         s.nfacct = doc.nfacct.as_ref().map(|b| b.v);
+        if let Some(l) = doc
+            .nft_layout
+            .as_ref()
+            .and_then(|l| ir::NftLayout::parse(&l.v))
+        {
+            s.nft_layout = l;
+        }
+    }
+    if let Some(l) = opts.nft_layout {
+        s.nft_layout = l;
     }
     if opts.random_fully.is_some() {
         s.random_fully = opts.random_fully;

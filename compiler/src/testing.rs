@@ -47,6 +47,7 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             cluster_domain: "cluster.local".into(),
             random_fully: None,
             nfacct: None,
+            nft_layout: Default::default(),
         },
         proxy: ProxyConfig {
             mode: "iptables".into(),

@@ -1165,3 +1165,6 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         path(&r, if fast { BY_GENERATION } else { READ });
     });
 }
+
+#[path = "apply_fast.rs"]
+mod fast;

@@ -41,7 +41,7 @@
 use super::echo::{probe_in, Outcome, Proto};
 use super::flows::reload;
 use super::{require_root, Lab, LabSpec};
-use crate::golden::{case_dirs, compile_case};
+use crate::golden::{case_dirs, compile_case_with};
 use crate::support::{root, svc, Rng};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -1174,15 +1174,18 @@ impl Manifest {
     }
 
     fn compile(&self, target: &str) -> String {
+        self.compile_with(target, &[])
+    }
+
+    /// [`Manifest::compile`] with more flags (the nftables layout).
+    fn compile_with(&self, target: &str, extra: &[&str]) -> String {
         if let Some(case) = &self.case {
-            return compile_case(case, target);
+            return compile_case_with(case, target, extra);
         }
         let text = self.text.as_deref().unwrap();
-        let r = svc(
-            &["-", "--target", target, "--node", NODE],
-            Some(text),
-            &root(),
-        );
+        let mut a = vec!["-", "--target", target, "--node", NODE];
+        a.extend(extra);
+        let r = svc(&a, Some(text), &root());
         assert_eq!(
             r.code, 0,
             "{}: `{}` exited {}\n{}\n--- manifest\n{text}",
@@ -1232,7 +1235,12 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// Load one manifest in both labs, run its flows, re-check what disagrees; returns the
 /// failures as text.
-fn check_manifest(labs: &[Lab; 2], m: &Manifest, stats: &mut Stats) -> Option<String> {
+fn check_manifest(
+    labs: &[Lab; 2],
+    m: &Manifest,
+    stats: &mut Stats,
+    nft: &[&str],
+) -> Option<String> {
     let spec = LabSpec::default();
     let t0 = Instant::now();
     let Some(view) = parse_view(&m.compile("ir"), &spec) else {
@@ -1242,7 +1250,7 @@ fn check_manifest(labs: &[Lab; 2], m: &Manifest, stats: &mut Stats) -> Option<St
         );
         return None;
     };
-    let rules = TARGETS.map(|t| m.compile(t));
+    let rules = TARGETS.map(|t| m.compile_with(t, if t == "nftables" { nft } else { &[] }));
     let mut flows = derive_flows(&view);
     stats.traced += trace_flows(m, &mut flows, &spec);
     let t1 = Instant::now();
@@ -1333,8 +1341,11 @@ fn check_manifest(labs: &[Lab; 2], m: &Manifest, stats: &mut Stats) -> Option<St
             ));
         }
     }
-    let side = stats.ebpf.get_or_insert_with(ebpf::Side::new);
-    failures.extend(ebpf::check(side, m, &flows, &view));
+    // The socket load balancer does not depend on the nftables layout: one run checks it.
+    if nft.is_empty() {
+        let side = stats.ebpf.get_or_insert_with(ebpf::Side::new);
+        failures.extend(ebpf::check(side, m, &flows, &view));
+    }
     if failures.is_empty() {
         return None;
     }
@@ -1365,7 +1376,13 @@ fn check_manifest(labs: &[Lab; 2], m: &Manifest, stats: &mut Stats) -> Option<St
 
 #[test]
 fn iptables_and_nftables_agree() {
-    if !require_root("kernel differential iptables/nftables") {
+    agree(&[], ["diffipt", "diffnft"]);
+}
+
+/// The differential run, the nftables target compiled with `nft` added to its flags
+/// (`--nft-layout fast`: see `nft_layout.rs`), in labs tagged `tags`.
+pub fn agree(nft: &[&str], tags: [&str; 2]) {
+    if !require_root(&format!("kernel differential iptables/nftables {nft:?}")) {
         return;
     }
     let start = Instant::now();
@@ -1386,7 +1403,7 @@ fn iptables_and_nftables_agree() {
         }
         lab
     };
-    let labs = [mk("diffipt"), mk("diffnft")];
+    let labs = tags.map(mk);
 
     let mut manifests: Vec<Manifest> = Vec::new();
     if let Ok(path) = std::env::var("SVC_DIFF_FILE") {
@@ -1415,7 +1432,7 @@ fn iptables_and_nftables_agree() {
     let mut stats = Stats::default();
     let mut failures = Vec::new();
     for m in &manifests {
-        if let Some(f) = check_manifest(&labs, m, &mut stats) {
+        if let Some(f) = check_manifest(&labs, m, &mut stats, nft) {
             eprintln!("{f}\n");
             failures.push(f);
         }
@@ -1425,7 +1442,7 @@ fn iptables_and_nftables_agree() {
         .filter(|m| m.label.starts_with("seed"))
         .count() as u64;
     println!(
-        "differential: {} manifests ({generated} generated, seeds {first}..{}), {} flows, \
+        "differential {nft:?}: {} manifests ({generated} generated, seeds {first}..{}), {} flows, \
          {} (flow, target) answers of `svc-compile trace` checked against the kernel, {} probes, \
          {} flows re-checked, intended differences seen: {:?}, {:.1} s \
          (compile {:.1}, load {:.1}, probe {:.1}, re-check {:.1})",

@@ -14,7 +14,7 @@
 //! - `timeout`: no answer (dropped).
 
 use super::{require_root, Family, Lab, LabSpec, Outcome, Proto};
-use crate::golden::{case_dirs, compile_case};
+use crate::golden::{case_dirs, compile_case, compile_case_with};
 use crate::support::root;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -229,7 +229,12 @@ pub fn check_flows(lab: &Lab, target: &str, flows: &[Flow]) -> Vec<String> {
 
 /// Every golden case with a `flows` file, for one target, each in a fresh lab.
 fn run_target(target: &str) {
-    let test = format!("kernel golden flows ({target})");
+    run_target_with(target, &[]);
+}
+
+/// [`run_target`] with more flags for the compiler (e.g. `--nft-layout fast`).
+pub fn run_target_with(target: &str, extra: &[&str]) {
+    let test = format!("kernel golden flows ({target} {extra:?})");
     if !require_root(&test) {
         return;
     }
@@ -241,9 +246,9 @@ fn run_target(target: &str) {
             continue;
         };
         let flows = parse_flows(&text);
-        let rules = compile_case(&case, target);
+        let rules = compile_case_with(&case, target, extra);
         let mut lab = Lab::new(
-            &format!("{}{}", &target[..2], case.len()),
+            &format!("{}{}{}", &target[..2], extra.len(), case.len()),
             &LabSpec::default(),
         )
         .expect("lab");
@@ -251,7 +256,7 @@ fn run_target(target: &str) {
         lab.serve(Proto::Udp, BACKEND_PORT).expect("serve udp");
         load(&lab, target, &rules);
         for f in check_flows(&lab, target, &flows) {
-            failures.push(format!("{case} [{target}] {f}"));
+            failures.push(format!("{case} [{target} {extra:?}] {f}"));
         }
     }
     assert!(
@@ -275,7 +280,12 @@ fn golden_flows_nftables() {
 /// over five connections, and not all of them to the same one (chance of a false failure
 /// with four backends: 4 · (1/4)^12 ≈ 2·10⁻⁷).
 fn affinity_spreads(target: &str) {
-    if !require_root(&format!("kernel affinity spread ({target})")) {
+    affinity_spreads_with(target, &[]);
+}
+
+/// [`affinity_spreads`] with more flags for the compiler.
+pub fn affinity_spreads_with(target: &str, extra: &[&str]) {
+    if !require_root(&format!("kernel affinity spread ({target} {extra:?})")) {
         return;
     }
     let spec = LabSpec {
@@ -289,9 +299,9 @@ fn affinity_spreads(target: &str) {
             .collect(),
         ..LabSpec::default()
     };
-    let mut lab = Lab::new(&format!("aff{}", &target[..2]), &spec).expect("lab");
+    let mut lab = Lab::new(&format!("aff{}{}", &target[..2], extra.len()), &spec).expect("lab");
     lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve");
-    load(&lab, target, &compile_case("affinity", target));
+    load(&lab, target, &compile_case_with("affinity", target, extra));
     let dst: SocketAddr = "192.0.2.10:30089".parse().unwrap();
     let mut chosen = BTreeSet::new();
     for i in 0..12 {

@@ -56,6 +56,7 @@ pub mod echo;
 mod flows;
 mod ipvs;
 pub mod lab;
+mod nft_layout;
 mod selftest;
 pub mod sys;
 

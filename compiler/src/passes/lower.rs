@@ -153,6 +153,7 @@ pub fn lower(
             cluster_domain: settings.cluster_domain.clone(),
             random_fully: settings.random_fully,
             nfacct: settings.nfacct,
+            nft_layout: settings.nft_layout,
         },
         proxy: proxy_config(objects.proxy_configs.first()),
         services,

@@ -26,6 +26,8 @@ pub struct Settings {
     /// detects at runtime. `None` = each back end's default.
     pub random_fully: Option<bool>,
     pub nfacct: Option<bool>,
+    /// `--nft-layout` / `nftLayout`.
+    pub nft_layout: crate::ir::NftLayout,
 }
 
 impl Default for Settings {
@@ -36,6 +38,7 @@ impl Default for Settings {
             cluster_domain: "cluster.local".into(),
             random_fully: None,
             nfacct: None,
+            nft_layout: Default::default(),
         }
     }
 }

@@ -108,6 +108,7 @@ pub fn node_view(
     Ok(NodeView {
         random_fully: module.cluster.random_fully,
         nfacct: module.cluster.nfacct,
+        nft_layout: module.cluster.nft_layout,
         node_name: sel.name.clone(),
         family,
         masquerade_mark: 1u32.checked_shl(proxy.masquerade_bit.into()).unwrap_or(0),

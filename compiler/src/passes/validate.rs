@@ -111,6 +111,7 @@
 //! | SVC317 | error    | ClusterConfig `serviceNodePortRange` is not `LOW-HIGH` within 1-65535 |
 //! | SVC318 | error    | ClusterConfig `clusterDomain` is not a DNS-1123 subdomain |
 //! | SVC319 | error    | `ipvs` section: a timeout is not a duration, or an `excludeCIDRs` entry is not a CIDR |
+//! | SVC320 | error    | ClusterConfig `nftLayout` is not `kube-proxy` or `fast` |
 
 mod config;
 mod cross;

@@ -255,7 +255,7 @@ fn stmt(family: IpFamily, s: &Stmt) -> Statement<'static> {
             right: expr(family, right),
             op: match op {
                 // nft's implicit operator on a flag type (ct state) is a bit test.
-                Op::Implicit if *left == Expr::CtState => st::Operator::IN,
+                Op::Implicit if matches!(left, Expr::CtState | Expr::CtStatus) => st::Operator::IN,
                 Op::Implicit | Op::Eq => st::Operator::EQ,
                 Op::Neq => st::Operator::NEQ,
             },
@@ -307,6 +307,10 @@ fn stmt(family: IpFamily, s: &Stmt) -> Statement<'static> {
             port: Some(Expression::Number(u32::from(*port))),
             flags: None,
         })),
+        // `model::build(view, Form::Json)` makes none (see `Form`).
+        Stmt::MapUpdate { .. } | Stmt::DnatMap { .. } => {
+            unreachable!("affinity maps are built for the text form only")
+        }
     }
 }
 
@@ -337,6 +341,11 @@ fn expr(family: IpFamily, e: &Expr) -> Expression<'static> {
         Expr::Mark => meta(ne::MetaKey::Mark),
         Expr::CtState => Expression::Named(NamedExpression::CT(ne::CT {
             key: "state".into(),
+            family: None,
+            dir: None,
+        })),
+        Expr::CtStatus => Expression::Named(NamedExpression::CT(ne::CT {
+            key: "status".into(),
             family: None,
             dir: None,
         })),

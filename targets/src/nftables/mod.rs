@@ -52,6 +52,17 @@
 //! - Full-sync form only: no partial syncs, no element diffing, no delayed chain deletion.
 //! - A service port without a cluster IP (`--no-allocate`) gets no cluster-IP objects.
 //!
+//! # The fast layout
+//!
+//! `NodeView::nft_layout == Fast` (`--nft-layout fast`) keeps the table, the base and
+//! top-level chains and the element maps, and changes what is slow to load (README
+//! "Performance"): no endpoint chains and no anonymous sets in per-service rules (endpoints
+//! picked by `numgen random mod k 0` rules that DNAT themselves, firewall ranges as
+//! `return` rules), one `masquerading` rule over the set `hairpin-endpoints` instead of a
+//! hairpin rule per endpoint, and session affinity as one dynamic map per policy chain
+//! (text form, IPv4) instead of one set per endpoint (see `model::Form`). Every packet's
+//! fate is the kube-proxy layout's; the kernel tests run both.
+//!
 //! Architecture Invariant: this module reads `NodeView` only and recomputes no decision of
 //! the node pass (endpoint sets, masquerading, detector, node-port addresses).
 
@@ -64,7 +75,7 @@ mod tests;
 
 use crate::common::{self, render_ports, PortCache, PortRendering};
 use crate::{Render, Target};
-use model::{Item, Place, PortSettings};
+use model::{Form, Item, Place, PortSettings};
 use svc_compiler::ir::NodeView;
 use text::Layout;
 
@@ -94,12 +105,12 @@ pub fn write_string(view: &NodeView, opts: &Options) -> String {
 /// The model built whole, then written: what [`write_string`] writes port by port.
 #[cfg(test)]
 pub(crate) fn write_whole(view: &NodeView, opts: &Options) -> String {
-    text::write(&model::build(view), opts)
+    text::write(&model::build(view, Form::Text), opts)
 }
 
 /// The ruleset as `nft -j -f` JSON (`{"nftables": [...]}`), one command per line.
 pub fn write_json(view: &NodeView, opts: &Options) -> String {
-    json::write(&model::build(view), opts)
+    json::write(&model::build(view, Form::Json), opts)
 }
 
 /// `--target nftables`.
@@ -174,7 +185,7 @@ impl PortRendering for Nftables {
         text::write_items(out, family, &fixed.items, &mut layout);
         let own_elements: Vec<_> = fixed.elements.into_iter().map(element_line).collect();
 
-        let settings = PortSettings::of(view);
+        let settings = PortSettings::of(view, Form::Text);
         let pieces = render_ports(&view.ports, &settings, cache, |part, ports| {
             for p in ports {
                 let items = model::port_part(&settings, p);

@@ -11,7 +11,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::rc::Rc;
 use svc_compiler::ir::{
-    LocalDetector, NoEndpointsVerdict, NodePortAddresses, NodeView, PortView, Protocol,
+    LocalDetector, NftLayout, NoEndpointsVerdict, NodePortAddresses, NodeView, PortView, Protocol,
 };
 use svc_compiler::net::{Cidr, FastIp, IpFamily};
 
@@ -34,6 +34,8 @@ const FIREWALL_IPS: &str = "firewall-ips";
 const FIREWALL_CHECK: &str = "firewall-check";
 const MARK_MASQ: &str = "mark-for-masquerade";
 const MASQUERADING: &str = "masquerading";
+/// The fast layout's endpoint addresses, each as `addr . addr` (see [`NftLayout::Fast`]).
+const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum ChainType {
@@ -182,6 +184,9 @@ pub(super) struct Set {
     pub key: Vec<KeyType>,
     /// A verdict map (`map … : verdict`) rather than a plain set.
     pub verdict_map: bool,
+    /// A map to these (the fast layout's affinity maps: `Addr . InetService`); empty for
+    /// sets and verdict maps.
+    pub data: Vec<KeyType>,
     /// Affinity sets: `flags dynamic,timeout ; timeout Ns`.
     pub timeout: Option<u32>,
     pub comment: Option<&'static str>,
@@ -205,6 +210,8 @@ pub(super) enum Expr {
     Mark,
     /// `ct state`
     CtState,
+    /// `ct status`
+    CtStatus,
     /// `fib saddr type` / `fib daddr type`
     FibType(Side),
     /// `iifname`
@@ -282,6 +289,19 @@ pub(super) enum Stmt {
     Dnat {
         addr: IpAddr,
         port: u16,
+    },
+    /// `update @map { <key> : addr . port }` (text form only: nft 1.0.6's JSON parser has
+    /// no map update statement)
+    MapUpdate {
+        map: Name,
+        key: Expr,
+        addr: IpAddr,
+        port: u16,
+    },
+    /// `dnat ip to <key> map @map`, the map giving `addr . port` (text form only)
+    DnatMap {
+        key: Expr,
+        map: Name,
     },
 }
 
@@ -384,8 +404,8 @@ pub(super) fn ip_kw(f: IpFamily) -> &'static str {
 // ---------------------------------------------------------------------------------------
 
 /// The maps and sets whose elements are collected while services are walked and written
-/// last, each sorted by key, in this order.
-pub(super) const ELEMENT_SETS: [&str; 7] = [
+/// last, each sorted by key, in this order (the last only in the fast layout).
+pub(super) const ELEMENT_SETS: [&str; 8] = [
     NODEPORT_IPS,
     CLUSTER_IPS,
     SERVICE_IPS,
@@ -393,6 +413,7 @@ pub(super) const ELEMENT_SETS: [&str; 7] = [
     FIREWALL_IPS,
     NO_ENDPOINT_SERVICES,
     NO_ENDPOINT_NODEPORTS,
+    HAIRPIN_ENDPOINTS,
 ];
 
 /// Element key → (element comment, verdict).
@@ -405,14 +426,35 @@ pub struct PortSettings {
     pub family: IpFamily,
     masquerade_all: bool,
     local_detector: Option<LocalDetector>,
+    layout: NftLayout,
+    /// The fast layout's affinity as one dynamic map per policy chain (text) rather than
+    /// one set per endpoint (JSON; see [`Form`]).
+    affinity_maps: bool,
+}
+
+/// Which syntax the model is built for. Both get the same objects, except that the fast
+/// layout's affinity is one dynamic map per policy chain in the text form and kube-proxy's
+/// one set per endpoint in the JSON form: nft 1.0.6's JSON parser has no statement that
+/// updates a map from the packet path (`update @m { ip saddr : … }`), so the JSON form
+/// can say it only with sets. Both forms give every packet the same fate. IPv6 uses the sets
+/// in both forms: nft 1.0.6 aborts on `update @m { ip6 saddr : <ipv6> . <port> }` (an
+/// assertion in netlink_linearize.c), the map's data being the endpoint's address and port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Form {
+    Text,
+    Json,
 }
 
 impl PortSettings {
-    pub(super) fn of(view: &NodeView) -> PortSettings {
+    pub(super) fn of(view: &NodeView, form: Form) -> PortSettings {
         PortSettings {
             family: view.family,
             masquerade_all: view.masquerade_all,
             local_detector: view.local_detector.clone(),
+            layout: view.nft_layout,
+            affinity_maps: view.nft_layout == NftLayout::Fast
+                && form == Form::Text
+                && view.family == IpFamily::IPv4,
         }
     }
 }
@@ -524,6 +566,7 @@ impl PortBuilder<'_> {
             NoEndpointsVerdict::Reject => Verdict::Goto(REJECT_CHAIN.into()),
         };
         let affinity = p.affinity_timeout;
+        let fast = view.layout == NftLayout::Fast;
 
         // --- elements ---
         let spn = Some(p.spn.as_str());
@@ -596,12 +639,45 @@ impl PortBuilder<'_> {
 
         // --- sets and chains ---
         let start = self.items.len();
-        if affinity.is_some() {
+        // The fast layout's text form: one map per policy chain, named after the chain and
+        // its endpoints (`affinity-<hash>-<chain>`), so that an incremental apply that
+        // changes the endpoints replaces the map: no source stays stuck to an endpoint that
+        // is gone (kube-proxy deletes a removed endpoint's set with it).
+        let affinity_map = |chain: &Name, endpoints: &[u32]| -> Name {
+            let eps: Vec<String> = endpoints
+                .iter()
+                .map(|&i| {
+                    let ep = &p.endpoints[i as usize];
+                    format!("{}:{}", FastIp(&ep.ip), ep.port)
+                })
+                .collect();
+            let hash = hash_and_truncate(&eps.join(","));
+            format!("affinity-{}-{chain}", &hash[..8]).into()
+        };
+        let maps = view.affinity_maps;
+        if let (Some(_), true) = (affinity, maps) {
+            for (uses, name, endpoints) in [
+                (uses_cluster, &cluster_chain, &p.cluster_endpoints),
+                (uses_local, &local_chain, &p.local_endpoints),
+            ] {
+                if uses {
+                    self.items.push(Item::Set(Set {
+                        name: affinity_map(name, endpoints),
+                        key: vec![KeyType::Addr],
+                        verdict_map: false,
+                        data: vec![KeyType::Addr, KeyType::InetService],
+                        timeout: affinity,
+                        comment: None,
+                    }));
+                }
+            }
+        } else if affinity.is_some() {
             for &i in &reachable {
                 self.items.push(Item::Set(Set {
                     name: affinity_set(i),
                     key: vec![KeyType::Addr],
                     verdict_map: false,
+                    data: Vec::new(),
                     timeout: affinity,
                     comment: None,
                 }));
@@ -617,8 +693,10 @@ impl PortBuilder<'_> {
                 self.items.push(chain(name));
             }
         }
-        for &i in &reachable {
-            self.items.push(chain(endpoint_chain(i)));
+        if !fast {
+            for &i in &reachable {
+                self.items.push(chain(endpoint_chain(i)));
+            }
         }
 
         // --- rules ---
@@ -649,6 +727,15 @@ impl PortBuilder<'_> {
                 if let Some(stmts) = masq.clone() {
                     self.items.push(rule(name, stmts));
                 }
+            }
+            if fast {
+                let aff = match (affinity, maps) {
+                    (None, _) => Affinity::None,
+                    (Some(_), true) => Affinity::Map(affinity_map(name, endpoints)),
+                    (Some(_), false) => Affinity::Sets(&affinity_set),
+                };
+                self.fast_dispatch(p, name, endpoints, aff);
+                continue;
             }
             if affinity.is_some() {
                 for &i in endpoints {
@@ -721,22 +808,49 @@ impl PortBuilder<'_> {
             if p.source_ranges_include_node {
                 allowed.extend(p.load_balancer_ips.iter().map(|ip| Expr::Ip(*ip)));
             }
-            self.items.push(rule(
-                &firewall_chain,
-                vec![
-                    m_neq(
-                        Expr::Addr(Side::Saddr),
-                        Expr::AnonSet {
-                            items: allowed,
-                            comma_only: false,
-                        },
-                    ),
-                    Stmt::Verdict(Verdict::Drop),
-                ],
-            ));
+            if fast {
+                // No anonymous set: an allowed source returns (to the chain that jumped
+                // to firewall-check, as falling off this goto'd chain would), the rest drop.
+                for a in allowed {
+                    self.items.push(rule(
+                        &firewall_chain,
+                        vec![
+                            m(Expr::Addr(Side::Saddr), a),
+                            Stmt::Verdict(Verdict::Return),
+                        ],
+                    ));
+                }
+                self.items
+                    .push(rule(&firewall_chain, vec![Stmt::Verdict(Verdict::Drop)]));
+            } else {
+                self.items.push(rule(
+                    &firewall_chain,
+                    vec![
+                        m_neq(
+                            Expr::Addr(Side::Saddr),
+                            Expr::AnonSet {
+                                items: allowed,
+                                comma_only: false,
+                            },
+                        ),
+                        Stmt::Verdict(Verdict::Drop),
+                    ],
+                ));
+            }
         }
 
-        for &i in &reachable {
+        if fast {
+            for &i in &reachable {
+                let ip = p.endpoints[i as usize].ip;
+                self.element(
+                    HAIRPIN_ENDPOINTS,
+                    vec![Value::Ip(ip), Value::Ip(ip)],
+                    None,
+                    None,
+                );
+            }
+        }
+        for &i in reachable.iter().filter(|_| !fast) {
             let ep = &p.endpoints[i as usize];
             let name = endpoint_chain(i);
             // Hairpin: a pod reaching itself through the service must be masqueraded.
@@ -771,6 +885,100 @@ impl PortBuilder<'_> {
     }
 }
 
+/// How [`PortBuilder::fast_dispatch`] keeps session affinity.
+enum Affinity<'a> {
+    None,
+    /// kube-proxy's set per endpoint, named by the function.
+    Sets(&'a dyn Fn(u32) -> Name),
+    /// One map for the chain.
+    Map(Name),
+}
+
+impl PortBuilder<'_> {
+    /// The fast layout's endpoint choice in policy chain `chain`: no endpoint chains and no
+    /// anonymous vmap. Affinity first (a source in an endpoint's set goes back to it, as
+    /// kube-proxy's `ip saddr @affinity-… goto endpoint-…`), then one rule per endpoint,
+    /// the i-th of n taken with probability 1/(n-i) (`numgen random mod (n-i) 0`), so each
+    /// is taken with probability 1/n, as kube-proxy's `numgen random mod n vmap`. Each rule
+    /// DNATs itself; the hairpin masquerade is one rule in `masquerading` for all.
+    ///
+    /// With affinity as one map per policy chain (the text form), the map holds each
+    /// source's endpoint (`addr . port`): a source in it is DNATed to that, its entry's
+    /// timeout refreshed by the `update` (whose value only counts for a new entry: should
+    /// the entry expire between the lookup and the update, the source is given the first
+    /// endpoint, a valid choice); a new source is added by the rule that picks its endpoint.
+    fn fast_dispatch(&mut self, p: &PortView, chain: &Name, endpoints: &[u32], aff: Affinity) {
+        let proto = || m(Expr::L4proto, Expr::Sym(p.protocol.lower()));
+        let dnat = |i: u32| {
+            let ep = &p.endpoints[i as usize];
+            Stmt::Dnat {
+                addr: ep.ip,
+                port: ep.port,
+            }
+        };
+        let update = |set: Name| Stmt::SetUpdate {
+            set,
+            elem: Expr::Addr(Side::Saddr),
+        };
+        let map_update = |map: &Name, i: u32| {
+            let ep = &p.endpoints[i as usize];
+            Stmt::MapUpdate {
+                map: map.clone(),
+                key: Expr::Addr(Side::Saddr),
+                addr: ep.ip,
+                port: ep.port,
+            }
+        };
+        match &aff {
+            Affinity::None => {}
+            Affinity::Sets(set) => {
+                for &i in endpoints {
+                    self.items.push(rule(
+                        chain,
+                        vec![
+                            m(Expr::Addr(Side::Saddr), Expr::SetRef(set(i))),
+                            proto(),
+                            update(set(i)),
+                            dnat(i),
+                        ],
+                    ));
+                }
+            }
+            Affinity::Map(map) => {
+                if let Some(&first) = endpoints.first() {
+                    self.items.push(rule(
+                        chain,
+                        vec![
+                            m(Expr::Addr(Side::Saddr), Expr::SetRef(map.clone())),
+                            proto(),
+                            map_update(map, first),
+                            Stmt::DnatMap {
+                                key: Expr::Addr(Side::Saddr),
+                                map: map.clone(),
+                            },
+                        ],
+                    ));
+                }
+            }
+        }
+        let n = endpoints.len() as u32;
+        for (k, &i) in endpoints.iter().enumerate() {
+            let left = n - k as u32;
+            let mut stmts = vec![proto()];
+            if left > 1 {
+                stmts.push(m(Expr::NumgenRandom(left), Expr::Num(0)));
+            }
+            match &aff {
+                Affinity::None => {}
+                Affinity::Sets(set) => stmts.push(update(set(i))),
+                Affinity::Map(map) => stmts.push(map_update(map, i)),
+            }
+            stmts.push(dnat(i));
+            self.items.push(rule(chain, stmts));
+        }
+    }
+}
+
 /// Builds the table-level [`Part`].
 struct Builder<'a> {
     view: &'a NodeView,
@@ -792,12 +1000,12 @@ pub(super) fn fixed_part(view: &NodeView) -> Part {
     }
 }
 
-pub(super) fn build(view: &NodeView) -> Ruleset {
+pub(super) fn build(view: &NodeView, form: Form) -> Ruleset {
     let fixed = fixed_part(view);
     let mut items = fixed.items;
     let mut elements = ElementMaps::default();
     elements.add(fixed.elements);
-    let settings = PortSettings::of(view);
+    let settings = PortSettings::of(view, form);
     for p in &view.ports {
         let part = port_part(&settings, p);
         items.extend(part.items);
@@ -906,6 +1114,7 @@ fn verdict_map(name: &'static str, key: Vec<KeyType>, comment: &'static str) -> 
         name: name.into(),
         key,
         verdict_map: true,
+        data: Vec::new(),
         timeout: None,
         comment: Some(comment),
     })
@@ -991,6 +1200,7 @@ impl Builder<'_> {
             name: CLUSTER_IPS.into(),
             key: vec![Addr],
             verdict_map: false,
+            data: Vec::new(),
             timeout: None,
             comment: Some("Active ClusterIPs"),
         }));
@@ -1001,6 +1211,7 @@ impl Builder<'_> {
                 name: NODEPORT_IPS.into(),
                 key: vec![Addr],
                 verdict_map: false,
+                data: Vec::new(),
                 timeout: None,
                 comment: Some("IPs that accept NodePort traffic"),
             }));
@@ -1030,6 +1241,17 @@ impl Builder<'_> {
             vec![InetProto, InetService],
             "NodePort traffic",
         ));
+        let fast = view.nft_layout == NftLayout::Fast;
+        if fast {
+            self.items.push(Item::Set(Set {
+                name: HAIRPIN_ENDPOINTS.into(),
+                key: vec![Addr, Addr],
+                verdict_map: false,
+                data: Vec::new(),
+                timeout: None,
+                comment: Some("endpoint IPs, each twice: DNAT from an endpoint to itself"),
+            }));
+        }
 
         for (target, source, ct_new) in JUMPS {
             let mut stmts = Vec::new();
@@ -1047,6 +1269,22 @@ impl Builder<'_> {
                 Box::new(Expr::Hex(mark)),
             ))],
         ));
+        if fast {
+            // kube-proxy marks a hairpin connection in each endpoint chain (`ip saddr
+            // <endpoint> jump mark-for-masquerade`); here after DNAT, for all at once: a
+            // DNATed connection whose source is its new destination.
+            self.items.push(rule(
+                MASQUERADING,
+                vec![
+                    m(Expr::CtStatus, Expr::Sym("dnat")),
+                    m(
+                        Expr::Concat(vec![Expr::Addr(Side::Saddr), Expr::Addr(Side::Daddr)]),
+                        Expr::SetRef(HAIRPIN_ENDPOINTS.into()),
+                    ),
+                    jump(MARK_MASQ),
+                ],
+            ));
+        }
         self.items.push(rule(
             MASQUERADING,
             vec![

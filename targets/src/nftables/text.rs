@@ -116,7 +116,11 @@ pub(super) fn write_item(out: &mut String, family: IpFamily, item: &Item) {
             }
         }
         Item::Set(s) => {
-            let kind = if s.verdict_map { "map" } else { "set" };
+            let kind = if s.verdict_map || !s.data.is_empty() {
+                "map"
+            } else {
+                "set"
+            };
             let _ = write!(
                 out,
                 "add {kind} {fam} {TABLE} {} {{ type {}",
@@ -125,6 +129,8 @@ pub(super) fn write_item(out: &mut String, family: IpFamily, item: &Item) {
             );
             if s.verdict_map {
                 out.push_str(" : verdict");
+            } else if !s.data.is_empty() {
+                let _ = write!(out, " : {}", key_type(family, &s.data));
             }
             out.push_str(" ;");
             if let Some(t) = s.timeout {
@@ -245,6 +251,21 @@ fn stmt(out: &mut String, family: IpFamily, s: &Stmt) {
                 IpAddr::V6(a) => write!(out, "dnat to [{a}]:{port}"),
             };
         }
+        Stmt::MapUpdate {
+            map,
+            key,
+            addr,
+            port,
+        } => {
+            let _ = write!(out, "update @{map} {{ ");
+            expr(out, family, key);
+            let _ = write!(out, " : {} . {port} }}", FastIp(addr));
+        }
+        Stmt::DnatMap { key, map } => {
+            let _ = write!(out, "dnat {} to ", ip_kw(family));
+            expr(out, family, key);
+            let _ = write!(out, " map @{map}");
+        }
     }
 }
 
@@ -263,6 +284,7 @@ fn expr(out: &mut String, family: IpFamily, e: &Expr) {
         Expr::ThDport => write!(out, "th dport"),
         Expr::Mark => write!(out, "mark"),
         Expr::CtState => write!(out, "ct state"),
+        Expr::CtStatus => write!(out, "ct status"),
         Expr::FibType(Side::Saddr) => write!(out, "fib saddr type"),
         Expr::FibType(Side::Daddr) => write!(out, "fib daddr type"),
         Expr::Iifname => write!(out, "iifname"),

@@ -283,4 +283,14 @@ fn cluster(cx: &mut Cx, c: &ClusterConfigDoc) {
             );
         }
     }
+    if let Some(l) = &c.nft_layout {
+        if crate::ir::NftLayout::parse(&l.v).is_none() {
+            cx.push(
+                Diagnostic::error("SVC320", format!("unknown nftLayout `{}`", l.v))
+                    .at(l.span)
+                    .path("nftLayout")
+                    .hint("write kube-proxy (the default) or fast"),
+            );
+        }
+    }
 }
