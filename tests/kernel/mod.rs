@@ -54,6 +54,7 @@ mod ebpf;
 pub mod echo;
 mod flows;
 mod ipvs;
+mod ipvs_apply;
 pub mod lab;
 mod selftest;
 pub mod sys;

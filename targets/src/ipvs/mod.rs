@@ -51,7 +51,7 @@ pub const TARGET: Target = Target {
     ext: "ipvs",
     render: Render::Node(|_, _| Box::new(Renderer)),
     flags: &[],
-    planner: None,
+    planner: Some(&crate::plan::ipvs::Ipvs),
 };
 
 /// The parts' names in [`Part::ALL`] order, as [`NodeRenderer::parts`] lists them.

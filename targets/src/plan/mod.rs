@@ -40,6 +40,7 @@
 //! Architecture Invariant: no I/O here; the CLI hands in text and runs what comes out.
 
 pub mod iptables;
+pub mod ipvs;
 pub mod nftables;
 
 use std::fmt;
@@ -60,6 +61,11 @@ pub trait Planner: Sync {
     /// is there yet: an empty state, not an error.
     fn absent(&self) -> Option<&'static str> {
         None
+    }
+    /// Whether `svc-compile drift` can compare this planner's owned-state text
+    /// (`targets::drift` reads iptables-save and nft JSON lines only).
+    fn drift(&self) -> bool {
+        true
     }
     /// Step one (see the module docs). `force_full` ignores `previous`.
     fn prepare(
