@@ -205,6 +205,10 @@ fn golden_flows_ipvs() {
     let apply = only
         .as_deref()
         .is_none_or(|o| o.split(',').any(|c| c == "apply"));
+    // The differential's IPVS side too (tests/kernel/differential_ipvs.rs).
+    let diff = only
+        .as_deref()
+        .is_none_or(|o| o.split(',').any(|c| c == "diff"));
     let exe = std::env::current_exe().unwrap();
     let mut script = format!(
         "#!/bin/sh\nexport {GUEST_DIR_ENV}='{}'\n'{}' --exact kernel::ipvs::guest_suite --ignored --nocapture --test-threads 1; rc=$?\n",
@@ -214,6 +218,14 @@ fn golden_flows_ipvs() {
     if apply {
         script += &format!(
             "'{}' --exact kernel::ipvs_apply::guest_apply --ignored --nocapture --test-threads 1 || rc=1\n",
+            exe.display()
+        );
+    }
+    let diff = diff && !super::differential::ipvs::steps().is_empty();
+    if diff {
+        script += &super::differential::ipvs::guest_env();
+        script += &format!(
+            "'{}' --exact kernel::differential::ipvs::guest_differential --ignored --nocapture --test-threads 1 || rc=1\n",
             exe.display()
         );
     }
@@ -239,11 +251,15 @@ fn golden_flows_ipvs() {
             }
         }
     }
-    let steps = super::ipvs_apply::STEPS.iter().filter(|_| apply);
-    for c in cases
+    let mut steps: Vec<String> = super::ipvs_apply::STEPS
         .iter()
-        .chain(steps.map(|s| s.to_string()).collect::<Vec<_>>().iter())
-    {
+        .filter(|_| apply)
+        .map(|s| s.to_string())
+        .collect();
+    if diff {
+        steps.extend(super::differential::ipvs::steps());
+    }
+    for c in cases.iter().chain(&steps) {
         if !seen.contains(c) {
             failures.push(format!("{c} [ipvs]: no result from the guest"));
         }

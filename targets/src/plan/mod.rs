@@ -25,7 +25,9 @@
 //! per-service chains of kube-proxy's layout (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`,
 //! `KUBE-FW-`, `KUBE-SEP-`) and chains an earlier apply declared, and the jump rules from
 //! built-in chains, identified by their exact `iptables-save` text. nftables: the table
-//! `kube-proxy` of the family. Nothing else is ever written, flushed or deleted.
+//! `kube-proxy` of the family. ipvs: see [`ipvs`] (sets, servers and addresses it wrote,
+//! plus the iptables ownership for its iptables part). Nothing else is ever written,
+//! flushed or deleted.
 //!
 //! # Modes
 //!
