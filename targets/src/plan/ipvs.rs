@@ -14,9 +14,10 @@
 //!   swap scratch sets ([`TMP_PREFIX`]);
 //! - kube-ipvs0's addresses of this family that the document or the last apply bound;
 //! - virtual servers (with all their real servers) that the document or the last apply
-//!   declared, or whose address is an owned kube-ipvs0 address. A virtual server on any
-//!   other address (a user's, or one on a node address at a port we never wrote) is never
-//!   touched;
+//!   declared, or whose address is an owned kube-ipvs0 address or in our KUBE-IPVS-IPS set
+//!   on the node, or whose port is in our KUBE-NODE-PORT-… sets on the node (so what a
+//!   load that was killed before its record left is still ours). A virtual server on any
+//!   other address and port (a user's) is never touched;
 //! - the IPVS timeouts, only when the document has a `--set` line;
 //! - iptables: what the iptables planner owns ([`super::iptables`], reused for the part).
 //!
@@ -304,6 +305,8 @@ struct Ownership {
     sets: BTreeSet<String>,
     servers: BTreeSet<String>,
     addrs: BTreeSet<String>,
+    /// (`-t`/`-u`/`--sctp-service`, port): node ports our sets on the node hold.
+    node_ports: BTreeSet<(String, u16)>,
     timeouts: bool,
 }
 
@@ -312,7 +315,39 @@ impl Ownership {
         self.sets.contains(name) || name.starts_with(TMP_PREFIX)
     }
     fn owns_server(&self, key: &str) -> bool {
-        self.servers.contains(key) || self.addrs.contains(&host_of(&service_addr(key)))
+        let port = key
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok());
+        let flag = key.split_whitespace().next().unwrap_or("");
+        self.servers.contains(key)
+            || self.addrs.contains(&host_of(&service_addr(key)))
+            || port.is_some_and(|p| self.node_ports.contains(&(flag.to_string(), p)))
+    }
+
+    /// What our sets on the node say was loaded, even by a load no record describes (a
+    /// SIGKILL between the load and the record; sets are the first step of every load):
+    /// KUBE-IPVS-IPS's addresses (kube-ipvs0's VIPs) and the KUBE-NODE-PORT-… sets' ports.
+    fn add_from_sets(&mut self, sets: &BTreeMap<String, IpSet>) {
+        for (name, set) in sets.iter().filter(|(n, _)| self.sets.contains(*n)) {
+            if name.ends_with("-IPVS-IPS") {
+                self.addrs.extend(set.entries.iter().map(|e| host_of(e)));
+            } else if name.contains("NODE-PORT-") {
+                let flag = if name.contains("TCP") {
+                    "-t"
+                } else if name.contains("UDP") {
+                    "-u"
+                } else {
+                    "--sctp-service"
+                };
+                for e in &set.entries {
+                    // bitmap:port entries are ports; SCTP's hash:ip,port `IP,sctp:PORT`.
+                    let port = e.rsplit(':').next().unwrap_or(e);
+                    if let Ok(p) = port.parse() {
+                        self.node_ports.insert((flag.to_string(), p));
+                    }
+                }
+            }
+        }
     }
 
     fn add(&mut self, st: &State) {
@@ -692,6 +727,7 @@ impl Planner for Ipvs {
                 }
             }
         }
+        own.add_from_sets(&parse_ipsets(k.get("ipset").map_or("", String::as_str))?);
         let now = own.cut(&k)?;
 
         // The scratch namespace gets the whole new IPVS state and the iptables planner's

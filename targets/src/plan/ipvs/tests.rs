@@ -16,13 +16,21 @@ fn doc(sets: &[(&str, &[&str])], servers: &[(&str, &[&str])], extra: &str) -> St
     out += "# ==== addresses: load with `ip -batch -` (node n, IPv4) ====\n";
     out += "#   net.ipv4.vs.conntrack=1  (why)\n#   net.ipv4.vs.conn_reuse_mode=0  (only on kernels older than 5.9)\n";
     out += "link add kube-ipvs0 type dummy\n";
-    for (s, _) in servers {
-        let vip = service_addr(s);
+    for vip in vips(servers) {
         out += &format!("address add {vip}/32 dev kube-ipvs0\n");
     }
     out += "# ==== iptables: load with `iptables-restore --noflush` (node n, IPv4) ====\n";
     out += &ipt_doc(sets);
     out
+}
+
+/// The servers' addresses bound to kube-ipvs0: cluster IPs (10.96.…), not node addresses.
+fn vips(servers: &[(&str, &[&str])]) -> Vec<String> {
+    servers
+        .iter()
+        .map(|(s, _)| service_addr(s))
+        .filter(|a| a.starts_with("10.96."))
+        .collect()
 }
 
 fn ipset_text(sets: &[(&str, &[&str])], kernel: bool) -> String {
@@ -103,14 +111,14 @@ fn node_with(sets: &[(&str, &[&str])], servers: &[(&str, &[&str])]) -> String {
     all_sets.push(USER_SET);
     let mut all_servers = servers.to_vec();
     all_servers.push(USER_VS);
-    let addrs: Vec<String> = servers.iter().map(|(s, _)| service_addr(s)).collect();
+    let addrs = vips(servers);
     let addrs: Vec<&str> = addrs.iter().map(String::as_str).collect();
     read(&all_sets, &all_servers, &addrs, &ipt_save(Some(sets)))
 }
 
 /// What the scratch namespace shows after loading `doc(sets, servers)`.
 fn scratch_of(sets: &[(&str, &[&str])], servers: &[(&str, &[&str])]) -> String {
-    let addrs: Vec<String> = servers.iter().map(|(s, _)| service_addr(s)).collect();
+    let addrs = vips(servers);
     let addrs: Vec<&str> = addrs.iter().map(String::as_str).collect();
     read(sets, servers, &addrs, &ipt_save(Some(sets)))
 }
@@ -350,4 +358,48 @@ fn here_documents_never_end_early() {
     let mut out = String::new();
     heredoc(&mut out, "cat", "a\nSVC_X\nb\n", "X");
     assert_eq!(out, "cat <<'SVC_X_'\na\nSVC_X\nb\nSVC_X_\n");
+}
+
+/// A load that went in but was never recorded (SIGKILL between load and record): its
+/// servers and VIPs are still ours through our sets on the node, so the next apply removes
+/// them; the user's server stays.
+#[test]
+fn what_an_unrecorded_load_left_is_still_owned() {
+    let sets: [(&str, &[&str]); 2] = [
+        ("KUBE-IPVS-IPS", &["10.96.0.1"]),
+        ("KUBE-NODE-PORT-TCP", &["30001"]),
+    ];
+    let servers: [(&str, &[&str]); 2] = [
+        ("-t 10.96.0.1:80", &["10.244.1.2:8080"]),
+        ("-t 192.0.2.10:30001", &["10.244.1.2:8080"]),
+    ];
+    let v1 = doc(&sets, &servers, "");
+    let recorded = node_with(&sets, &servers);
+    let snapshot = plan_for(&v1, &recorded, None, &sets, &servers)
+        .owned(&recorded)
+        .unwrap();
+    // v2 went in: one more service with a node port; the record still says v1.
+    let sets2: [(&str, &[&str]); 2] = [
+        ("KUBE-IPVS-IPS", &["10.96.0.1", "10.96.0.2"]),
+        ("KUBE-NODE-PORT-TCP", &["30001", "30002"]),
+    ];
+    let mut servers2 = servers.to_vec();
+    servers2.push(("-t 10.96.0.2:80", &["10.244.1.3:8080"]));
+    servers2.push(("-t 192.0.2.10:30002", &["10.244.1.3:8080"]));
+    let kernel = node_with(&sets2, &servers2);
+    let prev = Previous {
+        document: &v1,
+        snapshot: &snapshot,
+    };
+    let p = plan_for(&v1, &kernel, Some(prev), &sets, &servers);
+    let load = p.load.unwrap();
+    assert!(
+        load.contains("-D -t 10.96.0.2:80\n-D -t 192.0.2.10:30002\n"),
+        "{load}"
+    );
+    assert!(
+        load.contains("address del 10.96.0.2/32 dev kube-ipvs0\n"),
+        "{load}"
+    );
+    assert!(!load.contains("8888") && !load.contains("USER"), "{load}");
 }
