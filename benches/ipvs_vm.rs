@@ -4,7 +4,8 @@
 //! two orders of magnitude slower than real hardware; the ratios between the loaders mean
 //! more than the absolute numbers). Each part is loaded once, in load order, into a fresh
 //! network namespace: `ipset restore`, `ipvsadm-restore`, `ip -batch`,
-//! `iptables-restore --noflush`; then the same sets are built beside and swapped in
+//! `iptables-restore --noflush` (`lo` up first: IPVS refuses real servers in a namespace
+//! without a local routing table, "address not unicast"); then the same sets are built beside and swapped in
 //! (what `apply` does for a changed set). Needs qemu and a kernel image (as the IPVS
 //! kernel tests); otherwise it says so and exits 0. Options: `--services N`.
 
@@ -85,7 +86,7 @@ fn main() {
     let script = format!(
         "#!/bin/sh\n\
          t() {{ s=$(date +%s%N); \"$@\" > /tmp/out 2>&1; rc=$?; e=$(date +%s%N); n=$(grep -c . /tmp/out); echo \"bench: $L $(( (e - s) / 1000000 )) $rc $n\"; }}\n\
-         ip netns add b; X='ip netns exec b'\n\
+         ip netns add b; X='ip netns exec b'; $X ip link set lo up\n\
          L=ipset t $X sh -c 'ipset restore < {d}/ipset'\n\
          L=ipvsadm t $X sh -c 'ipvsadm-restore < {d}/ipvsadm'\n\
          L=addresses t $X ip -batch {d}/addresses\n\
