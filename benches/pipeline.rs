@@ -238,11 +238,17 @@ fn stages(services: usize, runs: usize, only: Option<&str>) -> Vec<(&'static str
     t.stage("nftables, 1 node", || {
         svc_targets::nftables::write_string(&v, &Default::default())
     });
+    t.stage("ipvs (four parts), 1 node", || {
+        svc_targets::ipvs::write_string(&v, &svc_targets::ipvs::Options::from_view(&v))
+    });
     t.stage("node views + iptables, 100 nodes", || {
         all_nodes(&module, Target::Iptables)
     });
     t.stage("node views + nftables, 100 nodes", || {
         all_nodes(&module, Target::Nftables)
+    });
+    t.stage("node views + ipvs, 100 nodes", || {
+        all_nodes(&module, Target::Ipvs)
     });
     t.stats
 }
@@ -251,6 +257,7 @@ fn stages(services: usize, runs: usize, only: Option<&str>) -> Vec<(&'static str
 enum Target {
     Iptables,
     Nftables,
+    Ipvs,
 }
 
 /// What `--all-nodes` computes (without the file writes): every node's view and ruleset,
@@ -270,6 +277,12 @@ fn all_nodes(module: &Module, target: Target) -> usize {
             match target {
                 Target::Iptables => ipt.write_into(&v, text),
                 Target::Nftables => nft.write_into(&v, text),
+                Target::Ipvs => {
+                    *text = svc_targets::ipvs::write_string(
+                        &v,
+                        &svc_targets::ipvs::Options::from_view(&v),
+                    )
+                }
             }
             text.len()
         })
@@ -375,6 +388,12 @@ const CLI_CASES: &[CliCase] = &[
         input: "yaml",
         target: "nftables",
         all_nodes: true,
+    },
+    // Last: an all-nodes case is compared with the one-node case four before it.
+    CliCase {
+        input: "yaml",
+        target: "ipvs",
+        all_nodes: false,
     },
 ];
 

@@ -754,10 +754,10 @@ fn drift_command(
     let Parsed::Run(mut cmd) = compile_command(c, None, false, matches, targets)? else {
         unreachable!("compile_command gives a run")
     };
-    if cmd.target.planner.is_none() {
+    if !cmd.target.planner.is_some_and(|p| p.drift()) {
         let names: Vec<String> = targets
             .iter()
-            .filter(|t| t.planner.is_some())
+            .filter(|t| t.planner.is_some_and(|p| p.drift()))
             .map(|t| format!("--target {}", t.name))
             .collect();
         return Err(format!("drift needs {}", one_of(&names)));

@@ -231,6 +231,15 @@ fn write_per_node(
                 drop(view);
                 return write(dir.join(format!("{}.{fam}.{ext}", sel.name)), text);
             }
+            if cmd.part.is_none() {
+                // Every part from one computation of the node's state.
+                let mut texts = vec![String::new(); parts.len()];
+                renderer.render_parts_into(&view, &mut texts);
+                for (part, t) in parts.iter().zip(&texts) {
+                    write(dir.join(format!("{}.{fam}.{part}.{ext}", sel.name)), t)?;
+                }
+                return Ok(());
+            }
             for part in &parts {
                 renderer.render_part_into(&view, part, text);
                 write(dir.join(format!("{}.{fam}.{part}.{ext}", sel.name)), text)?;

@@ -116,6 +116,15 @@ pub trait NodeRenderer: Send + Sync {
         let _ = (view, out);
         unreachable!("render_part_into(`{part}`) on a renderer without parts")
     }
+
+    /// Every part of [`parts`](NodeRenderer::parts) for `view`: `out[i]` (cleared first)
+    /// gets part `parts()[i]`. A renderer whose parts share one computation overrides
+    /// this to do it once; the default renders each part on its own.
+    fn render_parts_into(&self, view: &NodeView, out: &mut [String]) {
+        for (part, text) in self.parts().iter().zip(out) {
+            self.render_part_into(view, part, text);
+        }
+    }
 }
 
 impl Target {

@@ -38,6 +38,9 @@
 //! Reproduce one seed with
 //! `SVC_DIFF_SEED=<seed> SVC_DIFF_CASES=1 SVC_DIFF_GOLDEN=0 cargo test differential -- --nocapture`.
 
+#[path = "differential_ipvs.rs"]
+pub(super) mod ipvs;
+
 use super::echo::{probe_in, Outcome, Proto};
 use super::flows::reload;
 use super::{require_root, Lab, LabSpec};

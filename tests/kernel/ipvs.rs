@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use svc_targets::ipvs::Part;
 
 /// Where the guest finds its cases (set by the host for the guest).
-const GUEST_DIR_ENV: &str = "SVC_IPVS_GUEST_DIR";
+pub(super) const GUEST_DIR_ENV: &str = "SVC_IPVS_GUEST_DIR";
 /// The whole suite in the VM, boot included (TCG is slow; measured: see README).
 const SUITE_TIMEOUT_SECS: u64 = 1500;
 
@@ -177,6 +177,7 @@ fn golden_flows_ipvs() {
     }
     let share = share_dir("flows");
     let cases_dir = share.join("cases");
+    std::fs::create_dir_all(&cases_dir).unwrap();
     let mut cases = Vec::new();
     // SVC_IPVS_CASES=a,b runs only those cases (while working on one).
     let only = std::env::var("SVC_IPVS_CASES").ok();
@@ -200,12 +201,35 @@ fn golden_flows_ipvs() {
         std::fs::write(dir.join("flows"), flows).unwrap();
         cases.push(case);
     }
+    // apply's steps (tests/kernel/ipvs_apply.rs) run in the same boot, after the cases.
+    let apply = only
+        .as_deref()
+        .is_none_or(|o| o.split(',').any(|c| c == "apply"));
+    // The differential's IPVS side too (tests/kernel/differential_ipvs.rs).
+    let diff = only
+        .as_deref()
+        .is_none_or(|o| o.split(',').any(|c| c == "diff"));
     let exe = std::env::current_exe().unwrap();
-    let script = format!(
-        "#!/bin/sh\nexport {GUEST_DIR_ENV}='{}'\nexec '{}' --exact kernel::ipvs::guest_suite --ignored --nocapture --test-threads 1\n",
+    let mut script = format!(
+        "#!/bin/sh\nexport {GUEST_DIR_ENV}='{}'\n'{}' --exact kernel::ipvs::guest_suite --ignored --nocapture --test-threads 1; rc=$?\n",
         share.display(),
         exe.display()
     );
+    if apply {
+        script += &format!(
+            "'{}' --exact kernel::ipvs_apply::guest_apply --ignored --nocapture --test-threads 1 || rc=1\n",
+            exe.display()
+        );
+    }
+    let diff = diff && !super::differential::ipvs::steps().is_empty();
+    if diff {
+        script += &super::differential::ipvs::guest_env();
+        script += &format!(
+            "'{}' --exact kernel::differential::ipvs::guest_differential --ignored --nocapture --test-threads 1 || rc=1\n",
+            exe.display()
+        );
+    }
+    script += "exit $rc\n";
     let run = run_vm(&script, &share, SUITE_TIMEOUT_SECS);
     let results = std::fs::read_to_string(share.join("results")).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&share);
@@ -227,7 +251,15 @@ fn golden_flows_ipvs() {
             }
         }
     }
-    for c in &cases {
+    let mut steps: Vec<String> = super::ipvs_apply::STEPS
+        .iter()
+        .filter(|_| apply)
+        .map(|s| s.to_string())
+        .collect();
+    if diff {
+        steps.extend(super::differential::ipvs::steps());
+    }
+    for c in cases.iter().chain(&steps) {
         if !seen.contains(c) {
             failures.push(format!("{c} [ipvs]: no result from the guest"));
         }

@@ -55,6 +55,7 @@ mod ebpf_apply;
 pub mod echo;
 mod flows;
 mod ipvs;
+mod ipvs_apply;
 pub mod lab;
 mod nft_layout;
 mod selftest;

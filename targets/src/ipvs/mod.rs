@@ -51,7 +51,7 @@ pub const TARGET: Target = Target {
     ext: "ipvs",
     render: Render::Node(|_, _| Box::new(Renderer)),
     flags: &[],
-    planner: None,
+    planner: Some(&crate::plan::ipvs::Ipvs),
 };
 
 /// The parts' names in [`Part::ALL`] order, as [`NodeRenderer::parts`] lists them.
@@ -59,7 +59,8 @@ const PART_NAMES: [&str; 4] = ["ipset", "ipvsadm", "addresses", "iptables"];
 
 /// The renderer of [`TARGET`]: the view's own IPVS settings (the module's `ipvs` section,
 /// which every view carries), other [`Options`] at their defaults. Each call builds the
-/// node's state anew, so `--out` builds it once per part.
+/// node's state anew; [`NodeRenderer::render_parts_into`] (`--all-nodes --out`) builds it
+/// once for all four parts.
 pub struct Renderer;
 
 impl NodeRenderer for Renderer {
@@ -82,6 +83,14 @@ impl NodeRenderer for Renderer {
             &Options::from_view(view),
             out,
         );
+    }
+
+    fn render_parts_into(&self, view: &NodeView, out: &mut [String]) {
+        let (st, opts) = (model::build(view), Options::from_view(view));
+        for (part, text) in Part::ALL.into_iter().zip(out) {
+            text.clear();
+            render(view, &st, part, &opts, text);
+        }
     }
 }
 

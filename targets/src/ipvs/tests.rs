@@ -538,3 +538,25 @@ fn renderer_parts() {
         assert_eq!(out, write_part(&v, p, &o), "{p}");
     }
 }
+
+/// `--all-nodes --out` renders all parts from one model: the same text as each part alone.
+#[test]
+fn all_parts_at_once_equal_each_part_alone() {
+    use crate::NodeRenderer;
+    let t = service(
+        "  type: LoadBalancer\n  clusterIP: 10.96.0.10\n  externalIPs: [80.11.12.10]",
+        "loadBalancer: {ingress: [{ip: 146.148.47.155}]}",
+    );
+    for family in [IpFamily::IPv4, IpFamily::IPv6] {
+        let (v, _) = compile(&t, family);
+        let r = super::Renderer;
+        let mut all = vec![String::from("stale"); r.parts().len()];
+        r.render_parts_into(&v, &mut all);
+        for (name, text) in r.parts().iter().zip(&all) {
+            let mut one = String::new();
+            r.render_part_into(&v, name, &mut one);
+            assert_eq!(text, &one, "{name} ({family:?})");
+        }
+        assert!(all.iter().all(|t| !t.starts_with("stale")));
+    }
+}

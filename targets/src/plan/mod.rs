@@ -25,7 +25,9 @@
 //! per-service chains of kube-proxy's layout (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`,
 //! `KUBE-FW-`, `KUBE-SEP-`) and chains an earlier apply declared, and the jump rules from
 //! built-in chains, identified by their exact `iptables-save` text. nftables: the table
-//! `kube-proxy` of the family. Nothing else is ever written, flushed or deleted.
+//! `kube-proxy` of the family. ipvs: see [`ipvs`] (sets, servers and addresses it wrote,
+//! plus the iptables ownership for its iptables part). Nothing else is ever written,
+//! flushed or deleted.
 //!
 //! # Modes
 //!
@@ -40,6 +42,7 @@
 //! Architecture Invariant: no I/O here; the CLI hands in text and runs what comes out.
 
 pub mod iptables;
+pub mod ipvs;
 pub mod nftables;
 
 use std::fmt;
@@ -60,6 +63,11 @@ pub trait Planner: Sync {
     /// is there yet: an empty state, not an error.
     fn absent(&self) -> Option<&'static str> {
         None
+    }
+    /// Whether `svc-compile drift` can compare this planner's owned-state text
+    /// (`targets::drift` reads iptables-save and nft JSON lines only).
+    fn drift(&self) -> bool {
+        true
     }
     /// Step one (see the module docs). `force_full` ignores `previous`.
     fn prepare(
