@@ -68,10 +68,17 @@ pub struct SourceMap {
 }
 
 impl SourceMap {
+    /// Add a file. A lone carriage return becomes a line feed: YAML reads it as a line
+    /// break, so lines are counted the same way by the parsers and by code frames (and
+    /// the text means the same: YAML normalises line breaks, JSON takes both as space).
     pub fn add(&mut self, name: impl Into<String>, text: impl Into<String>) -> FileId {
+        let mut text = text.into();
+        if text.contains('\r') {
+            text = lone_cr_to_lf(text);
+        }
         self.files.push(SourceFile {
             name: name.into(),
-            text: text.into(),
+            text,
             line_starts: OnceLock::new(),
         });
         FileId(self.files.len() as u32 - 1)
@@ -121,6 +128,19 @@ impl SourceMap {
     pub fn location(&self, span: Span) -> String {
         format!("{}:{}:{}", self.name(span.file), span.line, span.col)
     }
+}
+
+/// `text` with every `\r` that no `\n` follows made a `\n` (same length, so byte
+/// offsets keep their meaning).
+fn lone_cr_to_lf(text: String) -> String {
+    let mut bytes = text.into_bytes();
+    for i in 0..bytes.len() {
+        if bytes[i] == b'\r' && bytes.get(i + 1) != Some(&b'\n') {
+            bytes[i] = b'\n';
+        }
+    }
+    // Only one ASCII byte was replaced by another.
+    String::from_utf8(bytes).expect("still UTF-8")
 }
 
 /// Bytes to text: the text and, when they are not valid, the byte offset in the text of the
@@ -186,6 +206,22 @@ mod tests {
                 assert_eq!(m.line_text(f, line), expect, "{text:?} line {line}");
             }
         }
+    }
+
+    /// Found by fuzzing (`check_bytes`): YAML breaks lines at a lone `\r`, so the parser
+    /// and the code frames must count lines alike.
+    #[test]
+    fn a_lone_carriage_return_is_a_line_break() {
+        let mut m = SourceMap::default();
+        let f = m.add("f", "a: 1\rb: 2\r\r\nc: 3\r");
+        assert_eq!(m.file(f).text, "a: 1\nb: 2\n\r\nc: 3\n");
+        assert_eq!(m.line_text(f, 2), Some("b: 2"));
+        assert_eq!(m.line_text(f, 3), Some(""));
+        assert_eq!(m.line_text(f, 4), Some("c: 3"));
+        let (docs, d) = crate::tree::parse_file(f, &m.file(f).text);
+        assert!(d.items.is_empty());
+        let line = |k| docs[0].root.get(k).map(|n| n.span.line);
+        assert_eq!((line("b"), line("c")), (Some(2), Some(4)));
     }
 
     #[test]
