@@ -1,11 +1,14 @@
 //! The one integration-test binary: CLI behaviour, golden snapshots, properties and
 //! real-kernel tests.
 
+mod bounds;
 mod check;
+mod checkers;
 mod cli;
 mod diff;
 mod discovery;
 mod golden;
 mod kernel;
+mod manifests;
 mod properties;
 mod support;
