@@ -57,6 +57,7 @@ mod ipvs;
 pub mod lab;
 mod selftest;
 pub mod sys;
+mod timewait;
 
 #[allow(unused_imports)]
 pub use echo::{Outcome, Proto, PROBE_TIMEOUT};
