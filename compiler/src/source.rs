@@ -169,7 +169,8 @@ fn decode(bytes: Vec<u8>) -> (String, Option<(usize, &'static str)>) {
                 }
             }
         }
-        let at = at.unwrap_or(text.len().saturating_sub(1));
+        // An odd byte count: at the last character (which may take several bytes).
+        let at = at.unwrap_or_else(|| text.char_indices().last().map_or(0, |(i, _)| i));
         return (text, bad.map(|b| (at, b)));
     }
     let bytes = match bytes.strip_prefix(b"\xEF\xBB\xBF") {
@@ -222,6 +223,20 @@ mod tests {
         assert!(d.items.is_empty());
         let line = |k| docs[0].root.get(k).map(|n| n.span.line);
         assert_eq!((line("b"), line("c")), (Some(2), Some(4)));
+    }
+
+    /// Found by fuzzing (`lock_file`): a UTF-16 file of an odd number of bytes whose last
+    /// character takes several bytes in UTF-8 was located inside that character (a panic).
+    #[test]
+    fn odd_utf16_ending_in_a_wide_character() {
+        let mut bytes = vec![0xFF, 0xFE];
+        bytes.extend("a\u{6900}".encode_utf16().flat_map(u16::to_le_bytes));
+        bytes.push(0xE9); // with the padding: U+00E9, two bytes in UTF-8
+        let mut m = SourceMap::default();
+        let (f, d) = m.add_bytes("odd", bytes);
+        let chars = m.file(f).text.chars().count() as u32;
+        let s = d.expect("odd UTF-16").span.expect("located");
+        assert_eq!((s.line, s.col), (1, chars));
     }
 
     #[test]
