@@ -53,6 +53,8 @@ mod tests {
     fn table_lists_every_code_used_outside_validation() {
         let mut used: Vec<String> = SOURCES
             .iter()
+            // Codes named only in a file's unit tests are not used by it.
+            .map(|src| src.split("#[cfg(test)]").next().unwrap_or(src))
             .flat_map(|src| {
                 src.match_indices("\"SVC")
                     .map(move |(i, _)| &src[i + 1..i + 7])
