@@ -51,9 +51,14 @@ pub fn read_inputs(
     for p in paths {
         if p == "-" {
             let mut bytes = Vec::new();
+            // One byte more than the limit tells a stream over it from one at it.
             std::io::stdin()
+                .take(MAX_INPUT_BYTES + 1)
                 .read_to_end(&mut bytes)
                 .map_err(|e| Fail(format!("cannot read standard input: {e}")))?;
+            if bytes.len() as u64 > MAX_INPUT_BYTES {
+                return Err(too_large("standard input", None));
+            }
             stdin = Some(bytes);
             continue;
         }
@@ -76,6 +81,12 @@ pub fn read_inputs(
     let mut seen: HashSet<PathBuf> = HashSet::new();
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
     let mut skipped: Vec<(String, Vec<u8>, String)> = Vec::new();
+    let mut total = stdin.as_ref().map_or(0, |b| b.len() as u64);
+    let mut read_bytes = |name: &str, path: &Path| -> Result<Vec<u8>, Fail> {
+        let bytes = read_capped(name, path, MAX_INPUT_BYTES - total)?;
+        total += bytes.len() as u64;
+        Ok(bytes)
+    };
     for (name, path) in found {
         // A file reached by two names (a symlink, or named twice) is one file.
         let real = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
@@ -83,8 +94,8 @@ pub fn read_inputs(
             continue;
         }
         match patches.iter().find(|(p, _)| *p == real) {
-            Some((_, by)) => skipped.push((name, read_bytes(&path)?, by.clone())),
-            None => files.push((name, read_bytes(&path)?)),
+            Some((_, by)) => skipped.push((name.clone(), read_bytes(&name, &path)?, by.clone())),
+            None => files.push((name.clone(), read_bytes(&name, &path)?)),
         }
     }
     if let Some(bytes) = stdin {
@@ -135,12 +146,46 @@ fn kustomize_patches(found: &[(String, PathBuf)]) -> Vec<(PathBuf, String)> {
     out
 }
 
+/// A file a flag names (a lock file, a template), as text; as large as all inputs at most.
 pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {
-    std::fs::read_to_string(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
+    let bytes = read_capped(&p.display().to_string(), p, MAX_INPUT_BYTES)?;
+    String::from_utf8(bytes).map_err(|_| {
+        Fail(format!(
+            "cannot read {}: stream did not contain valid UTF-8",
+            p.display()
+        ))
+    })
 }
 
-fn read_bytes(p: &Path) -> Result<Vec<u8>, Fail> {
-    std::fs::read(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
+/// The most input one run reads, all files (and standard input) together. Checked before
+/// a file is read, so a 1 GB file costs nothing; memory grows with the input (about 12
+/// times its size for a real cluster, README "Limits"), so this bounds it too. A cluster
+/// at Kubernetes' tested limits (10k services) is 22 MB of YAML, 56 MB of JSON.
+pub const MAX_INPUT_BYTES: u64 = 256 << 20;
+
+fn too_large(name: &str, size: Option<u64>) -> Fail {
+    let size = size.map_or(String::new(), |s| format!(" ({s} bytes)"));
+    Fail(format!(
+        "{name}{size}: the inputs exceed {} MiB together, svc-compile's limit; not read",
+        MAX_INPUT_BYTES >> 20
+    ))
+}
+
+/// A file's bytes, refused (before reading, by its size) when more than `room` of them.
+fn read_capped(name: &str, p: &Path, room: u64) -> Result<Vec<u8>, Fail> {
+    let fail = |e: std::io::Error| Fail(format!("cannot read {}: {e}", p.display()));
+    let file = std::fs::File::open(p).map_err(fail)?;
+    let size = file.metadata().map_err(fail)?.len();
+    if size > room {
+        return Err(too_large(name, Some(size)));
+    }
+    // A file that grows while it is read (or a device) stops at the limit all the same.
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(room + 1).read_to_end(&mut bytes).map_err(fail)?;
+    if bytes.len() as u64 > room {
+        return Err(too_large(name, None));
+    }
+    Ok(bytes)
 }
 
 fn walk(

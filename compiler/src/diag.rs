@@ -94,25 +94,48 @@ impl Diagnostic {
     }
 }
 
+/// Most diagnostics one collection keeps. Past it, only how many there were of each
+/// severity is counted (and [`Diagnostics::sort`] says so in one SVC018 note), so that a
+/// million broken documents cost counters, not a million messages.
+pub const MAX_DIAGNOSTICS: usize = 100_000;
+
 #[derive(Clone, Debug, Default)]
 pub struct Diagnostics {
     pub items: Vec<Diagnostic>,
+    /// Diagnostics not kept past [`MAX_DIAGNOSTICS`], by severity (error, warning, note).
+    dropped: [usize; 3],
 }
 
 impl Diagnostics {
     pub fn push(&mut self, d: Diagnostic) {
-        self.items.push(d);
+        if self.items.len() < MAX_DIAGNOSTICS {
+            self.items.push(d);
+        } else {
+            self.dropped[d.severity as usize] += 1;
+        }
     }
     pub fn extend(&mut self, other: Diagnostics) {
-        self.items.extend(other.items);
+        for (a, b) in self.dropped.iter_mut().zip(other.dropped) {
+            *a += b;
+        }
+        let room = MAX_DIAGNOSTICS.saturating_sub(self.items.len());
+        let mut rest = other.items;
+        if rest.len() > room {
+            for d in rest.drain(room..) {
+                self.dropped[d.severity as usize] += 1;
+            }
+        }
+        self.items.extend(rest);
     }
     pub fn has_errors(&self) -> bool {
         self.count(Severity::Error) > 0
     }
+    /// Kept and dropped ones.
     pub fn count(&self, sev: Severity) -> usize {
-        self.items.iter().filter(|d| d.severity == sev).count()
+        self.items.iter().filter(|d| d.severity == sev).count() + self.dropped[sev as usize]
     }
-    /// Sort by (file name, line, column, code, message) and drop exact duplicates.
+    /// Sort by (file name, line, column, code, message) and drop exact duplicates; when
+    /// some were not kept, one SVC018 note at the end says how many.
     pub fn sort(&mut self, sources: &SourceMap) {
         let key = |d: &Diagnostic| {
             (
@@ -122,10 +145,28 @@ impl Diagnostics {
                 d.message.clone(),
             )
         };
+        self.items.retain(|d| d.code != DROPPED_CODE);
         self.items.sort_by_cached_key(key);
         self.items.dedup();
+        let [e, w, n] = self.dropped;
+        if e + w + n > 0 {
+            self.items.push(
+                Diagnostic::note(
+                    DROPPED_CODE,
+                    format!(
+                        "{} more diagnostic(s) not shown ({e} error(s), {w} warning(s), {n} note(s)): \
+                         at most {MAX_DIAGNOSTICS} are kept",
+                        e + w + n
+                    ),
+                )
+                .hint("fix the first ones and run again"),
+            );
+        }
     }
 }
+
+/// The note [`Diagnostics::sort`] adds about diagnostics past [`MAX_DIAGNOSTICS`].
+const DROPPED_CODE: &str = "SVC018";
 
 /// Render like rustc: `error[SVC101]: message`, `--> file:line:col`, a code frame with a
 /// caret under the offending value, the field path and a hint.

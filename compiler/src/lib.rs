@@ -119,7 +119,13 @@ pub fn read(sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
     let parsed: Vec<(Vec<(Objects, Diagnostics)>, Diagnostics)> = inputs
         .par_iter()
         .map(|&f| {
-            tree::parse_each(f, &sources.file(f).text, |part| {
+            let text = &sources.file(f).text;
+            if let Some(d) = tree::too_many_documents(f, text) {
+                let mut diags = Diagnostics::default();
+                diags.push(d);
+                return (Vec::new(), diags);
+            }
+            tree::parse_each(f, text, |part| {
                 let mut objs = Objects::default();
                 let mut d = Diagnostics::default();
                 k8s::decode_part(&part, &mut objs, &mut d);

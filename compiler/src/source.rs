@@ -68,10 +68,17 @@ pub struct SourceMap {
 }
 
 impl SourceMap {
+    /// Add a file. A lone carriage return becomes a line feed: YAML reads it as a line
+    /// break, so lines are counted the same way by the parsers and by code frames (and
+    /// the text means the same: YAML normalises line breaks, JSON takes both as space).
     pub fn add(&mut self, name: impl Into<String>, text: impl Into<String>) -> FileId {
+        let mut text = text.into();
+        if text.contains('\r') {
+            text = lone_cr_to_lf(text);
+        }
         self.files.push(SourceFile {
             name: name.into(),
-            text: text.into(),
+            text,
             line_starts: OnceLock::new(),
         });
         FileId(self.files.len() as u32 - 1)
@@ -123,6 +130,19 @@ impl SourceMap {
     }
 }
 
+/// `text` with every `\r` that no `\n` follows made a `\n` (same length, so byte
+/// offsets keep their meaning).
+fn lone_cr_to_lf(text: String) -> String {
+    let mut bytes = text.into_bytes();
+    for i in 0..bytes.len() {
+        if bytes[i] == b'\r' && bytes.get(i + 1) != Some(&b'\n') {
+            bytes[i] = b'\n';
+        }
+    }
+    // Only one ASCII byte was replaced by another.
+    String::from_utf8(bytes).expect("still UTF-8")
+}
+
 /// Bytes to text: the text and, when they are not valid, the byte offset in the text of the
 /// first replacement character and what was wrong.
 fn decode(bytes: Vec<u8>) -> (String, Option<(usize, &'static str)>) {
@@ -149,7 +169,8 @@ fn decode(bytes: Vec<u8>) -> (String, Option<(usize, &'static str)>) {
                 }
             }
         }
-        let at = at.unwrap_or(text.len().saturating_sub(1));
+        // An odd byte count: at the last character (which may take several bytes).
+        let at = at.unwrap_or_else(|| text.char_indices().last().map_or(0, |(i, _)| i));
         return (text, bad.map(|b| (at, b)));
     }
     let bytes = match bytes.strip_prefix(b"\xEF\xBB\xBF") {
@@ -186,6 +207,36 @@ mod tests {
                 assert_eq!(m.line_text(f, line), expect, "{text:?} line {line}");
             }
         }
+    }
+
+    /// Found by fuzzing (`check_bytes`): YAML breaks lines at a lone `\r`, so the parser
+    /// and the code frames must count lines alike.
+    #[test]
+    fn a_lone_carriage_return_is_a_line_break() {
+        let mut m = SourceMap::default();
+        let f = m.add("f", "a: 1\rb: 2\r\r\nc: 3\r");
+        assert_eq!(m.file(f).text, "a: 1\nb: 2\n\r\nc: 3\n");
+        assert_eq!(m.line_text(f, 2), Some("b: 2"));
+        assert_eq!(m.line_text(f, 3), Some(""));
+        assert_eq!(m.line_text(f, 4), Some("c: 3"));
+        let (docs, d) = crate::tree::parse_file(f, &m.file(f).text);
+        assert!(d.items.is_empty());
+        let line = |k| docs[0].root.get(k).map(|n| n.span.line);
+        assert_eq!((line("b"), line("c")), (Some(2), Some(4)));
+    }
+
+    /// Found by fuzzing (`lock_file`): a UTF-16 file of an odd number of bytes whose last
+    /// character takes several bytes in UTF-8 was located inside that character (a panic).
+    #[test]
+    fn odd_utf16_ending_in_a_wide_character() {
+        let mut bytes = vec![0xFF, 0xFE];
+        bytes.extend("a\u{6900}".encode_utf16().flat_map(u16::to_le_bytes));
+        bytes.push(0xE9); // with the padding: U+00E9, two bytes in UTF-8
+        let mut m = SourceMap::default();
+        let (f, d) = m.add_bytes("odd", bytes);
+        let chars = m.file(f).text.chars().count() as u32;
+        let s = d.expect("odd UTF-16").span.expect("located");
+        assert_eq!((s.line, s.col), (1, chars));
     }
 
     #[test]

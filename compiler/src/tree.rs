@@ -300,6 +300,50 @@ const MIN_PIECE: usize = 64 * 1024;
 /// JSON list items are decoded this many at a time.
 const JSON_CHUNK: usize = 256;
 
+/// Most documents one YAML file may hold: many times a cluster at Kubernetes' tested limits
+/// (10k services, their EndpointSlices and 5k nodes are some 30k documents). Each document
+/// costs memory until the whole file is read (about 1.3 KB for one that is not even an
+/// object), so a million are refused before parsing (see [`too_many_documents`]).
+pub const MAX_DOCUMENTS: usize = 250_000;
+
+/// SVC019 when `text` has more than [`MAX_DOCUMENTS`] top-level `---` markers, located at
+/// the first one past the limit. A marker is `---` at the start of a line followed by a
+/// space, a tab or the end of the line (inside a block scalar it still ends the document).
+pub fn too_many_documents(file: FileId, text: &str) -> Option<Diagnostic> {
+    let bytes = text.as_bytes();
+    let mut seen = 0;
+    let mut line = 1u32;
+    let mut at = 0;
+    while at < bytes.len() {
+        let end = bytes[at..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(bytes.len(), |i| at + i);
+        let l = &bytes[at..end];
+        if l.starts_with(b"---") && matches!(l.get(3), None | Some(b' ' | b'\t' | b'\r')) {
+            seen += 1;
+            if seen > MAX_DOCUMENTS {
+                return Some(
+                    Diagnostic::error(
+                        "SVC019",
+                        format!("more than {MAX_DOCUMENTS} documents in one file; the file was not read"),
+                    )
+                    .at(Span::new(file, line, 1, 3))
+                    .hint("split it, or leave out what svc-compile does not read"),
+                );
+            }
+        }
+        line += 1;
+        at = end + 1;
+    }
+    None
+}
+
+/// Deepest nesting of lists and mappings a YAML file may have (JSON's parser has the same
+/// limit): the tree's recursive walks (decoding, dropping) then stay far from the end of a
+/// thread's stack, whatever the input.
+pub const MAX_DEPTH: usize = 512;
+
 /// Alias expansion budget: generous for real manifests, finite for bombs.
 fn default_budget(text: &str) -> usize {
     100_000 + text.len() * 4
@@ -566,6 +610,21 @@ fn span_of(file: FileId, line0: u32, s: &saphyr_parser::Span) -> Span {
     )
 }
 
+/// Where the parser stopped, as a span inside `text` (a piece starting at line `line0 + 1`):
+/// past the end of the last line (an error found at the end of the input) is the end of
+/// that line. Found by fuzzing (`lock_file`): the location named a line the file did not have.
+fn error_span(file: FileId, text: &str, line0: u32, line: usize, col: usize) -> Span {
+    let lines: Vec<&str> = text.split('\n').collect();
+    let (line, col) = match lines.get(line.wrapping_sub(1)) {
+        Some(l) => (line, col.min(l.trim_end_matches('\r').chars().count())),
+        None => {
+            let last = lines.last().copied().unwrap_or("");
+            (lines.len(), last.trim_end_matches('\r').chars().count())
+        }
+    };
+    Span::new(file, line as u32 + line0, col as u32 + 1, 1)
+}
+
 enum Frame {
     Seq(Span, Vec<Node>, usize),
     Map(Span, Vec<Entry>, Option<(String, Span)>, usize),
@@ -775,20 +834,19 @@ fn parse_yaml_strict(
     }
 
     loop {
-        let (ev, sp) =
-            match parser.next_event() {
-                None => break,
-                Some(Ok(x)) => x,
-                Some(Err(e)) => {
-                    let m = e.marker();
-                    diags.push(
+        let (ev, sp) = match parser.next_event() {
+            None => break,
+            Some(Ok(x)) => x,
+            Some(Err(e)) => {
+                let m = e.marker();
+                diags.push(
                     Diagnostic::error("SVC001", format!("invalid YAML: {}", e.info()))
-                        .at(Span::new(file, m.line() as u32 + line0, m.col() as u32 + 1, 1))
+                        .at(error_span(file, text, line0, m.line(), m.col()))
                         .hint("fix the YAML syntax; nothing after this point in the file was read"),
                 );
-                    break;
-                }
-            };
+                break;
+            }
+        };
         let span = span_of(file, line0, &sp);
         match ev {
             Event::StreamStart | Event::StreamEnd | Event::Nothing => {}
@@ -827,6 +885,17 @@ fn parse_yaml_strict(
                     &mut anchors,
                     &mut diags,
                 );
+            }
+            Event::SequenceStart(..) | Event::MappingStart(..) if stack.len() >= MAX_DEPTH => {
+                diags.push(
+                    Diagnostic::error(
+                        "SVC001",
+                        format!("invalid YAML: nesting deeper than {MAX_DEPTH} levels"),
+                    )
+                    .at(span)
+                    .hint("nothing after this point in the file was read; Kubernetes objects nest a few levels deep"),
+                );
+                return (docs, diags);
             }
             Event::SequenceStart(anchor, _) => {
                 nodes_made += 1;
@@ -1212,7 +1281,7 @@ pub mod json {
         }
         fn value(&mut self) -> Result<Node, Error> {
             self.depth += 1;
-            if self.depth > 512 {
+            if self.depth as usize > super::MAX_DEPTH {
                 return Err(Error);
             }
             let start = self.i;
@@ -1408,6 +1477,17 @@ mod tests {
         let (docs, d) = parse_file(FileId(0), text);
         assert!(d.items.is_empty(), "{:?}", d.items);
         docs.into_iter().next().unwrap().root
+    }
+
+    /// Found by fuzzing (`lock_file`): an error at the end of a file whose last line has no
+    /// line break was located on the line after it, which the file does not have.
+    #[test]
+    fn an_error_at_the_end_is_located_inside_the_file() {
+        let mut text = String::from("services:\n- service: a/b\n  clusterIPs: [x]\n");
+        text.push_str(&"\u{1}".repeat(50));
+        let (_, d) = parse_file(FileId(0), &text);
+        let s = d.items[0].span.expect("located");
+        assert_eq!((d.items[0].code, s.line, s.col), ("SVC001", 4, 51));
     }
 
     #[test]

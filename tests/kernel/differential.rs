@@ -71,12 +71,20 @@ const SERVED_PORTS: [u16; 2] = [8080, 9090];
 /// counts.
 const FAST_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// Probe timeout of the re-check, so that a slow answer on a busy machine is not taken
-/// for a drop. Longer than TCP's first SYN retransmission (1 s): a connection whose
-/// first SYN was lost and that the retransmission completes is a slow answer, not a drop.
-/// (A probe timing out at 1 s among ~90k was seen four times today, in both labs, mostly
-/// under load; finding where such a SYN is lost is issue 18's.)
-const RECHECK_TIMEOUT: Duration = Duration::from_secs(3);
+/// Probe timeout of the re-check: four times the fast one, so that a slow answer on a
+/// busy machine is not taken for a drop. (A first SYN "lost" now and then was a new
+/// connection NATed onto a 4-tuple a backend held in TIME_WAIT after a conntrack flush;
+/// the labs now keep TIME_WAIT entries between manifests: see timewait.rs.)
+const RECHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The backends' TCP counters a failure report shows (see timewait.rs).
+const BACKEND_COUNTERS: [&str; 5] = [
+    "TcpExtPAWSTimewait",
+    "TcpExtTW",
+    "TcpOutRsts",
+    "TcpExtListenOverflows",
+    "TcpExtListenDrops",
+];
 
 /// Parallel flow groups per lab.
 const WORKERS: usize = 8;
@@ -1262,7 +1270,8 @@ fn check_manifest(
             let (lab, rules) = (&labs[t], &rules[t]);
             s.spawn(move || {
                 reload(lab, TARGETS[t], rules);
-                lab.flush_conntrack().expect("conntrack -F");
+                // Not a flush: see Lab::reset_conntrack.
+                lab.reset_conntrack().expect("conntrack reset");
             });
         }
     });
@@ -1371,6 +1380,18 @@ fn check_manifest(
             stats.trim_end()
         );
     }
+    for (t, lab) in labs.iter().enumerate() {
+        text += &format!("\n--- backends' TCP counters, {} lab", TARGETS[t]);
+        for pod in lab.pods() {
+            let c = super::timewait::counters(lab, pod, &BACKEND_COUNTERS);
+            let c: Vec<String> = BACKEND_COUNTERS
+                .iter()
+                .zip(c)
+                .map(|(n, v)| format!("{n} {v}"))
+                .collect();
+            text += &format!("\n{pod}: {}", c.join(", "));
+        }
+    }
     if let Some(t) = &m.text {
         text += &format!("\n--- manifest ({})\n{t}", m.label);
     }
@@ -1440,6 +1461,21 @@ pub fn agree(nft: &[&str], tags: [&str; 2]) {
             failures.push(f);
         }
     }
+    // SYNs that met a backend's TIME_WAIT and failed its PAWS check (a new connection NATed
+    // onto an old 4-tuple; see timewait.rs): each costs a reset and a SYN retransmission.
+    let paws: Vec<u64> = labs
+        .iter()
+        .map(|lab| {
+            lab.pods()
+                .iter()
+                .map(|p| super::timewait::counters(lab, p, &["TcpExtPAWSTimewait"])[0])
+                .sum()
+        })
+        .collect();
+    println!(
+        "differential: backends' TcpExtPAWSTimewait: iptables lab {}, nftables lab {}",
+        paws[0], paws[1]
+    );
     let generated = manifests
         .iter()
         .filter(|m| m.label.starts_with("seed"))

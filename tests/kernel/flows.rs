@@ -370,7 +370,7 @@ fn reload_replaces_the_ruleset() {
         assert!(first.backend().is_some(), "{target}: {first:?}");
         reload(&lab, target, &compile_case("clusterip", target));
         reload(&lab, target, &compile_case("clusterip", target));
-        lab.flush_conntrack().expect("conntrack -F");
+        lab.reset_conntrack().expect("conntrack reset");
         let gone = lab.probe("client1", Proto::Tcp, node_port);
         assert_eq!(
             gone,

@@ -725,6 +725,30 @@ impl Lab {
         }
         Ok(())
     }
+
+    /// Deletes the node's conntrack entries that could steer the next ruleset's traffic
+    /// (UDP flows, TCP connections still opening), IPv4 and IPv6, but keeps TCP entries
+    /// in TIME_WAIT, as kube-proxy does: they keep NAT from handing a new connection a
+    /// 4-tuple a backend still holds in TIME_WAIT (see `timewait.rs`), and a new
+    /// connection on the same original tuple replaces such an entry anyway.
+    pub fn reset_conntrack(&self) -> io::Result<()> {
+        for family in ["ipv4", "ipv6"] {
+            for filter in [&["-p", "udp"][..], &["-p", "tcp", "--state", "SYN_SENT"]] {
+                let mut args = vec!["-D", "-f", family];
+                args.extend_from_slice(filter);
+                let out = self.exec(NODE, "conntrack", &args, None)?;
+                // Exit status 1: nothing to delete.
+                if !matches!(out.status.code(), Some(0 | 1)) {
+                    return Err(io::Error::other(format!(
+                        "conntrack {}: {}",
+                        args.join(" "),
+                        String::from_utf8_lossy(&out.stderr)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Lab {

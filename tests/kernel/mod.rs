@@ -60,6 +60,7 @@ pub mod lab;
 mod nft_layout;
 mod selftest;
 pub mod sys;
+mod timewait;
 
 #[allow(unused_imports)]
 pub use echo::{Outcome, Proto, PROBE_TIMEOUT};
