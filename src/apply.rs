@@ -191,26 +191,11 @@ pub(crate) fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> 
     let Render::Node(new) = cmd.target.render else {
         unreachable!("targets with a planner render per node")
     };
-    let Compiled {
-        sources,
-        mut comp,
-        checked,
-        params,
-    } = compile_inputs(cmd)?;
-    let mut diags = std::mem::take(&mut comp.diags);
-    let mut views: Vec<NodeView> = Vec::new();
-    if !diags.has_errors() {
-        for (sel, f) in node_jobs(cmd, &comp, true) {
-            match node_view(&comp.module, &sel, f) {
-                Ok(v) => views.push(v),
-                Err(d) => diags.push(d),
-            }
-        }
-    }
-    print_diagnostics(cmd, &diags, &sources, checked);
-    if diags.has_errors() {
-        return Ok(Err(1));
-    }
+    let (compiled, views) = match node_views(cmd)? {
+        Ok(x) => x,
+        Err(code) => return Ok(Err(code)),
+    };
+    let params = compiled.params;
     let what = format!(
         "the manifests for node {}",
         cmd.node.as_deref().expect("checked by cli")
@@ -224,6 +209,28 @@ pub(crate) fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> 
             (family_of_ip(v.family), doc, what.clone())
         })
         .collect()))
+}
+
+/// Compiles the manifests and makes the view of every node `apply` is for (`--node`, each
+/// family), printing the diagnostics. `Err(1)` when the input has errors. `comp.diags` is
+/// left empty: they are printed here.
+pub(crate) fn node_views(cmd: &Command) -> Result<Result<(Compiled, Vec<NodeView>), u8>, Fail> {
+    let mut compiled = compile_inputs(cmd)?;
+    let mut diags = std::mem::take(&mut compiled.comp.diags);
+    let mut views: Vec<NodeView> = Vec::new();
+    if !diags.has_errors() {
+        for (sel, f) in node_jobs(cmd, &compiled.comp, true) {
+            match node_view(&compiled.comp.module, &sel, f) {
+                Ok(v) => views.push(v),
+                Err(d) => diags.push(d),
+            }
+        }
+    }
+    print_diagnostics(cmd, &diags, &compiled.sources, compiled.checked);
+    if diags.has_errors() {
+        return Ok(Err(1));
+    }
+    Ok(Ok((compiled, views)))
 }
 
 /// One clear line when a program is missing: the planner's, the scratch namespace's

@@ -39,9 +39,9 @@ use crate::apply::{
     DEFAULT_STATE_ROOT,
 };
 use crate::cli::Command;
-use crate::compile::{compile_inputs, node_jobs, Compiled};
+use crate::compile::Compiled;
 use crate::inputs::read_file;
-use crate::report::{print_diagnostics, Fail};
+use crate::report::Fail;
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::{self, File};
@@ -49,8 +49,6 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use svc_compiler::ir::NodeView;
-use svc_compiler::passes::node::node_view;
 use svc_targets::ebpf::plan::{self, Contents, Op, Shape, Wanted};
 use svc_targets::ebpf::{self, Ids, Layout};
 use svc_targets::plan::Tool;
@@ -288,26 +286,10 @@ fn compile(
     opts: &ebpf::Options,
     applied: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Result<Vec<Doc>, u8>, Fail> {
-    let Compiled {
-        sources,
-        mut comp,
-        checked,
-        params: _,
-    } = compile_inputs(cmd)?;
-    let mut diags = std::mem::take(&mut comp.diags);
-    let mut views: Vec<NodeView> = Vec::new();
-    if !diags.has_errors() {
-        for (sel, f) in node_jobs(cmd, &comp, true) {
-            match node_view(&comp.module, &sel, f) {
-                Ok(v) => views.push(v),
-                Err(d) => diags.push(d),
-            }
-        }
-    }
-    print_diagnostics(cmd, &diags, &sources, checked);
-    if diags.has_errors() {
-        return Ok(Err(1));
-    }
+    let (Compiled { comp, .. }, views) = match crate::apply::node_views(cmd)? {
+        Ok(x) => x,
+        Err(code) => return Ok(Err(code)),
+    };
     let mut docs = Vec::new();
     for v in &views {
         ebpf::check(v).map_err(|e| Fail(format!("--target ebpf: node {}: {e}", v.node_name)))?;
