@@ -757,15 +757,14 @@ impl Ctx<'_> {
         // and the running kernel: one already seen this boot is not loaded again (a full
         // reload of an unchanged document after drift costs one load, not two).
         let cache = path.with_file_name("scratch.out");
-        let key = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .ok()
+        let key = crate::netns::boot_id()
             .filter(|_| !self.args.dry_run)
             .map(|boot| {
                 let what = format!("{}\n{}", cmds.scratch.join(" "), prep.scratch);
                 format!(
                     "# svc-compile scratch read-back of {:016x} on boot {}\n",
                     fnv1a(&what),
-                    boot.trim()
+                    boot
                 )
             });
         if let Some(key) = &key {

@@ -946,8 +946,7 @@ fn info(fd: RawFd) -> io::Result<[u32; 8]> {
     Ok(out)
 }
 
-/// The cookie of network namespace `name` (`/run/netns/NAME`): SO_NETNS_COOKIE of a
-/// socket made there, on a thread that joins it.
+/// The cookie of network namespace `name` (`/run/netns/NAME`): that of a socket made in it.
 fn netns_cookie(name: &str) -> Result<u64, Fail> {
     let path = Path::new("/run/netns").join(name);
     let f = File::open(&path).map_err(|_| {
@@ -955,40 +954,11 @@ fn netns_cookie(name: &str) -> Result<u64, Fail> {
             "no network namespace `{name}` (see `ip netns list`)"
         ))
     })?;
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: setns on this thread only, with a descriptor we own.
-            if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(Fail(format!(
-                    "cannot enter {}: {}",
-                    path.display(),
-                    io::Error::last_os_error()
-                )));
-            }
-            let s = std::net::UdpSocket::bind("0.0.0.0:0")
-                .or_else(|_| std::net::UdpSocket::bind("[::]:0"))
-                .map_err(|e| Fail(format!("cannot make a socket in {name}: {e}")))?;
-            let mut cookie = 0u64;
-            let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-            // SAFETY: getsockopt writes at most `len` bytes into `cookie`.
-            let r = unsafe {
-                libc::getsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    71, // SO_NETNS_COOKIE
-                    (&mut cookie as *mut u64).cast(),
-                    &mut len,
-                )
-            };
-            if r != 0 {
-                return Err(Fail(format!(
-                    "SO_NETNS_COOKIE: {}",
-                    io::Error::last_os_error()
-                )));
-            }
-            Ok(cookie)
-        })
-        .join()
-        .expect("the cookie thread does not panic")
+    crate::netns::in_netns(&f, || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0")
+            .or_else(|_| std::net::UdpSocket::bind("[::]:0"))
+            .map_err(|e| Fail(format!("cannot make a socket in {name}: {e}")))?;
+        crate::netns::cookie_of(&s).map_err(|e| Fail(format!("SO_NETNS_COOKIE: {e}")))
     })
+    .map_err(|e| Fail(format!("cannot enter {}: {e}", path.display())))?
 }

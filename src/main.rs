@@ -9,6 +9,7 @@ mod diff;
 mod drift;
 mod ebpf_apply;
 mod inputs;
+mod netns;
 mod nfgen;
 mod report;
 mod run;

@@ -22,8 +22,6 @@ const NFT_MSG_NEWGEN: u16 = 15;
 const NFT_MSG_GETGEN: u16 = 16;
 const NFTA_GEN_ID: u16 = 1;
 const NLMSG_ERROR: u16 = 2;
-/// `SO_NETNS_COOKIE` (Linux 5.14); the libc crate does not name it on every target.
-const SO_NETNS_COOKIE: libc::c_int = 71;
 
 /// Where a namespace's nf_tables state stands: equal values mean nothing was committed in
 /// between.
@@ -62,23 +60,12 @@ impl Generation {
 /// The generation of the namespace `/run/netns/NAME` (`None`: this process's). `None`
 /// when it cannot be read (no nf_tables, an old kernel): callers then read the rules.
 pub(crate) fn generation(netns: Option<&str>) -> Option<Generation> {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let boot = boot.trim().to_string();
+    let boot = crate::netns::boot_id()?;
     let (netns, id) = match netns {
         None => query().ok()?,
         Some(name) => {
             let ns = File::open(Path::new("/run/netns").join(name)).ok()?;
-            // setns changes the calling thread only: a thread of its own enters the
-            // namespace, and the socket it opens stays in it.
-            std::thread::spawn(move || {
-                // SAFETY: setns on a namespace file we hold open, in a thread that ends here.
-                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return None;
-                }
-                query().ok()
-            })
-            .join()
-            .ok()??
+            crate::netns::in_netns(&ns, query).ok()?.ok()?
         }
     };
     Some(Generation { boot, netns, id })
@@ -99,21 +86,7 @@ fn query() -> io::Result<(u64, u32)> {
     }
     // SAFETY: a descriptor just returned by socket.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut cookie: u64 = 0;
-    let mut len = size_of::<u64>() as libc::socklen_t;
-    // SAFETY: getsockopt into a u64 of the given length.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let cookie = crate::netns::cookie_of(&sock)?;
     // struct timeval: a bounded wait for the answer.
     let tv = libc::timeval {
         tv_sec: 5,
