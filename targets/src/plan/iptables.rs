@@ -423,17 +423,7 @@ impl Planner for Iptables {
 
     /// The family a compiled document names in its first line, if any.
     fn family_of(&self, doc: &str) -> Option<Family> {
-        let first = doc.lines().next()?;
-        if !first.starts_with("# svc-compile:") {
-            return None;
-        }
-        if first.contains(", IPv6;") {
-            Some(Family::V6)
-        } else if first.contains(", IPv4;") {
-            Some(Family::V4)
-        } else {
-            None
-        }
+        super::family_in_first_line(doc, "# svc-compile:", ';')
     }
 
     /// The snapshot holds every owned chain and jump, so it can stand in for the read;

@@ -627,17 +627,7 @@ impl Planner for Ipvs {
     }
 
     fn family_of(&self, doc: &str) -> Option<Family> {
-        let first = doc.lines().next()?;
-        if !first.starts_with("# ==== ") {
-            return None;
-        }
-        if first.contains(", IPv6)") {
-            Some(Family::V6)
-        } else if first.contains(", IPv4)") {
-            Some(Family::V4)
-        } else {
-            None
-        }
+        super::family_in_first_line(doc, "# ==== ", ')')
     }
 
     fn tools(&self, family: Family) -> Vec<Tool> {

@@ -189,6 +189,21 @@ pub struct Commands {
     pub scratch: Vec<String>,
 }
 
+/// The family a compiled document's first line names, for [`Planner::family_of`]: the line
+/// starts with `prefix` and says `IPv6` or `IPv4` followed by `end`.
+pub(crate) fn family_in_first_line(doc: &str, prefix: &str, end: char) -> Option<Family> {
+    let first = doc.lines().next()?;
+    if !first.starts_with(prefix) {
+        None
+    } else if first.contains(&format!(", IPv6{end}")) {
+        Some(Family::V6)
+    } else if first.contains(&format!(", IPv4{end}")) {
+        Some(Family::V4)
+    } else {
+        None
+    }
+}
+
 pub(crate) fn argv(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()
 }
