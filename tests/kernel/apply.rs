@@ -39,28 +39,41 @@ fn manifests(api: &[&str], chat: &[&str]) -> String {
         ("api", "10.96.0.12", Some(30080), BACKEND_PORT, api),
         ("chat", "10.96.0.13", Some(30090), 9090, chat),
     ] {
-        let (kind, np) = match node_port {
-            Some(p) => ("NodePort", format!(", nodePort: {p}")),
-            None => ("ClusterIP", String::new()),
-        };
-        out += &format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\n\
-             spec:\n  type: {kind}\n  clusterIP: {ip}\n  selector: {{app: {name}}}\n  \
-             ports:\n  - {{port: 80, targetPort: {port}{np}}}\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-             metadata:\n  name: {name}-1\n  namespace: shop\n  labels: {{kubernetes.io/service-name: {name}}}\n\
-             addressType: IPv4\nports:\n- {{port: {port}, protocol: TCP}}\nendpoints:\n"
-        );
-        for ep in eps {
-            let node = if ep.starts_with("10.244.1.") {
-                "node-1"
-            } else {
-                "node-2"
-            };
-            out += &format!("- {{addresses: [{ep}], nodeName: {node}}}\n");
-        }
-        out += "---\n";
+        out += &service(name, ip, node_port, port, eps);
     }
+    out
+}
+
+/// One ClusterIP or NodePort service `name` in namespace `shop`, port 80 → `port`, and its
+/// EndpointSlice with `eps` (10.244.1.x on node-1, the others on node-2); ends with `---`.
+pub(super) fn service(
+    name: &str,
+    ip: &str,
+    node_port: Option<u16>,
+    port: u16,
+    eps: &[&str],
+) -> String {
+    let (kind, np) = match node_port {
+        Some(p) => ("NodePort", format!(", nodePort: {p}")),
+        None => ("ClusterIP", String::new()),
+    };
+    let mut out = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\n\
+         spec:\n  type: {kind}\n  clusterIP: {ip}\n  selector: {{app: {name}}}\n  \
+         ports:\n  - {{port: 80, targetPort: {port}{np}}}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata:\n  name: {name}-1\n  namespace: shop\n  labels: {{kubernetes.io/service-name: {name}}}\n\
+         addressType: IPv4\nports:\n- {{port: {port}, protocol: TCP}}\nendpoints:\n"
+    );
+    for ep in eps {
+        let node = if ep.starts_with("10.244.1.") {
+            "node-1"
+        } else {
+            "node-2"
+        };
+        out += &format!("- {{addresses: [{ep}], nodeName: {node}}}\n");
+    }
+    out += "---\n";
     out
 }
 

@@ -49,27 +49,7 @@ fn manifests(services: &[(&str, &[&str])]) -> String {
             "api" => ("10.96.0.12", Some(30080)),
             _ => ("10.96.0.13", Some(30090)),
         };
-        let (kind, np) = match np {
-            Some(p) => ("NodePort", format!(", nodePort: {p}")),
-            None => ("ClusterIP", String::new()),
-        };
-        out += &format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\n\
-             spec:\n  type: {kind}\n  clusterIP: {ip}\n  selector: {{app: {name}}}\n  \
-             ports:\n  - {{port: 80, targetPort: {BACKEND_PORT}{np}}}\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-             metadata:\n  name: {name}-1\n  namespace: shop\n  labels: {{kubernetes.io/service-name: {name}}}\n\
-             addressType: IPv4\nports:\n- {{port: {BACKEND_PORT}, protocol: TCP}}\nendpoints:\n"
-        );
-        for ep in *eps {
-            let node = if ep.starts_with("10.244.1.") {
-                "node-1"
-            } else {
-                "node-2"
-            };
-            out += &format!("- {{addresses: [{ep}], nodeName: {node}}}\n");
-        }
-        out += "---\n";
+        out += &super::apply::service(name, ip, np, BACKEND_PORT, eps);
     }
     out
 }
