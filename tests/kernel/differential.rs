@@ -1398,6 +1398,22 @@ fn check_manifest(
     Some(text)
 }
 
+/// A lab tagged `tag` whose every pod answers on every [`SERVED_PORTS`] port, TCP and UDP,
+/// naming itself.
+fn served_lab(tag: &str) -> Lab {
+    let spec = LabSpec::default();
+    let mut lab = Lab::new(tag, &spec).expect("lab");
+    for pod in spec.local_pods.iter().chain(&spec.remote_pods) {
+        for port in SERVED_PORTS {
+            for proto in [Proto::Tcp, Proto::Udp] {
+                lab.serve_as(&pod.name, &format!("{}:{port}", pod.name), proto, port)
+                    .expect("serve");
+            }
+        }
+    }
+    lab
+}
+
 #[test]
 fn iptables_and_nftables_agree() {
     agree(&[], ["diffipt", "diffnft"]);
@@ -1414,20 +1430,7 @@ pub fn agree(nft: &[&str], tags: [&str; 2]) {
     let first = env_u64("SVC_DIFF_SEED", 1);
     let golden = env_u64("SVC_DIFF_GOLDEN", 1) != 0;
 
-    let spec = LabSpec::default();
-    let mk = |tag: &str| {
-        let mut lab = Lab::new(tag, &spec).expect("lab");
-        for pod in spec.local_pods.iter().chain(&spec.remote_pods) {
-            for port in SERVED_PORTS {
-                for proto in [Proto::Tcp, Proto::Udp] {
-                    lab.serve_as(&pod.name, &format!("{}:{port}", pod.name), proto, port)
-                        .expect("serve");
-                }
-            }
-        }
-        lab
-    };
-    let labs = tags.map(mk);
+    let labs = tags.map(served_lab);
 
     let mut manifests: Vec<Manifest> = Vec::new();
     if let Ok(path) = std::env::var("SVC_DIFF_FILE") {

@@ -44,7 +44,7 @@
 //! - **as-iptables**: a virtual server with real servers: iptables mode's expectation.
 
 use super::{derive_flows, generate, ok_vs, parse_view, run_flows, source_ip, Cidr4};
-use super::{Expect, Flow, Intended, Manifest, Seen, NODE, SERVED_PORTS};
+use super::{Expect, Flow, Intended, Manifest, Seen, NODE};
 use crate::kernel::{Lab, LabSpec, Proto};
 use crate::support::{root, svc, TempDir};
 use std::collections::{BTreeMap, BTreeSet};
@@ -151,17 +151,7 @@ fn ipvs_expect(f: &Flow, c: &Compiled) -> (Expect, &'static str) {
 }
 
 fn lab() -> Lab {
-    let spec = LabSpec::default();
-    let mut lab = Lab::new("dipvs", &spec).expect("lab");
-    for pod in spec.local_pods.iter().chain(&spec.remote_pods) {
-        for port in SERVED_PORTS {
-            for proto in [Proto::Tcp, Proto::Udp] {
-                lab.serve_as(&pod.name, &format!("{}:{port}", pod.name), proto, port)
-                    .expect("serve");
-            }
-        }
-    }
-    lab
+    super::served_lab("dipvs")
 }
 
 /// One manifest: apply it, run its flows; the failures.

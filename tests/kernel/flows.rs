@@ -337,10 +337,16 @@ fn golden_outputs_pass_the_loaders_checks() {
     if !require_root("kernel golden loaders' checks") {
         return;
     }
-    let lab = Lab::new("chk", &LabSpec::default()).expect("lab");
+    json_passes_nft_check("chk", &[]);
+}
+
+/// Every golden case's `nftables-json` output with `extra` flags is accepted by
+/// `nft -c -j -f` in a lab tagged `tag`.
+pub fn json_passes_nft_check(tag: &str, extra: &[&str]) {
+    let lab = Lab::new(tag, &LabSpec::default()).expect("lab");
     let mut failures = Vec::new();
     for case in case_dirs() {
-        let json = compile_case(&case, "nftables-json");
+        let json = compile_case_with(&case, "nftables-json", extra);
         let out = lab
             .exec("node", "nft", &["-c", "-j", "-f", "-"], Some(&json))
             .expect("nft");

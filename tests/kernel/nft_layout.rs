@@ -26,21 +26,7 @@ fn golden_fast_json_passes_the_loaders_check() {
     if !require_root("kernel golden loaders' checks (fast layout)") {
         return;
     }
-    let lab = Lab::new("chkfast", &LabSpec::default()).expect("lab");
-    let mut failures = Vec::new();
-    for case in case_dirs() {
-        let json = compile_case_with(&case, "nftables-json", FAST);
-        let out = lab
-            .exec("node", "nft", &["-c", "-j", "-f", "-"], Some(&json))
-            .expect("nft");
-        if !out.status.success() {
-            failures.push(format!(
-                "{case}: nft -c -j: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    super::flows::json_passes_nft_check("chkfast", FAST);
 }
 
 /// The differential test with the fast layout: on every golden case and the random
