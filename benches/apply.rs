@@ -84,8 +84,9 @@ fn main() {
             for (i, (what, v)) in steps.iter().enumerate() {
                 let run = apply(&bin, &root, &input(v), target, &ns.0, &state);
                 println!(
-                    "  {what:<34} {:>9} ms   {}",
+                    "  {what:<34} {:>9} ms  (cpu {:>7} ms)   {}",
                     run.took.as_millis(),
+                    run.cpu.as_millis(),
                     run.report
                 );
                 if i == 0 {
@@ -184,6 +185,9 @@ enum Change {
 struct Ran {
     took: Duration,
     max_rss_kb: i64,
+    /// User + system CPU time of it and its reaped children: what load on the machine
+    /// inflates least.
+    cpu: Duration,
     text: String,
     report: String,
 }
@@ -231,9 +235,11 @@ fn run(mut cmd: Command) -> Ran {
     {
         report += &format!("\n{:48}[{times}]", "");
     }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     Ran {
         took,
         max_rss_kb: usage.ru_maxrss,
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
         text,
         report,
     }

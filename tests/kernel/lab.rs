@@ -263,10 +263,12 @@ struct Host {
     ip: Ipv4Addr,
 }
 
-/// Bound on each setup command.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
-/// Bound on [`Lab::exec`].
-pub const EXEC_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on each setup command. These bounds catch a hung process, they do not time it:
+/// a tool that takes 0.1 s on an idle machine took over 30 s while another namespace
+/// loaded 112k nf_tables chains (minutes of kernel CPU) at load 8 on 2 cores.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bound on [`Lab::exec`] (a hang guard, as [`SETUP_TIMEOUT`]).
+pub const EXEC_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One lab. Dropping it stops its servers and deletes all its namespaces
 /// (also on panic unwind).

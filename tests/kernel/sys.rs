@@ -193,7 +193,8 @@ pub fn delete_netns(names: &[String]) -> io::Result<()> {
     let out = run_bounded(
         Command::new("ip").args(["-force", "-batch", "-"]),
         Some(&script),
-        Duration::from_secs(30),
+        // A hang guard, not a time limit (see `lab::SETUP_TIMEOUT`).
+        Duration::from_secs(120),
     )?;
     let left: Vec<&String> = names
         .iter()
