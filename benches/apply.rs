@@ -80,6 +80,7 @@ fn main() {
                 ("100 services changed", "hundred"),
             ];
             let mut took: Vec<Duration> = Vec::new();
+            let mut cpus: Vec<Duration> = Vec::new();
             let mut apply_rss = 0;
             for (i, (what, v)) in steps.iter().enumerate() {
                 let run = apply(&bin, &root, &input(v), target, &ns.0, &state);
@@ -93,6 +94,7 @@ fn main() {
                     apply_rss = run.max_rss_kb;
                 }
                 took.push(run.took);
+                cpus.push(run.cpu);
             }
             // The raw load of the first apply's full document, in an empty namespace.
             let ext = if target == "iptables" { "rules" } else { "nft" };
@@ -125,9 +127,10 @@ fn main() {
                 "nft -f"
             };
             println!(
-                "  {:<34} {:>9} ms",
+                "  {:<34} {:>9} ms  (cpu {:>7} ms)",
                 format!("raw `{raw_tool}` of the document"),
-                raw.as_millis()
+                raw.took.as_millis(),
+                raw.cpu.as_millis()
             );
             println!(
                 "  peak RSS: apply {} MB (with its tools), compile {} MB",
@@ -142,9 +145,11 @@ fn main() {
                 println!("  budget: {line}");
                 verdicts.push(line);
             };
-            let ratio = took[0].as_secs_f64() / raw.as_secs_f64().max(1e-9);
+            let ratio = took[0].as_secs_f64() / raw.took.as_secs_f64().max(1e-9);
+            // CPU time too: on a shared machine wall time is mostly waiting for a CPU.
+            let cpu_ratio = cpus[0].as_secs_f64() / raw.cpu.as_secs_f64().max(1e-9);
             verdict(
-                format!("first apply ≤ 1.2× the raw load ({ratio:.2}×)"),
+                format!("first apply ≤ 1.2× the raw load ({ratio:.2}× wall, {cpu_ratio:.2}× CPU)"),
                 ratio <= 1.2,
             );
             if services == 10_000 {
@@ -267,19 +272,10 @@ fn compile(bin: &str, root: &Path, manifests: &Path, target: &str) -> Ran {
 }
 
 /// Wall time of `argv FILE`.
-fn timed(argv: &[&str], file: &Path) -> Duration {
-    let start = Instant::now();
-    let out = Command::new(argv[0])
-        .args(&argv[1..])
-        .arg(file)
-        .output()
-        .expect("run the raw load");
-    assert!(
-        out.status.success(),
-        "{argv:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    start.elapsed()
+fn timed(argv: &[&str], file: &Path) -> Ran {
+    let mut c = Command::new(argv[0]);
+    c.args(&argv[1..]).arg(file);
+    run(c)
 }
 
 /// `services` services with `endpoints` endpoints each, alternately on node-1 and node-2

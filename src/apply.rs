@@ -32,7 +32,7 @@
 //! two writes) counts as no record, so the next apply loads everything.
 
 use crate::cli::{ApplyArgs, Command};
-use crate::compile::{compile_inputs, node_jobs, Compiled};
+use crate::compile::{compile_read, node_jobs, read_all, Compiled, Read};
 use crate::inputs::read_file;
 use crate::nfgen::{self, Generation};
 use crate::report::{exit_code, print_diagnostics, Fail};
@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::node_view;
+use svc_compiler::source::SourceMap;
 use svc_targets::plan::{self, Commands, Family, Mode, Plan, Planner, Prepared, Previous, Tool};
 use svc_targets::{Render, Sharing, Target};
 
@@ -105,6 +106,28 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
         lock: None,
     };
 
+    // Read what a compile would read, and fingerprint it: the same inputs as the last
+    // apply's, with the node's nf_tables generation still the one it left, need no compile.
+    let read = match (args.rollback, &args.from) {
+        (false, None) => Some(read_all(cmd)?),
+        _ => None,
+    };
+    let mut key = read
+        .as_ref()
+        .filter(|_| !args.full && !args.dry_run)
+        .map(|r| inputs_key(&r.sources));
+    if let Some(key) = &key {
+        if ctx.state.exists() {
+            ctx.lock = Some(take_lock(
+                &ctx.state.join("lock"),
+                args.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT),
+            )?);
+            if ctx.unchanged_inputs(key)? {
+                return Ok(0);
+            }
+        }
+    }
+
     // What to apply: (family, document, where it came from).
     let docs: Vec<Document> = if args.rollback {
         Vec::new() // read under the lock
@@ -121,8 +144,15 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
         };
         vec![(family, doc, from.clone())]
     } else {
-        match compile(cmd)? {
-            Ok(docs) => docs,
+        match compile(cmd, read.expect("read above"))? {
+            Ok((docs, quiet)) => {
+                // A fast path would not show the diagnostics again: only a quiet compile
+                // is fingerprinted.
+                if !quiet {
+                    key = None;
+                }
+                docs
+            }
             Err(code) => return Ok(code),
         }
     };
@@ -140,7 +170,7 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
 
     // Dry runs change nothing: no state directory is created, the lock is taken only if
     // one exists.
-    if !args.dry_run || ctx.state.exists() {
+    if ctx.lock.is_none() && (!args.dry_run || ctx.state.exists()) {
         fs::create_dir_all(&ctx.state).map_err(|e| {
             Fail(format!(
                 "cannot create the state directory {}: {e}",
@@ -172,8 +202,12 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
     } else {
         docs
     };
+    let mut ends = Vec::new();
     for (family, doc, source) in &docs {
-        ctx.apply_one(*family, doc, source)?;
+        ends.push(ctx.apply_one(*family, doc, source)?);
+    }
+    if let Some(key) = &key {
+        ctx.record_inputs(key, &docs, &ends)?;
     }
     Ok(0)
 }
@@ -186,12 +220,17 @@ fn family_of_ip(f: IpFamily) -> Family {
 }
 
 /// Compiles the manifests for the node: one document per family (the `--family`, or every
-/// family of the service CIDRs). `Err(code)` when the input has errors (printed).
-pub(crate) fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> {
+/// family of the service CIDRs), and whether the compile was quiet (no diagnostic printed).
+/// `Err(code)` when the input has errors (printed).
+#[allow(clippy::type_complexity)]
+pub(crate) fn compile(
+    cmd: &Command,
+    read: Read,
+) -> Result<Result<(Vec<Document>, bool), u8>, Fail> {
     let Render::Node(new) = cmd.target.render else {
         unreachable!("targets with a planner render per node")
     };
-    let (compiled, views) = match node_views(cmd)? {
+    let (compiled, views, quiet) = match node_views(cmd, read)? {
         Ok(x) => x,
         Err(code) => return Ok(Err(code)),
     };
@@ -201,21 +240,26 @@ pub(crate) fn compile(cmd: &Command) -> Result<Result<Vec<Document>, u8>, Fail> 
         cmd.node.as_deref().expect("checked by cli")
     );
     let renderer = new(&params, Sharing::One);
-    Ok(Ok(views
+    let docs = views
         .iter()
         .map(|v| {
             let mut doc = String::new();
             renderer.render_into(v, &mut doc);
             (family_of_ip(v.family), doc, what.clone())
         })
-        .collect()))
+        .collect();
+    Ok(Ok((docs, quiet)))
 }
 
 /// Compiles the manifests and makes the view of every node `apply` is for (`--node`, each
-/// family), printing the diagnostics. `Err(1)` when the input has errors. `comp.diags` is
-/// left empty: they are printed here.
-pub(crate) fn node_views(cmd: &Command) -> Result<Result<(Compiled, Vec<NodeView>), u8>, Fail> {
-    let mut compiled = compile_inputs(cmd)?;
+/// family), printing the diagnostics; `true` when there were none. `Err(1)` when the input
+/// has errors. `comp.diags` is left empty: they are printed here.
+#[allow(clippy::type_complexity)]
+pub(crate) fn node_views(
+    cmd: &Command,
+    read: Read,
+) -> Result<Result<(Compiled, Vec<NodeView>, bool), u8>, Fail> {
+    let mut compiled = compile_read(cmd, read);
     let mut diags = std::mem::take(&mut compiled.comp.diags);
     let mut views: Vec<NodeView> = Vec::new();
     if !diags.has_errors() {
@@ -230,7 +274,8 @@ pub(crate) fn node_views(cmd: &Command) -> Result<Result<(Compiled, Vec<NodeView
     if diags.has_errors() {
         return Ok(Err(1));
     }
-    Ok(Ok((compiled, views)))
+    let quiet = diags.items.is_empty();
+    Ok(Ok((compiled, views, quiet)))
 }
 
 /// One clear line when a program is missing: the planner's, the scratch namespace's
@@ -402,6 +447,74 @@ impl Ctx<'_> {
         }
     }
 
+    /// The record of the last apply's inputs: `STATE/TARGET.inputs`.
+    fn inputs_file(&self) -> PathBuf {
+        self.state.join(format!("{}.inputs", self.target.name))
+    }
+
+    /// The fast path before compiling: the inputs fingerprint as the last apply recorded
+    /// it, and the node's nf_tables generation still the one that apply ended at (so
+    /// nothing was committed since, and every family is as that apply verified it).
+    /// Prints each family's report and returns true; false: compile and apply as usual.
+    /// Err: a tool the target loads with is missing.
+    fn unchanged_inputs(&self, key: &str) -> Result<bool, Fail> {
+        let start = Instant::now();
+        let Ok(text) = fs::read_to_string(self.inputs_file()) else {
+            return Ok(false);
+        };
+        let Some(rec) = InputsRecord::parse(&text) else {
+            return Ok(false);
+        };
+        if rec.key != key || nfgen::generation(self.args.netns.as_deref()) != Some(rec.generation) {
+            return Ok(false);
+        }
+        // Nothing to load, but a node without its tools is broken all the same: said now,
+        // not at the next change.
+        for f in &rec.families {
+            check_tools(self.planner.tools(*f), self.args.netns.is_some())?;
+        }
+        for f in rec.families {
+            println!(
+                "svc-compile: {} {} unchanged in {}: {}: {}; verified in {} ms ({BY_GENERATION}); {NOT_COMPILED}",
+                self.target.name,
+                f.as_str(),
+                self.where_(),
+                Mode::Unchanged,
+                plan::Summary::default(),
+                start.elapsed().as_millis(),
+            );
+        }
+        Ok(true)
+    }
+
+    /// After every family applied: records the inputs fingerprint with the generation
+    /// they all ended at, if each was verified at that same generation (a family whose
+    /// state nf_tables does not track, or one verified before a later family's load,
+    /// leaves no record: the next apply compiles). Any other outcome removes the record.
+    fn record_inputs(
+        &self,
+        key: &str,
+        docs: &[Document],
+        ends: &[Option<Generation>],
+    ) -> Result<(), Fail> {
+        let path = self.inputs_file();
+        let last = ends.last().cloned().flatten();
+        match last {
+            Some(g) if ends.iter().all(|e| e.as_ref() == Some(&g)) => {
+                let rec = InputsRecord {
+                    key: key.to_string(),
+                    families: docs.iter().map(|d| d.0).collect(),
+                    generation: g,
+                };
+                write_atomic(&path, &rec.to_text())
+            }
+            _ => {
+                let _ = fs::remove_file(&path);
+                Ok(())
+            }
+        }
+    }
+
     /// The node's current state (`Commands::read`).
     fn read_node(&self, cmds: &Commands) -> Result<String, Fail> {
         let argv = self.on_node(cmds.read.clone(), None);
@@ -423,7 +536,15 @@ impl Ctx<'_> {
         }
     }
 
-    fn apply_one(&self, family: Family, doc: &str, source: &str) -> Result<(), Fail> {
+    /// Applies one family's document. `Some(generation)`: the node's nf_tables generation
+    /// when this apply ended, with everything owned verified at it (by the fast path or a
+    /// read), for [`Ctx::record_inputs`].
+    fn apply_one(
+        &self,
+        family: Family,
+        doc: &str,
+        source: &str,
+    ) -> Result<Option<Generation>, Fail> {
         let start = Instant::now();
         let mut times = Times::default();
         let cmds = self.planner.commands(family);
@@ -475,7 +596,7 @@ impl Ctx<'_> {
             );
             times.mark("compare with the record");
             times.print(&what);
-            return Ok(());
+            return Ok(recorded_gen);
         }
 
         // Plan; an incremental nftables transaction a pre-6.2 kernel refuses is retried
@@ -519,7 +640,7 @@ impl Ctx<'_> {
             times.mark("plan step two");
             if self.args.dry_run {
                 self.print_dry_run(&what, &plan, &cmds, &dir, ext);
-                return Ok(());
+                return Ok(None);
             }
             let Some(load) = &plan.load else {
                 break (plan, None);
@@ -651,8 +772,8 @@ impl Ctx<'_> {
             self.record(&dir, ext, doc, &owned, applied_doc.as_deref())?;
         }
         let gen_file = dir.join("applied.gen");
-        match gen_end {
-            Some(g) if recorded_gen.as_ref() != Some(&g) || !same_record => write_atomic(
+        match &gen_end {
+            Some(g) if recorded_gen.as_ref() != Some(g) || !same_record => write_atomic(
                 &gen_file,
                 &format!("{}{}\n", record_header(doc), g.to_line()),
             )?,
@@ -683,7 +804,7 @@ impl Ctx<'_> {
             start.elapsed().as_millis()
         );
         times.print(&what);
-        Ok(())
+        Ok(gen_end)
     }
 
     /// A first load into a node that shows nothing of ours, where the scratch document is
@@ -935,6 +1056,86 @@ fn snapshot_of<'a>(state: &'a str, doc: &str) -> Option<&'a str> {
     state.strip_prefix(&record_header(doc))
 }
 
+/// The report's words when the inputs were not compiled (see [`Ctx::unchanged_inputs`]).
+const NOT_COMPILED: &str = "the inputs are the last apply's: not compiled";
+
+/// The fingerprint of what decides an apply's documents: this executable (its size,
+/// modification time and inode: a rebuilt or upgraded binary may compile differently), the
+/// command line, and every file the compile reads, by name and bytes. 128 bits from two
+/// differently prefixed SipHash runs (a few ms for 20 MB); a fingerprint, not a defence
+/// against someone crafting collisions in their own manifests.
+fn inputs_key(sources: &SourceMap) -> String {
+    use std::hash::{DefaultHasher, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let exe = fs::metadata("/proc/self/exe")
+        .map(|m| format!("{} {} {} {}", m.len(), m.mtime(), m.mtime_nsec(), m.ino()))
+        .unwrap_or_default();
+    let args: Vec<String> = std::env::args().collect();
+    let hash = |seed: u8| {
+        let mut h = DefaultHasher::new();
+        h.write_u8(seed);
+        h.write(exe.as_bytes());
+        for a in &args {
+            h.write(a.as_bytes());
+            h.write_u8(0);
+        }
+        for f in &sources.files {
+            h.write(f.name.as_bytes());
+            h.write_u8(0);
+            h.write_usize(f.text.len());
+            h.write(f.text.as_bytes());
+        }
+        h.finish()
+    };
+    format!("{:016x}{:016x}", hash(1), hash(2))
+}
+
+/// `STATE/TARGET.inputs`: the last apply's inputs fingerprint, its families, and the
+/// nf_tables generation at which all of them were verified.
+#[derive(Debug, PartialEq)]
+struct InputsRecord {
+    key: String,
+    families: Vec<Family>,
+    generation: Generation,
+}
+
+impl InputsRecord {
+    const HEADER: &'static str =
+        "# svc-compile: the inputs of the last apply and the generation it left\n";
+
+    fn to_text(&self) -> String {
+        let families: Vec<&str> = self.families.iter().map(|f| f.as_str()).collect();
+        format!(
+            "{}key {}\nfamilies {}\ngeneration {}\n",
+            Self::HEADER,
+            self.key,
+            families.join(" "),
+            self.generation.to_line()
+        )
+    }
+
+    fn parse(text: &str) -> Option<InputsRecord> {
+        let mut lines = text.strip_prefix(Self::HEADER)?.lines();
+        let key = lines.next()?.strip_prefix("key ")?.to_string();
+        let families = lines
+            .next()?
+            .strip_prefix("families ")?
+            .split(' ')
+            .map(|f| {
+                [Family::V4, Family::V6]
+                    .into_iter()
+                    .find(|x| x.as_str() == f)
+            })
+            .collect::<Option<Vec<Family>>>()?;
+        let generation = Generation::from_line(lines.next()?.strip_prefix("generation ")?)?;
+        (!families.is_empty()).then_some(InputsRecord {
+            key,
+            families,
+            generation,
+        })
+    }
+}
+
 /// FNV-1a, 64 bits: a stable fingerprint to pair files, not a defence against tampering.
 fn fnv1a(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -949,5 +1150,62 @@ pub(crate) fn first_line(s: &str) -> String {
         // iptables-restore prints its name on one line and the reason on the next.
         [a, b, ..] if a.ends_with(':') => format!("{a} {b}"),
         [a, ..] => a.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_inputs_record_round_trips_and_refuses_anything_else() {
+        let rec = InputsRecord {
+            key: "00ff".into(),
+            families: vec![Family::V4, Family::V6],
+            generation: Generation {
+                boot: "b0".into(),
+                netns: 4097,
+                id: 12,
+            },
+        };
+        let text = rec.to_text();
+        assert_eq!(InputsRecord::parse(&text), Some(rec));
+        // A cut-off write, a missing header, an unknown family: no record.
+        assert_eq!(InputsRecord::parse(&text[..text.len() - 8]), None);
+        assert_eq!(InputsRecord::parse(text.split_once('\n').unwrap().1), None);
+        assert_eq!(
+            InputsRecord::parse(&text.replace("families ipv4 ipv6", "families ipv5")),
+            None
+        );
+        assert_eq!(
+            InputsRecord::parse(&text.replace("families ipv4 ipv6", "families ")),
+            None
+        );
+    }
+
+    #[test]
+    fn the_inputs_key_changes_with_any_byte_or_name_and_only_then() {
+        let map = |files: &[(&str, &str)]| {
+            let mut m = SourceMap::default();
+            for (n, t) in files {
+                m.add(*n, *t);
+            }
+            m
+        };
+        let base = inputs_key(&map(&[("a.yaml", "kind: Service\n"), ("b.yaml", "x")]));
+        assert_eq!(
+            base,
+            inputs_key(&map(&[("a.yaml", "kind: Service\n"), ("b.yaml", "x")]))
+        );
+        assert_eq!(base.len(), 32);
+        for other in [
+            map(&[("a.yaml", "kind: Service \n"), ("b.yaml", "x")]),
+            map(&[("a.yml", "kind: Service\n"), ("b.yaml", "x")]),
+            map(&[("a.yaml", "kind: Service\n")]),
+            // The boundary between name and text moves: still another key.
+            map(&[("a.yaml", "kind: Service\nb.yaml"), ("", "x")]),
+        ] {
+            assert_ne!(base, inputs_key(&other));
+        }
     }
 }

@@ -2,12 +2,12 @@
 //! `apply` share.
 
 use crate::cli::Command;
-use crate::inputs::{read_file, read_inputs, Filters};
+use crate::inputs::{read_file, read_inputs, Filters, Inputs};
 use crate::report::Fail;
 use std::path::Path;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::NodeSelection;
-use svc_compiler::source::SourceMap;
+use svc_compiler::source::{FileId, SourceMap};
 use svc_targets::Params;
 
 /// What [`compile_inputs`] read and made of it.
@@ -22,9 +22,24 @@ pub(crate) struct Compiled {
     pub params: Params,
 }
 
+/// Everything a compile reads, read: the inputs, the lock file (if it exists) and the
+/// files the target's flags name, all in `sources`. The compile that follows
+/// ([`compile_read`]) reads nothing else, so these bytes and the command decide its output.
+pub(crate) struct Read {
+    pub sources: SourceMap,
+    inputs: Inputs,
+    lock: Option<FileId>,
+    params: Params,
+}
+
 /// Read the inputs (and the lock file, if it exists) and compile them; read the files the
 /// target's flags name.
 pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
+    Ok(compile_read(cmd, read_all(cmd)?))
+}
+
+/// The reading half of [`compile_inputs`].
+pub(crate) fn read_all(cmd: &Command) -> Result<Read, Fail> {
     let mut sources = SourceMap::default();
     let filters = Filters {
         exclude: &cmd.exclude,
@@ -35,6 +50,23 @@ pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
         Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
         _ => None,
     };
+    let params = target_params(cmd, &mut sources)?;
+    Ok(Read {
+        sources,
+        inputs,
+        lock,
+        params,
+    })
+}
+
+/// The compiling half of [`compile_inputs`]: no I/O.
+pub(crate) fn compile_read(cmd: &Command, read: Read) -> Compiled {
+    let Read {
+        sources,
+        inputs,
+        lock,
+        params,
+    } = read;
     let opts = svc_compiler::Options {
         service_cidrs: cmd.service_cidrs.clone(),
         node_port_range: cmd.node_port_range,
@@ -53,13 +85,12 @@ pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
         comp.diags.extend(inputs.diags);
         comp.diags.sort(&sources);
     }
-    let params = target_params(cmd, &mut sources)?;
-    Ok(Compiled {
+    Compiled {
         sources,
         comp,
         checked,
         params,
-    })
+    }
 }
 
 /// The node views a command asks for, as (node, family) pairs: `--node`, or every Node

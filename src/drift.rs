@@ -36,8 +36,8 @@ fn drift_all(cmd: &Command) -> Result<u8, Fail> {
             )));
         }
     }
-    let docs = match compile(cmd)? {
-        Ok(docs) => docs,
+    let docs = match compile(cmd, crate::compile::read_all(cmd)?)? {
+        Ok((docs, _)) => docs,
         // Input errors are printed; 1 means drift here.
         Err(_) => return Ok(2),
     };

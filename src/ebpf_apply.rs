@@ -286,10 +286,11 @@ fn compile(
     opts: &ebpf::Options,
     applied: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Result<Vec<Doc>, u8>, Fail> {
-    let (Compiled { comp, .. }, views) = match crate::apply::node_views(cmd)? {
-        Ok(x) => x,
-        Err(code) => return Ok(Err(code)),
-    };
+    let (Compiled { comp, .. }, views, _) =
+        match crate::apply::node_views(cmd, crate::compile::read_all(cmd)?)? {
+            Ok(x) => x,
+            Err(code) => return Ok(Err(code)),
+        };
     let mut docs = Vec::new();
     for v in &views {
         ebpf::check(v).map_err(|e| Fail(format!("--target ebpf: node {}: {e}", v.node_name)))?;

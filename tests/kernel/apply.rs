@@ -1071,6 +1071,8 @@ fn apply_command_line() {
 /// nf_tables generation id (the fast path).
 const READ: &str = "(node state read)";
 const BY_GENERATION: &str = "(node state known by its nf_tables generation, not read)";
+/// ... and the inputs are byte for byte the last apply's: not even compiled.
+const NOT_COMPILED: &str = "the inputs are the last apply's: not compiled";
 
 /// nftables and iptables-nft: an apply right after another one, with nothing written in
 /// between, takes the fast path (no read); a write anywhere else in nf_tables sends it back
@@ -1089,18 +1091,34 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         let path = |r: &Run, want: &str| {
             assert!(r.stdout.contains(want), "[{target}] {}", r.stdout);
         };
+        // Compiled, or not even that (the inputs and the generation as the last apply left them).
+        let compiled = |r: &Run, yes: bool| {
+            assert_eq!(
+                !r.stdout.contains(NOT_COMPILED),
+                yes,
+                "[{target}] compiled: {yes}? {}",
+                r.stdout
+            );
+        };
 
         let r = node.apply(&v1, &[]);
         r.expect(0);
         path(&r, READ);
+        compiled(&r, true);
         let r = node.apply(&v1, &[]);
         r.expect(0);
         path(&r, if fast { BY_GENERATION } else { READ });
+        compiled(&r, !fast);
         assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+        // The same inputs with --full, or a dry run: compiled (and --full loads).
+        let r = node.apply(&v1, &["--dry-run"]);
+        r.expect(0);
+        compiled(&r, true);
         let r = node.apply(&v2, &[]);
         r.expect(0);
         assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
         path(&r, if fast { BY_GENERATION } else { READ });
+        compiled(&r, true);
         node.flows(FLOWS_V2);
         let good = node.owned();
         let recorded = node.recorded();
@@ -1123,10 +1141,12 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         let r = node.apply(&v2, &[]);
         r.expect(0);
         path(&r, READ);
+        compiled(&r, true);
         assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
         let r = node.apply(&v2, &[]);
         r.expect(0);
         path(&r, if fast { BY_GENERATION } else { READ });
+        compiled(&r, !fast);
 
         // A foreign writer puts a rule at the top of api's service chain.
         match target {
@@ -1163,6 +1183,7 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         let r = node.apply(&v2, &[]);
         r.expect(0);
         path(&r, READ);
+        compiled(&r, true);
         assert!(
             r.stdout
                 .contains("full (the kernel differs from what the last apply left"),
@@ -1176,6 +1197,7 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         let r = node.apply(&v2, &[]);
         r.expect(0);
         path(&r, if fast { BY_GENERATION } else { READ });
+        compiled(&r, !fast);
     });
 }
 
