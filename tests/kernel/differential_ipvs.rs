@@ -916,6 +916,32 @@ fn the_rules_read_the_compiled_parts() {
         others: others.iter().map(|s| s.to_string()).collect(),
         probes: 6,
     };
+    // Without a detector IPVS mode marks what leaves the node from a VIP (`src,dst`):
+    // the node's own packet to a cluster IP, not a pod's.
+    let no_detector = read_bundle(concat!(
+        "# ==== ipset: load with `ipset restore` ====\n",
+        "create KUBE-CLUSTER-IP hash:ip,port family inet\n",
+        "add KUBE-CLUSTER-IP 10.96.0.1,tcp:80\n",
+        "# ==== addresses: load with `ip -batch -` ====\n",
+        "address add 10.96.0.1/32 dev kube-ipvs0\n",
+        "# ==== iptables: load with `iptables-restore --noflush` ====\n",
+        "*nat\n",
+        "-A KUBE-SERVICES -m comment --comment \"cluster ip\" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ\n",
+        "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT\n",
+        "COMMIT\n",
+    ));
+    let to_vip = |from: &str| {
+        let f = flow(from, Proto::Tcp, "10.96.0.1:80", Expect::Unknown);
+        no_detector.marked(&Packet {
+            src: sent_from(&f, &no_detector),
+            dst: f.dst,
+            proto: "tcp",
+            iface: None,
+        })
+    };
+    assert!(to_vip("node"));
+    assert!(!to_vip("pod-a"));
+
     let w = &hairpin.0;
     assert!(w.met("pod-a", &seen(&[("pod-r2:9090", false)], &["timeout"])));
     assert!(!w.met("pod-a", &seen(&[("pod-r2:9090", false)], &[])));
