@@ -60,14 +60,11 @@ fn previous<'a>(document: &'a str, snapshot: &'a str) -> Option<Previous<'a>> {
 #[test]
 fn element_keys() {
     assert_eq!(
-        element_key("{ 10.0.0.1 . tcp . 80 comment \"a : b\" : goto x }").as_deref(),
+        element_key("{ 10.0.0.1 . tcp . 80 comment \"a : b\" : goto x }"),
         Some("10.0.0.1 . tcp . 80")
     );
-    assert_eq!(element_key("{ 10.0.0.1 }").as_deref(), Some("10.0.0.1"));
-    assert_eq!(
-        element_key("{ tcp . 30080 : drop }").as_deref(),
-        Some("tcp . 30080")
-    );
+    assert_eq!(element_key("{ 10.0.0.1 }"), Some("10.0.0.1"));
+    assert_eq!(element_key("{ tcp . 30080 : drop }"), Some("tcp . 30080"));
     assert_eq!(element_key("10.0.0.1"), None);
 }
 
