@@ -699,7 +699,6 @@ fn split_normalized(text: &str) -> Objects<'_> {
 /// The expected state after an incremental load: the snapshot with the changed objects
 /// as the scratch namespace shows them and the stale ones gone.
 fn merge(d: &Delta, scratch: &str) -> String {
-    let (table, objects, rules) = split_normalized(&d.snapshot);
     let (_, s_objects, s_rules) = split_normalized(scratch);
     fn names(v: &[String]) -> HashSet<&str> {
         v.iter().map(String::as_str).collect()
@@ -707,6 +706,7 @@ fn merge(d: &Delta, scratch: &str) -> String {
     let (chains, sets) = (names(&d.chains), names(&d.sets));
     let (stale_chains, stale_sets) = (names(&d.stale_chains), names(&d.stale_sets));
     let is_set = |k: &str| matches!(k, "set" | "map");
+    // Sorted by kind and name, and by chain: split_normalized's order.
     let changed: Vec<_> = s_objects
         .into_iter()
         .filter(|((k, n), _)| {
@@ -714,36 +714,137 @@ fn merge(d: &Delta, scratch: &str) -> String {
             changed.contains(n) && (*k == "chain" || is_set(k))
         })
         .collect();
-    let replaced: HashSet<(&str, &str)> = changed.iter().map(|o| o.0).collect();
-    let mut objects: Vec<_> = objects
+    let new_rules: Vec<_> = s_rules
         .into_iter()
-        .filter(|(key @ (k, n), _)| {
-            let stale = if *k == "chain" {
-                &stale_chains
-            } else {
-                &stale_sets
-            };
-            !stale.contains(n) && !replaced.contains(key)
-        })
-        .chain(changed)
+        .filter(|(c, _)| chains.contains(c))
         .collect();
-    objects.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut rules: Vec<_> = rules
-        .into_iter()
-        .filter(|(c, _)| !stale_chains.contains(c) && !chains.contains(c))
-        .chain(s_rules.into_iter().filter(|(c, _)| chains.contains(c)))
-        .collect();
-    rules.sort_by(|a, b| a.0.cmp(b.0));
-    let mut out = String::with_capacity(d.snapshot.len() + scratch.len());
-    for l in table
-        .iter()
-        .chain(objects.iter().map(|o| &o.1))
-        .chain(rules.iter().map(|r| &r.1))
-    {
-        out.push_str(l);
-        out.push('\n');
+    let m = Merge {
+        changed: &changed,
+        new_rules: &new_rules,
+        replaced: changed.iter().map(|o| o.0).collect(),
+        stale_chains,
+        stale_sets,
+        rewritten: chains,
+    };
+    // A snapshot is in canonical order (normalize and merge write it so): one pass.
+    m.in_order(&d.snapshot)
+        .unwrap_or_else(|| m.sorted(&d.snapshot))
+}
+
+/// What [`merge`] puts in and takes out.
+struct Merge<'a> {
+    /// Objects as the scratch namespace shows them, sorted by (kind, name).
+    changed: &'a [((&'a str, &'a str), &'a str)],
+    /// The rules of rewritten chains, sorted by chain.
+    new_rules: &'a [(&'a str, &'a str)],
+    replaced: HashSet<(&'a str, &'a str)>,
+    stale_chains: HashSet<&'a str>,
+    stale_sets: HashSet<&'a str>,
+    rewritten: HashSet<&'a str>,
+}
+
+impl<'a> Merge<'a> {
+    fn keeps_object(&self, key @ (k, n): (&str, &str)) -> bool {
+        let stale = if k == "chain" {
+            &self.stale_chains
+        } else {
+            &self.stale_sets
+        };
+        !stale.contains(n) && !self.replaced.contains(&key)
     }
-    out
+
+    fn keeps_rules(&self, chain: &str) -> bool {
+        !self.stale_chains.contains(chain) && !self.rewritten.contains(chain)
+    }
+
+    /// One pass over a snapshot in canonical order (tables, objects by kind and name,
+    /// rules by chain); `None` if it is not.
+    fn in_order(&self, snapshot: &str) -> Option<String> {
+        let mut out = String::with_capacity(snapshot.len() + 4096);
+        let line = |out: &mut String, l: &str| {
+            out.push_str(l);
+            out.push('\n');
+        };
+        let (mut objects, mut rules) = (self.changed.iter().peekable(), self.new_rules.iter());
+        let mut next_rule = rules.next();
+        // 0: tables, 1: objects, 2: rules.
+        let mut section = 0;
+        let mut last_object: Option<(&str, &str)> = None;
+        let mut last_chain: Option<&str> = None;
+        for l in snapshot.lines() {
+            let mut w = l.splitn(3, ' ');
+            let (kind, name) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
+            match kind {
+                "table" if section == 0 => line(&mut out, l),
+                "table" => return None,
+                "rule" => {
+                    if section < 2 {
+                        objects.by_ref().for_each(|o| line(&mut out, o.1));
+                        section = 2;
+                    }
+                    if last_chain.is_some_and(|c| c > name) {
+                        return None;
+                    }
+                    last_chain = Some(name);
+                    while let Some(r) = next_rule.filter(|r| r.0 < name) {
+                        line(&mut out, r.1);
+                        next_rule = rules.next();
+                    }
+                    if self.keeps_rules(name) {
+                        line(&mut out, l);
+                    }
+                }
+                _ if section == 2 => return None,
+                _ => {
+                    section = 1;
+                    let key = (kind, name);
+                    if last_object.is_some_and(|o| o >= key) {
+                        return None;
+                    }
+                    last_object = Some(key);
+                    while let Some(o) = objects.next_if(|o| o.0 <= key) {
+                        line(&mut out, o.1);
+                    }
+                    if self.keeps_object(key) {
+                        line(&mut out, l);
+                    }
+                }
+            }
+        }
+        objects.for_each(|o| line(&mut out, o.1));
+        while let Some(r) = next_rule {
+            line(&mut out, r.1);
+            next_rule = rules.next();
+        }
+        Some(out)
+    }
+
+    /// Any snapshot: by object, sorted.
+    fn sorted(&self, snapshot: &str) -> String {
+        let (table, objects, rules) = split_normalized(snapshot);
+        let mut objects: Vec<_> = objects
+            .into_iter()
+            .filter(|o| self.keeps_object(o.0))
+            .chain(self.changed.iter().copied())
+            .collect();
+        objects.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut rules: Vec<_> = rules
+            .into_iter()
+            .filter(|(c, _)| self.keeps_rules(c))
+            .chain(self.new_rules.iter().copied())
+            .collect();
+        rules.sort_by(|a, b| a.0.cmp(b.0));
+        let mut out = String::with_capacity(snapshot.len() + 4096);
+        for l in table
+            .iter()
+            .chain(objects.iter().map(|o| &o.1))
+            .chain(rules.iter().map(|r| &r.1))
+        {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out
+    }
 }
 
 impl Step for Prep {
