@@ -226,10 +226,10 @@ fn family_of_ip(f: IpFamily) -> Family {
 
 /// Compiles the manifests for the node: one document per family (the `--family`, or every
 /// family of the service CIDRs), and whether the compile was quiet (no diagnostic printed).
-/// `Err(code)` when the input has errors (printed).
+/// `Err(code)` when the input has errors (printed). `capacity` guesses a family's document
+/// size (the last one applied): a 58 MB document grown by doubling copies itself and
+/// touches twice the memory.
 #[allow(clippy::type_complexity)]
-/// `capacity` guesses a family's document size (the last one applied): a 58 MB document
-/// grown by doubling copies itself and touches twice the memory.
 pub(crate) fn compile(
     cmd: &Command,
     read: Read,
