@@ -18,7 +18,7 @@
 //! 6. read the node back and compare the owned part with the plan's expectation — on the
 //!    fast path, the generation advanced by exactly the load's transactions proves that
 //!    only this load changed the node, and the expectation is the new state;
-//! 7. record the document and that owned state (`applied.*`, the one before as
+//! 7. record the document and that owned state (`applied.*`, the one before moved to
 //!    `previous.*` for `--rollback`), and the generation it holds at (`applied.gen`).
 //!
 //! A failed load leaves the previous state: nftables loads one transaction; iptables
@@ -144,7 +144,12 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
         };
         vec![(family, doc, from.clone())]
     } else {
-        match compile(cmd, read.expect("read above"))? {
+        // The last applied document's size, and some room to grow.
+        let size = |f: Family| {
+            let applied = ctx.dir(f).join(format!("applied.{}", target.ext));
+            fs::metadata(applied).map_or(0, |m| m.len() as usize + m.len() as usize / 16)
+        };
+        match compile(cmd, read.expect("read above"), &size)? {
             Ok((docs, quiet)) => {
                 // A fast path would not show the diagnostics again: only a quiet compile
                 // is fingerprinted.
@@ -221,11 +226,14 @@ fn family_of_ip(f: IpFamily) -> Family {
 
 /// Compiles the manifests for the node: one document per family (the `--family`, or every
 /// family of the service CIDRs), and whether the compile was quiet (no diagnostic printed).
-/// `Err(code)` when the input has errors (printed).
+/// `Err(code)` when the input has errors (printed). `capacity` guesses a family's document
+/// size (the last one applied): a 58 MB document grown by doubling copies itself and
+/// touches twice the memory.
 #[allow(clippy::type_complexity)]
 pub(crate) fn compile(
     cmd: &Command,
     read: Read,
+    capacity: &dyn Fn(Family) -> usize,
 ) -> Result<Result<(Vec<Document>, bool), u8>, Fail> {
     let Render::Node(new) = cmd.target.render else {
         unreachable!("targets with a planner render per node")
@@ -243,9 +251,10 @@ pub(crate) fn compile(
     let docs = views
         .iter()
         .map(|v| {
-            let mut doc = String::new();
+            let family = family_of_ip(v.family);
+            let mut doc = String::with_capacity(capacity(family));
             renderer.render_into(v, &mut doc);
-            (family_of_ip(v.family), doc, what.clone())
+            (family, doc, what.clone())
         })
         .collect();
     Ok(Ok((docs, quiet)))
@@ -390,10 +399,18 @@ fn run_loader(argv: &[String], lock: Option<&File>, log: &Path) -> Result<Output
 
 /// Writes a file so that readers see the old or the new content, never a part.
 pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<(), Fail> {
+    write_atomic_parts(path, &[text])
+}
+
+/// [`write_atomic`] of the concatenation of `parts` (a record's header and a snapshot of
+/// 100 MB are not copied into one string first).
+fn write_atomic_parts(path: &Path, parts: &[&str]) -> Result<(), Fail> {
     let tmp = path.with_extension("tmp");
     let res = (|| {
         let mut f = File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
+        for p in parts {
+            f.write_all(p.as_bytes())?;
+        }
         f.sync_all()?;
         fs::rename(&tmp, path)
     })();
@@ -558,10 +575,12 @@ impl Ctx<'_> {
         let gen_start = nfgen::generation(netns);
         let applied_doc = fs::read_to_string(dir.join(format!("applied.{ext}"))).ok();
         let applied_state = fs::read_to_string(dir.join("applied.state")).ok();
+        // Hashed once (58 MB on a 10k-service node): the state and the generation name it.
+        let applied_header = applied_doc.as_deref().map(record_header);
         // The two files are written one after the other: only a snapshot that names this
         // document's hash belongs to it (a kill between the writes leaves them apart).
-        let previous = match (&applied_doc, &applied_state) {
-            (Some(d), Some(s)) => snapshot_of(s, d).map(|snapshot| Previous {
+        let previous = match (&applied_doc, &applied_state, &applied_header) {
+            (Some(d), Some(s), Some(h)) => snapshot_of(s, h).map(|snapshot| Previous {
                 document: d,
                 snapshot,
             }),
@@ -575,10 +594,10 @@ impl Ctx<'_> {
         }
         // The fast path: the generation recorded with the snapshot is still the node's,
         // so nothing was committed since and the snapshot is what the node shows.
-        let recorded_gen = match (&applied_doc, previous) {
-            (Some(d), Some(_)) => fs::read_to_string(dir.join("applied.gen"))
+        let recorded_gen = match (&applied_header, previous) {
+            (Some(h), Some(_)) => fs::read_to_string(dir.join("applied.gen"))
                 .ok()
-                .and_then(|g| generation_of(&g, d)),
+                .and_then(|g| generation_of(&g, h)),
             _ => None,
         };
         let mut known = !self.args.full && recorded_gen.is_some() && recorded_gen == gen_start;
@@ -739,12 +758,13 @@ impl Ctx<'_> {
                 .is_some_and(|n| nfgen::generation(netns) == Some(g.after(n))),
             _ => false,
         };
+        // `None`: the expectation itself (nothing to copy or compare).
         let (owned, gen_end, how) = if loaded_only {
             let g = match plan.load {
                 Some(_) => nfgen::generation(netns),
                 None => recorded_gen.clone(),
             };
-            (plan.expected.clone(), g, "generation")
+            (None, g, "generation")
         } else {
             let (g, after) = match (&load_path, kernel, direct) {
                 (_, _, Some((after, g))) => (Some(g), after),
@@ -757,26 +777,31 @@ impl Ctx<'_> {
                 .map_err(|e| Fail(format!("{what}: cannot read the node back: {e}")))?;
             let tracked = self.planner.tracked_by_generation(family, &after);
             let g = g.filter(|g| tracked && nfgen::generation(netns).as_ref() == Some(g));
-            (owned, g, "read")
+            (Some(owned), g, "read")
         };
-        if owned != plan.expected {
+        if let Some(read) = owned.as_deref().filter(|o| *o != plan.expected) {
             let _ = fs::remove_file(dir.join("applied.state"));
             return Err(Fail(format!(
                 "{what}: after loading, the node does not show what was loaded: {}; the next apply will load everything",
-                Plan::first_difference(&plan.expected, &owned)
+                Plan::first_difference(&plan.expected, read)
             )));
         }
+        let owned = owned.as_deref().unwrap_or(&plan.expected);
         times.mark("compare");
-        let same_record = previous.is_some_and(|p| p.document == doc && p.snapshot == owned);
+        let same_doc = applied_doc.as_deref() == Some(doc);
+        let header = match &applied_header {
+            Some(h) if same_doc => h.clone(),
+            _ => record_header(doc),
+        };
+        let same_record = same_doc && previous.is_some_and(|p| p.snapshot == owned);
         if !same_record {
-            self.record(&dir, ext, doc, &owned, applied_doc.as_deref())?;
+            self.record(&dir, ext, doc, &header, owned, applied_doc.as_deref())?;
         }
         let gen_file = dir.join("applied.gen");
         match &gen_end {
-            Some(g) if recorded_gen.as_ref() != Some(g) || !same_record => write_atomic(
-                &gen_file,
-                &format!("{}{}\n", record_header(doc), g.to_line()),
-            )?,
+            Some(g) if recorded_gen.as_ref() != Some(g) || !same_record => {
+                write_atomic(&gen_file, &format!("{header}{}\n", g.to_line()))?
+            }
             Some(_) => {}
             None => {
                 let _ = fs::remove_file(&gen_file);
@@ -957,6 +982,7 @@ impl Ctx<'_> {
         dir: &Path,
         ext: &str,
         doc: &str,
+        header: &str,
         owned: &str,
         applied_doc: Option<&str>,
     ) -> Result<(), Fail> {
@@ -964,14 +990,24 @@ impl Ctx<'_> {
             .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
         let applied = dir.join(format!("applied.{ext}"));
         let state = dir.join("applied.state");
-        if let Some(old) = applied_doc.filter(|old| *old != doc) {
-            write_atomic(&dir.join(format!("previous.{ext}")), old)?;
-            if let Ok(s) = fs::read_to_string(&state) {
-                write_atomic(&dir.join("previous.state"), &s)?;
+        // The old record becomes `previous` by rename, not by writing it again (a 10k-service
+        // node's record is 180 MB). A kill between the steps leaves no `applied.{ext}` or a
+        // document whose hash the state does not name: no record, the next apply loads
+        // everything; `previous.{ext}` is always a whole document.
+        if applied_doc.is_some_and(|old| old != doc) {
+            let moved = |from: &Path, to: &str| {
+                fs::rename(from, dir.join(to))
+                    .map_err(|e| Fail(format!("cannot move {}: {e}", from.display())))
+            };
+            moved(&applied, &format!("previous.{ext}"))?;
+            if state.exists() {
+                moved(&state, "previous.state")?;
             }
         }
-        write_atomic(&applied, doc)?;
-        write_atomic(&state, &format!("{}{owned}", record_header(doc)))
+        if applied_doc != Some(doc) {
+            write_atomic(&applied, doc)?;
+        }
+        write_atomic_parts(&state, &[header, owned])
     }
 
     /// `--dry-run`: a shell script with the exact documents and commands.
@@ -1016,9 +1052,10 @@ fn record_header(doc: &str) -> String {
     format!("# svc-compile snapshot of document {:016x}\n", fnv1a(doc))
 }
 
-/// The generation in an `applied.gen` file if it was recorded for `doc`.
-fn generation_of(file: &str, doc: &str) -> Option<Generation> {
-    Generation::from_line(file.strip_prefix(&record_header(doc))?.trim_end())
+/// The generation in an `applied.gen` file if it was recorded for the document whose
+/// [`record_header`] is `header`.
+fn generation_of(file: &str, header: &str) -> Option<Generation> {
+    Generation::from_line(file.strip_prefix(header)?.trim_end())
 }
 
 /// Where one apply spent its time, printed on stderr when `SVC_COMPILE_APPLY_TIMES` is set
@@ -1051,9 +1088,10 @@ impl Times {
     }
 }
 
-/// The snapshot in `state` if it was taken for `doc`.
-fn snapshot_of<'a>(state: &'a str, doc: &str) -> Option<&'a str> {
-    state.strip_prefix(&record_header(doc))
+/// The snapshot in `state` if it was taken for the document whose [`record_header`] is
+/// `header`.
+fn snapshot_of<'a>(state: &'a str, header: &str) -> Option<&'a str> {
+    state.strip_prefix(header)
 }
 
 /// The report's words when the inputs were not compiled (see [`Ctx::unchanged_inputs`]).

@@ -23,8 +23,9 @@
 use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
 use super::{Previous, Step, Summary, Tool};
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
+use std::ops::Range;
 use std::sync::Arc;
 
 const TABLE: &str = "kube-proxy";
@@ -43,42 +44,79 @@ fn nft_family(family: Family) -> &'static str {
     }
 }
 
-/// A compiled document as objects.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Doc {
-    family: String,
+/// A compiled document as objects, borrowing its lines (a 10k-service node's document is
+/// 58 MB: owned copies of every line cost more than everything else in planning).
+#[derive(Debug, Default)]
+struct Doc<'a> {
+    family: &'a str,
     /// The `add table … { … }` line.
-    table: String,
-    /// Chains in order; name → definition line.
-    chain_order: Vec<String>,
-    chains: BTreeMap<String, String>,
-    /// Sets and maps in order; name → definition line.
-    set_order: Vec<String>,
-    sets: BTreeMap<String, String>,
-    /// Chain → `add rule` lines, in order.
-    rules: BTreeMap<String, Vec<String>>,
-    /// Set → key → `add element` line.
-    elements: BTreeMap<String, BTreeMap<String, String>>,
-    /// Every statement line, for the full load.
-    body: Vec<String>,
+    table: &'a str,
+    /// Chains in order: (name, definition line); a name declared twice keeps its first
+    /// place and its last line.
+    chains: Vec<(&'a str, &'a str)>,
+    chain_at: HashMap<&'a str, usize>,
+    /// Sets and maps in order, likewise.
+    sets: Vec<(&'a str, &'a str)>,
+    set_at: HashMap<&'a str, usize>,
+    /// Every chain's `add rule` lines, in order, chain after chain: chain `i` has
+    /// `rules[rule_start[i]..rule_start[i + 1]]`.
+    rules: Vec<&'a str>,
+    rule_start: Vec<usize>,
+    /// `add element` lines as (set index, key, line), sorted by set name and key, one per
+    /// key (the last line given); set `i` has `elements[element_range[i]]`.
+    elements: Vec<(usize, &'a str, &'a str)>,
+    element_range: Vec<Range<usize>>,
 }
 
-impl Doc {
-    fn rules(&self, chain: &str) -> &[String] {
-        self.rules.get(chain).map_or(&[], Vec::as_slice)
+impl<'a> Doc<'a> {
+    fn rules(&self, chain: &str) -> &[&'a str] {
+        self.chain_at.get(chain).map_or(&[], |&i| {
+            &self.rules[self.rule_start[i]..self.rule_start[i + 1]]
+        })
+    }
+
+    /// A set's elements, sorted by key.
+    fn elements(&self, set: &str) -> &[(usize, &'a str, &'a str)] {
+        self.set_at
+            .get(set)
+            .map_or(&[], |&i| &self.elements[self.element_range[i].clone()])
+    }
+
+    /// The elements by set, in set-name order: (set name, its elements).
+    fn element_groups(&self) -> impl Iterator<Item = (&'a str, &[(usize, &'a str, &'a str)])> {
+        self.elements
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|g| (self.sets[g[0].0].0, g))
     }
 }
 
-fn parse(text: &str) -> Result<Doc, String> {
+/// The statement lines of a document, trimmed, with their line numbers.
+fn statements(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .map(|(i, raw)| (i + 1, raw.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+}
+
+/// `add table F kube-proxy` / `delete table F kube-proxy`: the replace prefix of the
+/// compiled document; the full load writes its own.
+fn replace_prefix(w: &[&str]) -> bool {
+    w.len() == 4 && matches!((w[0], w[1]), ("add" | "delete", "table"))
+}
+
+fn parse(text: &str) -> Result<Doc<'_>, String> {
     let mut d = Doc::default();
-    for (i, raw) in text.lines().enumerate() {
-        let n = i + 1;
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
+    // (chain index, line), and (set index, key, line), in document order.
+    let mut rules: Vec<(usize, &str)> = Vec::new();
+    for (n, line) in statements(text) {
         let bad = |why: &str| format!("line {n}: `{line}`: {why}");
-        let w: Vec<&str> = line.splitn(6, ' ').collect();
+        let mut w = [""; 6];
+        let mut len = 0;
+        for (slot, word) in w.iter_mut().zip(line.splitn(6, ' ')) {
+            *slot = word;
+            len += 1;
+        }
+        let w = &w[..len];
         if w.len() < 4 {
             return Err(bad("not an nft statement svc-compile writes"));
         }
@@ -89,77 +127,104 @@ fn parse(text: &str) -> Result<Doc, String> {
             ));
         }
         if d.family.is_empty() {
-            d.family = family.to_string();
+            d.family = family;
         } else if d.family != family {
             return Err(bad("a second family in one document"));
         }
         let name = w.get(4).copied().unwrap_or("");
         match (verb, kind) {
-            // The replace prefix of the compiled document; the full load writes its own.
-            ("add", "table") | ("delete", "table") if w.len() == 4 => continue,
-            ("add", "table") => d.table = line.to_string(),
-            ("add", "chain") if !name.is_empty() => {
-                if d.chains
-                    .insert(name.to_string(), line.to_string())
-                    .is_none()
-                {
-                    d.chain_order.push(name.to_string());
+            _ if replace_prefix(w) => continue,
+            ("add", "table") => d.table = line,
+            ("add", "chain") if !name.is_empty() => match d.chain_at.get(name) {
+                Some(&i) => d.chains[i].1 = line,
+                None => {
+                    d.chain_at.insert(name, d.chains.len());
+                    d.chains.push((name, line));
                 }
-            }
-            ("add", "set" | "map") if !name.is_empty() => {
-                if d.sets.insert(name.to_string(), line.to_string()).is_none() {
-                    d.set_order.push(name.to_string());
+            },
+            ("add", "set" | "map") if !name.is_empty() => match d.set_at.get(name) {
+                Some(&i) => d.sets[i].1 = line,
+                None => {
+                    d.set_at.insert(name, d.sets.len());
+                    d.sets.push((name, line));
                 }
-            }
+            },
             ("add", "rule") if w.len() == 6 => {
-                if !d.chains.contains_key(name) {
+                let Some(&c) = d.chain_at.get(name) else {
                     return Err(bad("a rule in a chain the document has not added"));
-                }
-                d.rules
-                    .entry(name.to_string())
-                    .or_default()
-                    .push(line.to_string());
+                };
+                rules.push((c, line));
             }
             ("add", "element") if w.len() == 6 => {
-                if !d.sets.contains_key(name) {
+                let Some(&x) = d.set_at.get(name) else {
                     return Err(bad("an element of a set the document has not added"));
-                }
+                };
                 let key = element_key(w[5]).ok_or_else(|| bad("cannot read the element"))?;
-                d.elements
-                    .entry(name.to_string())
-                    .or_default()
-                    .insert(key, line.to_string());
+                d.elements.push((x, key, line));
             }
             _ => return Err(bad("not an nft statement svc-compile writes")),
         }
-        d.body.push(line.to_string());
     }
     if d.table.is_empty() {
         return Err("the document adds no kube-proxy table".into());
+    }
+    // Stable: a chain's rules keep their order.
+    rules.sort_by_key(|r| r.0);
+    d.rule_start = vec![0; d.chains.len() + 1];
+    for r in &rules {
+        d.rule_start[r.0 + 1] += 1;
+    }
+    for i in 0..d.chains.len() {
+        d.rule_start[i + 1] += d.rule_start[i];
+    }
+    d.rules = rules.into_iter().map(|r| r.1).collect();
+    // Stable, then the last line of a key wins.
+    let sets = &d.sets;
+    d.elements
+        .sort_by(|a, b| (sets[a.0].0, a.1).cmp(&(sets[b.0].0, b.1)));
+    d.elements.dedup_by(|later, kept| {
+        let same = later.0 == kept.0 && later.1 == kept.1;
+        if same {
+            kept.2 = later.2;
+        }
+        same
+    });
+    d.element_range = vec![0..0; d.sets.len()];
+    let mut at = 0;
+    for g in d.elements.chunk_by(|a, b| a.0 == b.0) {
+        d.element_range[g[0].0] = at..at + g.len();
+        at += g.len();
     }
     Ok(d)
 }
 
 /// `{ 10.0.0.1 . tcp . 80 comment "x" : goto c }` → `10.0.0.1 . tcp . 80`. Key parts never
 /// contain spaces; the comment and the verdict follow them.
-fn element_key(body: &str) -> Option<String> {
+fn element_key(body: &str) -> Option<&str> {
     let inner = body.strip_prefix("{ ")?.strip_suffix(" }")?;
-    let key: Vec<&str> = inner
-        .split(' ')
-        .take_while(|w| !matches!(*w, "comment" | ":"))
-        .collect();
-    (!key.is_empty()).then(|| key.join(" "))
+    let mut end = 0;
+    for w in inner.split(' ') {
+        if matches!(w, "comment" | ":") {
+            break;
+        }
+        end += w.len() + 1;
+    }
+    (end > 0).then(|| &inner[..end - 1])
 }
 
 /// The full load: replace the table in one transaction.
-fn full_document(d: &Doc) -> String {
-    let mut out = format!(
-        "add table {f} {TABLE}\ndelete table {f} {TABLE}\n",
-        f = d.family
+fn full_document(text: &str, family: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 64);
+    let _ = write!(
+        out,
+        "add table {family} {TABLE}\ndelete table {family} {TABLE}\n"
     );
-    for l in &d.body {
-        out.push_str(l);
-        out.push('\n');
+    for (_, l) in statements(text) {
+        let w: Vec<&str> = l.splitn(5, ' ').collect();
+        if !replace_prefix(&w) {
+            out.push_str(l);
+            out.push('\n');
+        }
     }
     out
 }
@@ -271,6 +336,7 @@ impl Owned for Owner {
 /// Step one's nftables part.
 #[derive(Clone, Debug)]
 pub(super) struct Prep {
+    /// The full load; empty when the plan is incremental.
     full: String,
     /// The incremental transaction, when there is one.
     delta: Option<Delta>,
@@ -378,23 +444,23 @@ fn prepare(
             nft_family(family)
         ));
     }
-    let full = full_document(&new);
     let mut summary = Summary {
         rewritten: new.chains.len(),
         deleted: 0,
         jumps: 0,
-        elements: new.elements.values().map(BTreeMap::len).sum(),
+        elements: new.elements.len(),
     };
     let mut delta = None;
     let mode = match previous {
         _ if force_full => Mode::Full("asked for with --full".into()),
         None => Mode::Full("no previous apply recorded".into()),
         Some(p) => {
-            let now = match kernel {
-                Some(k) => normalize(k)?,
-                None => p.snapshot.to_string(),
+            // Without a read the kernel is known to show the snapshot: nothing to compare.
+            let drift = match kernel {
+                Some(k) => Some(normalize(k)?).filter(|now| now != p.snapshot),
+                None => None,
             };
-            if now != p.snapshot {
+            if let Some(now) = drift {
                 Mode::Full(format!(
                     "the kernel differs from what the last apply left: {}",
                     Plan::first_difference(p.snapshot, &now)
@@ -415,9 +481,13 @@ fn prepare(
             }
         }
     };
-    let scratch = match &delta {
-        Some(d) => scratch_document(&new, d),
-        None => full.clone(),
+    // Only a full plan loads (and checks) the whole document.
+    let (full, scratch) = match &delta {
+        Some(d) => (String::new(), scratch_document(&new, d)),
+        None => {
+            let full = full_document(new_doc, new.family);
+            (full.clone(), full)
+        }
     };
     Ok(Prepared {
         mode,
@@ -437,53 +507,63 @@ fn diff(old: &Doc, new: &Doc) -> Result<(Delta, Summary), String> {
     if old.family != new.family || old.table != new.table {
         return Err("the table definition changed".into());
     }
-    for (kind, o, n) in [
-        ("chain", &old.chains, &new.chains),
-        ("set", &old.sets, &new.sets),
+    for (kind, o, o_at, n) in [
+        ("chain", &old.chains, &old.chain_at, &new.chains),
+        ("set", &old.sets, &old.set_at, &new.sets),
     ] {
+        // The first in name order, as the message has always named it.
         if let Some(name) = n
             .iter()
-            .find(|(name, def)| o.get(*name).is_some_and(|od| od != *def))
-            .map(|(name, _)| name)
+            .filter(|(name, def)| o_at.get(name).is_some_and(|&i| o[i].1 != *def))
+            .map(|(name, _)| *name)
+            .min()
         {
             return Err(format!("the definition of {kind} {name} changed"));
         }
     }
-    let (f, t) = (&new.family, TABLE);
+    let (f, t) = (new.family, TABLE);
     let mut d = Delta::default();
     let mut s = Summary::default();
     let out = &mut d.text;
-    let no_elements = BTreeMap::new();
+    let line = |out: &mut String, l: &str| {
+        out.push_str(l);
+        out.push('\n');
+    };
+    let same = |elems: &[(usize, &str, &str)], key: &str, l: &str| {
+        elems
+            .binary_search_by(|e| e.1.cmp(key))
+            .is_ok_and(|i| elems[i].2 == l)
+    };
     // Objects first: everything added later may refer to them.
-    for c in new
-        .chain_order
+    for (_, def) in new
+        .chains
         .iter()
-        .filter(|c| !old.chains.contains_key(*c))
+        .filter(|(c, _)| !old.chain_at.contains_key(c))
     {
-        let _ = writeln!(out, "{}", new.chains[c]);
+        line(out, def);
     }
-    for x in new.set_order.iter().filter(|x| !old.sets.contains_key(*x)) {
-        let _ = writeln!(out, "{}", new.sets[x]);
-        d.sets.push(x.clone());
+    for (x, def) in new.sets.iter().filter(|(x, _)| !old.set_at.contains_key(x)) {
+        line(out, def);
+        d.sets.push(x.to_string());
     }
     // Elements that go or change, while the chains they point to still exist.
-    for (set, elems) in &old.elements {
-        if !new.sets.contains_key(set) {
+    for (set, elems) in old.element_groups() {
+        if !new.set_at.contains_key(set) {
             continue;
         }
-        let now = new.elements.get(set).unwrap_or(&no_elements);
-        for (key, line) in elems {
-            if now.get(key) != Some(line) {
+        let now = new.elements(set);
+        for &(_, key, l) in elems {
+            if !same(now, key, l) {
                 let _ = writeln!(out, "delete element {f} {t} {set} {{ {key} }}");
                 s.elements += 1;
-                if !d.sets.contains(set) {
-                    d.sets.push(set.clone());
+                if !d.sets.iter().any(|x| x == set) {
+                    d.sets.push(set.to_string());
                 }
             }
         }
     }
-    for c in &new.chain_order {
-        let known = old.chains.contains_key(c);
+    for (c, _) in &new.chains {
+        let known = old.chain_at.contains_key(c);
         if known && old.rules(c) == new.rules(c) {
             continue;
         }
@@ -491,19 +571,19 @@ fn diff(old: &Doc, new: &Doc) -> Result<(Delta, Summary), String> {
             let _ = writeln!(out, "flush chain {f} {t} {c}");
         }
         for r in new.rules(c) {
-            let _ = writeln!(out, "{r}");
+            line(out, r);
         }
-        d.chains.push(c.clone());
+        d.chains.push(c.to_string());
         s.rewritten += 1;
     }
-    for (set, elems) in &new.elements {
-        let before = old.elements.get(set).unwrap_or(&no_elements);
-        for (key, line) in elems {
-            if before.get(key) != Some(line) {
-                let _ = writeln!(out, "{line}");
+    for (set, elems) in new.element_groups() {
+        let before = old.elements(set);
+        for &(_, key, l) in elems {
+            if !same(before, key, l) {
+                line(out, l);
                 s.elements += 1;
-                if !d.sets.contains(set) {
-                    d.sets.push(set.clone());
+                if !d.sets.iter().any(|x| x == set) {
+                    d.sets.push(set.to_string());
                 }
             }
         }
@@ -511,10 +591,10 @@ fn diff(old: &Doc, new: &Doc) -> Result<(Delta, Summary), String> {
     // Then what is no longer wanted: flush every stale chain before deleting any (they may
     // jump to each other), sets last (stale chains' rules may use them).
     d.stale_chains = old
-        .chain_order
+        .chains
         .iter()
-        .filter(|c| !new.chains.contains_key(*c))
-        .cloned()
+        .filter(|(c, _)| !new.chain_at.contains_key(c))
+        .map(|(c, _)| c.to_string())
         .collect();
     for c in &d.stale_chains {
         let _ = writeln!(out, "flush chain {f} {t} {c}");
@@ -523,10 +603,10 @@ fn diff(old: &Doc, new: &Doc) -> Result<(Delta, Summary), String> {
         let _ = writeln!(out, "delete chain {f} {t} {c}");
         s.deleted += 1;
     }
-    for x in old.set_order.iter().filter(|x| !new.sets.contains_key(*x)) {
-        let kind = old.sets[x].split(' ').nth(1).unwrap_or("set");
+    for (x, def) in old.sets.iter().filter(|(x, _)| !new.set_at.contains_key(x)) {
+        let kind = def.split(' ').nth(1).unwrap_or("set");
         let _ = writeln!(out, "delete {kind} {f} {t} {x}");
-        d.stale_sets.push(x.clone());
+        d.stale_sets.push(x.to_string());
         s.deleted += 1;
     }
     Ok((d, s))
@@ -552,34 +632,30 @@ fn scratch_document(new: &Doc, d: &Delta) -> String {
     if d.chains.is_empty() && d.sets.is_empty() {
         return String::new();
     }
-    let mut lines: Vec<&String> = Vec::new();
-    let mut chains: BTreeSet<&str> = d.chains.iter().map(String::as_str).collect();
-    let mut sets: BTreeSet<&str> = d.sets.iter().map(String::as_str).collect();
+    let mut lines: Vec<&str> = Vec::new();
+    let mut chains: HashSet<&str> = d.chains.iter().map(String::as_str).collect();
+    let mut sets: HashSet<&str> = d.sets.iter().map(String::as_str).collect();
     for c in &d.chains {
         lines.extend(new.rules(c));
     }
     for x in &d.sets {
-        lines.extend(new.elements.get(x).into_iter().flat_map(|e| e.values()));
+        lines.extend(new.elements(x).iter().map(|e| e.2));
     }
     for l in &lines {
         for r in references(l) {
-            if new.chains.contains_key(r) {
+            if new.chain_at.contains_key(r) {
                 chains.insert(r);
-            } else if new.sets.contains_key(r) {
+            } else if new.set_at.contains_key(r) {
                 sets.insert(r);
             }
         }
     }
     let mut out = format!("{}\n", new.table);
-    for c in new
-        .chain_order
-        .iter()
-        .filter(|c| chains.contains(c.as_str()))
-    {
-        let _ = writeln!(out, "{}", new.chains[c]);
+    for (_, def) in new.chains.iter().filter(|(c, _)| chains.contains(c)) {
+        let _ = writeln!(out, "{def}");
     }
-    for x in new.set_order.iter().filter(|x| sets.contains(x.as_str())) {
-        let _ = writeln!(out, "{}", new.sets[x]);
+    for (_, def) in new.sets.iter().filter(|(x, _)| sets.contains(x)) {
+        let _ = writeln!(out, "{def}");
     }
     for l in lines {
         let _ = writeln!(out, "{l}");
@@ -587,73 +663,188 @@ fn scratch_document(new: &Doc, d: &Delta) -> String {
     out
 }
 
-/// Normalised text (see [`normalize`]) by object: `table`, (kind, name) → line, chain →
-/// rule lines.
-type Objects = (
-    Vec<String>,
-    BTreeMap<(String, String), String>,
-    BTreeMap<String, Vec<String>>,
+/// Normalised text (see [`normalize`]) by object, borrowing its lines: `table` lines;
+/// ((kind, name), line) sorted by kind and name, one per name (the last); (chain, rule
+/// line) sorted by chain, each chain's rules in order.
+type Objects<'a> = (
+    Vec<&'a str>,
+    Vec<((&'a str, &'a str), &'a str)>,
+    Vec<(&'a str, &'a str)>,
 );
 
-fn split_normalized(text: &str) -> Objects {
+fn split_normalized(text: &str) -> Objects<'_> {
     let mut o: Objects = Default::default();
     for line in text.lines() {
         let mut w = line.splitn(3, ' ');
         let (kind, name) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
         match kind {
-            "table" => o.0.push(line.to_string()),
-            "rule" => {
-                o.2.entry(name.to_string())
-                    .or_default()
-                    .push(line.to_string())
-            }
-            _ => {
-                o.1.insert((kind.to_string(), name.to_string()), line.to_string());
-            }
+            "table" => o.0.push(line),
+            "rule" => o.2.push((name, line)),
+            _ => o.1.push(((kind, name), line)),
         }
     }
+    // Stable sorts, linear on a snapshot (already in this order).
+    o.1.sort_by(|a, b| a.0.cmp(&b.0));
+    o.1.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1 = later.1;
+        }
+        same
+    });
+    o.2.sort_by(|a, b| a.0.cmp(b.0));
     o
 }
 
 /// The expected state after an incremental load: the snapshot with the changed objects
 /// as the scratch namespace shows them and the stale ones gone.
 fn merge(d: &Delta, scratch: &str) -> String {
-    let (table, mut objects, mut rules) = split_normalized(&d.snapshot);
-    let (_, s_objects, mut s_rules) = split_normalized(scratch);
+    let (_, s_objects, s_rules) = split_normalized(scratch);
+    fn names(v: &[String]) -> HashSet<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let (chains, sets) = (names(&d.chains), names(&d.sets));
+    let (stale_chains, stale_sets) = (names(&d.stale_chains), names(&d.stale_sets));
     let is_set = |k: &str| matches!(k, "set" | "map");
-    objects.retain(|(k, n), _| {
+    // Sorted by kind and name, and by chain: split_normalized's order.
+    let changed: Vec<_> = s_objects
+        .into_iter()
+        .filter(|((k, n), _)| {
+            let changed = if *k == "chain" { &chains } else { &sets };
+            changed.contains(n) && (*k == "chain" || is_set(k))
+        })
+        .collect();
+    let new_rules: Vec<_> = s_rules
+        .into_iter()
+        .filter(|(c, _)| chains.contains(c))
+        .collect();
+    let m = Merge {
+        changed: &changed,
+        new_rules: &new_rules,
+        replaced: changed.iter().map(|o| o.0).collect(),
+        stale_chains,
+        stale_sets,
+        rewritten: chains,
+    };
+    // A snapshot is in canonical order (normalize and merge write it so): one pass.
+    m.in_order(&d.snapshot)
+        .unwrap_or_else(|| m.sorted(&d.snapshot))
+}
+
+/// What [`merge`] puts in and takes out.
+struct Merge<'a> {
+    /// Objects as the scratch namespace shows them, sorted by (kind, name).
+    changed: &'a [((&'a str, &'a str), &'a str)],
+    /// The rules of rewritten chains, sorted by chain.
+    new_rules: &'a [(&'a str, &'a str)],
+    replaced: HashSet<(&'a str, &'a str)>,
+    stale_chains: HashSet<&'a str>,
+    stale_sets: HashSet<&'a str>,
+    rewritten: HashSet<&'a str>,
+}
+
+impl<'a> Merge<'a> {
+    fn keeps_object(&self, key @ (k, n): (&str, &str)) -> bool {
         let stale = if k == "chain" {
-            &d.stale_chains
+            &self.stale_chains
         } else {
-            &d.stale_sets
+            &self.stale_sets
         };
-        !stale.contains(n)
-    });
-    for c in &d.stale_chains {
-        rules.remove(c);
+        !stale.contains(n) && !self.replaced.contains(&key)
     }
-    for ((k, n), line) in s_objects {
-        let changed = if k == "chain" { &d.chains } else { &d.sets };
-        if changed.contains(&n) && (k == "chain" || is_set(&k)) {
-            objects.insert((k, n), line);
+
+    fn keeps_rules(&self, chain: &str) -> bool {
+        !self.stale_chains.contains(chain) && !self.rewritten.contains(chain)
+    }
+
+    /// One pass over a snapshot in canonical order (tables, objects by kind and name,
+    /// rules by chain); `None` if it is not.
+    fn in_order(&self, snapshot: &str) -> Option<String> {
+        let mut out = String::with_capacity(snapshot.len() + 4096);
+        let line = |out: &mut String, l: &str| {
+            out.push_str(l);
+            out.push('\n');
+        };
+        let (mut objects, mut rules) = (self.changed.iter().peekable(), self.new_rules.iter());
+        let mut next_rule = rules.next();
+        // 0: tables, 1: objects, 2: rules.
+        let mut section = 0;
+        let mut last_object: Option<(&str, &str)> = None;
+        let mut last_chain: Option<&str> = None;
+        for l in snapshot.lines() {
+            let mut w = l.splitn(3, ' ');
+            let (kind, name) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
+            match kind {
+                "table" if section == 0 => line(&mut out, l),
+                "table" => return None,
+                "rule" => {
+                    if section < 2 {
+                        objects.by_ref().for_each(|o| line(&mut out, o.1));
+                        section = 2;
+                    }
+                    if last_chain.is_some_and(|c| c > name) {
+                        return None;
+                    }
+                    last_chain = Some(name);
+                    while let Some(r) = next_rule.filter(|r| r.0 < name) {
+                        line(&mut out, r.1);
+                        next_rule = rules.next();
+                    }
+                    if self.keeps_rules(name) {
+                        line(&mut out, l);
+                    }
+                }
+                _ if section == 2 => return None,
+                _ => {
+                    section = 1;
+                    let key = (kind, name);
+                    if last_object.is_some_and(|o| o >= key) {
+                        return None;
+                    }
+                    last_object = Some(key);
+                    while let Some(o) = objects.next_if(|o| o.0 <= key) {
+                        line(&mut out, o.1);
+                    }
+                    if self.keeps_object(key) {
+                        line(&mut out, l);
+                    }
+                }
+            }
         }
+        objects.for_each(|o| line(&mut out, o.1));
+        while let Some(r) = next_rule {
+            line(&mut out, r.1);
+            next_rule = rules.next();
+        }
+        Some(out)
     }
-    for c in &d.chains {
-        match s_rules.remove(c) {
-            Some(r) => rules.insert(c.clone(), r),
-            None => rules.remove(c),
-        };
+
+    /// Any snapshot: by object, sorted.
+    fn sorted(&self, snapshot: &str) -> String {
+        let (table, objects, rules) = split_normalized(snapshot);
+        let mut objects: Vec<_> = objects
+            .into_iter()
+            .filter(|o| self.keeps_object(o.0))
+            .chain(self.changed.iter().copied())
+            .collect();
+        objects.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut rules: Vec<_> = rules
+            .into_iter()
+            .filter(|(c, _)| self.keeps_rules(c))
+            .chain(self.new_rules.iter().copied())
+            .collect();
+        rules.sort_by(|a, b| a.0.cmp(b.0));
+        let mut out = String::with_capacity(snapshot.len() + 4096);
+        for l in table
+            .iter()
+            .chain(objects.iter().map(|o| &o.1))
+            .chain(rules.iter().map(|r| &r.1))
+        {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out
     }
-    let mut out = String::new();
-    for l in table
-        .iter()
-        .chain(objects.values())
-        .chain(rules.values().flatten())
-    {
-        out.push_str(l);
-        out.push('\n');
-    }
-    out
 }
 
 impl Step for Prep {
