@@ -657,8 +657,21 @@ impl Ctx<'_> {
             let plan = plan::plan(&prep, &canonical)
                 .map_err(|e| Fail(format!("cannot plan {what}: {e}")))?;
             times.mark("plan step two");
+            // A first load (the node read shows nothing owned) that the scratch namespace
+            // proved whole needs no check on the node (`Planner::scratch_proves_first_load`).
+            let first = !known
+                && self.planner.scratch_proves_first_load()
+                && kernel
+                    .as_deref()
+                    .is_some_and(|k| plan.owned(k).is_ok_and(|o| o.trim().is_empty()));
             if self.args.dry_run {
-                self.print_dry_run(&what, &plan, &cmds, &dir, ext);
+                // One transaction: refused, it changes nothing; no check either.
+                let check = !first
+                    && plan
+                        .load
+                        .as_deref()
+                        .is_some_and(|l| self.planner.transactions(l) != Some(1));
+                self.print_dry_run(&what, &plan, &cmds, &dir, ext, check);
                 return Ok(None);
             }
             let Some(load) = &plan.load else {
@@ -696,6 +709,9 @@ impl Ctx<'_> {
                     shell_line(&argv),
                     first_line(&out.stderr)
                 )));
+            }
+            if first {
+                break (plan, Some(path));
             }
             let check = self.on_node(cmds.check.clone(), Some(&path));
             let out = run_captured(&check)?;
@@ -1011,7 +1027,17 @@ impl Ctx<'_> {
     }
 
     /// `--dry-run`: a shell script with the exact documents and commands.
-    fn print_dry_run(&self, what: &str, plan: &Plan, cmds: &Commands, dir: &Path, ext: &str) {
+    /// The dry run's script: the commands apply would run, `check` saying whether that
+    /// includes the check on the node.
+    fn print_dry_run(
+        &self,
+        what: &str,
+        plan: &Plan,
+        cmds: &Commands,
+        dir: &Path,
+        ext: &str,
+        check: bool,
+    ) {
         let mut out = format!(
             "#!/bin/sh\n# svc-compile apply --dry-run: {what} in {}: {}\n# {}\n",
             self.where_(),
@@ -1030,8 +1056,10 @@ impl Ctx<'_> {
                     shell_word(&dir.display().to_string()),
                     shell_word(&path.display().to_string())
                 );
-                out += &shell_line(&self.on_node(cmds.check.clone(), Some(&path)));
-                out.push('\n');
+                if check {
+                    out += &shell_line(&self.on_node(cmds.check.clone(), Some(&path)));
+                    out.push('\n');
+                }
                 out += &shell_line(&self.on_node(cmds.load.clone(), Some(&path)));
                 out.push('\n');
                 out += &format!(

@@ -956,6 +956,11 @@ fn apply_command_line() {
             "nft -f"
         };
         assert!(r.stdout.contains(restore), "{}", r.stdout);
+        // A first load into a node that shows nothing of ours: nft's one transaction
+        // needs no check, and iptables' scratch load of every chain stands for `--test`.
+        for check in ["--test", "nft -c"] {
+            assert!(!r.stdout.contains(check), "{}", r.stdout);
+        }
         assert!(!fresh.exists(), "a dry run created the state directory");
         assert_eq!(node.owned(), owned);
 

@@ -452,6 +452,16 @@ impl Planner for Iptables {
         u32::try_from(load.lines().filter(|l| l.starts_with('*')).count()).ok()
     }
 
+    /// A full load into a node without any owned chain writes the scratch document's
+    /// chains plus jumps inserted at the top of built-in chains (which every namespace
+    /// has) to those chains; nothing is deleted, and no rule of the node can refer to a
+    /// chain that does not exist yet. An empty namespace of the same kernel that took the
+    /// chains stands for `iptables-restore --test` on the node: the first apply is two
+    /// full `iptables-restore` runs, not three.
+    fn scratch_proves_first_load(&self) -> bool {
+        true
+    }
+
     /// Step one (see the module docs of [`super`]). `force_full` ignores `previous`.
     fn prepare(
         &self,

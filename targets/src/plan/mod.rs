@@ -104,6 +104,13 @@ pub trait Planner: Sync {
     fn transactions(&self, _load: &str) -> Option<u32> {
         None
     }
+    /// Whether a load into a node that shows nothing owned needs no check on the node
+    /// (`Commands::check`) after the scratch namespace took the scratch document: true
+    /// where that document holds everything the load writes except what any node
+    /// accepts. Default false.
+    fn scratch_proves_first_load(&self) -> bool {
+        false
+    }
 }
 
 /// A program a plan runs, and the Debian package that has it.
