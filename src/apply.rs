@@ -659,18 +659,21 @@ impl Ctx<'_> {
             times.mark("plan step two");
             // A first load (the node read shows nothing owned) that the scratch namespace
             // proved whole needs no check on the node (`Planner::scratch_proves_first_load`).
-            let first = !known
-                && self.planner.scratch_proves_first_load()
-                && kernel
-                    .as_deref()
-                    .is_some_and(|k| plan.owned(k).is_ok_and(|o| o.trim().is_empty()));
+            // Asked only where a check would run: it parses the node read again.
+            let first = |plan: &Plan| {
+                !known
+                    && self.planner.scratch_proves_first_load()
+                    && kernel
+                        .as_deref()
+                        .is_some_and(|k| plan.owned(k).is_ok_and(|o| o.trim().is_empty()))
+            };
             if self.args.dry_run {
                 // One transaction: refused, it changes nothing; no check either.
-                let check = !first
-                    && plan
-                        .load
-                        .as_deref()
-                        .is_some_and(|l| self.planner.transactions(l) != Some(1));
+                let check = plan
+                    .load
+                    .as_deref()
+                    .is_some_and(|l| self.planner.transactions(l) != Some(1))
+                    && !first(&plan);
                 self.print_dry_run(&what, &plan, &cmds, &dir, ext, check);
                 return Ok(None);
             }
@@ -710,7 +713,7 @@ impl Ctx<'_> {
                     first_line(&out.stderr)
                 )));
             }
-            if first {
+            if first(&plan) {
                 break (plan, Some(path));
             }
             let check = self.on_node(cmds.check.clone(), Some(&path));
