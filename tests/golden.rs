@@ -44,6 +44,19 @@ pub fn case_dirs() -> Vec<String> {
     subdirs(&root().join("golden/cases"))
 }
 
+/// Every case that has a `flows` file (the kernel tests' packets), with that file's text.
+pub fn case_flows() -> Vec<(String, String)> {
+    case_dirs()
+        .into_iter()
+        .filter_map(|case| {
+            let text =
+                std::fs::read_to_string(root().join("golden/cases").join(&case).join("flows"))
+                    .ok()?;
+            Some((case, text))
+        })
+        .collect()
+}
+
 /// The extra flags of a case (`args` file), default `--node node-a`.
 pub fn case_args(case: &str) -> Vec<String> {
     match std::fs::read_to_string(root().join("golden/cases").join(case).join("args")) {

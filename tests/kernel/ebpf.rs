@@ -19,7 +19,7 @@ use super::flows::{parse_flows, Expect, BACKEND_PORT};
 use super::lab::skip;
 use super::sys::enter_netns;
 use super::{Lab, LabSpec, Outcome, Proto};
-use crate::golden::{case_args, case_dirs, compile_case, compile_case_with};
+use crate::golden::{case_args, case_dirs, case_flows, compile_case, compile_case_with};
 use crate::support::root;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use std::collections::{BTreeMap, BTreeSet};
@@ -811,12 +811,7 @@ fn golden_cluster_ips_through_the_socket_lb() {
     };
     let mut failures = Vec::new();
     let mut checked = 0;
-    for case in case_dirs() {
-        let Ok(text) =
-            std::fs::read_to_string(root().join("golden/cases").join(&case).join("flows"))
-        else {
-            continue;
-        };
+    for (case, text) in case_flows() {
         let v = case_view(&case);
         let cluster_ips: BTreeSet<SocketAddr> = v
             .ports

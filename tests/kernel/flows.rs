@@ -14,8 +14,7 @@
 //! - `timeout`: no answer (dropped).
 
 use super::{require_root, Family, Lab, LabSpec, Outcome, Proto};
-use crate::golden::{case_dirs, compile_case, compile_case_with};
-use crate::support::root;
+use crate::golden::{case_dirs, case_flows, compile_case, compile_case_with};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
@@ -239,12 +238,7 @@ pub fn run_target_with(target: &str, extra: &[&str]) {
         return;
     }
     let mut failures = Vec::new();
-    for case in case_dirs() {
-        let Ok(text) =
-            std::fs::read_to_string(root().join("golden/cases").join(&case).join("flows"))
-        else {
-            continue;
-        };
+    for (case, text) in case_flows() {
         let flows = parse_flows(&text);
         let rules = compile_case_with(&case, target, extra);
         let mut lab = Lab::new(

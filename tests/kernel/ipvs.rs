@@ -18,7 +18,7 @@
 use super::flows::{check_flows, parse_flows, BACKEND_PORT};
 use super::sys::run_bounded;
 use super::{Lab, LabSpec, Proto};
-use crate::golden::{case_dirs, compile_case_with};
+use crate::golden::{case_flows, compile_case_with};
 use crate::support::root;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -181,18 +181,13 @@ fn golden_flows_ipvs() {
     let mut cases = Vec::new();
     // SVC_IPVS_CASES=a,b runs only those cases (while working on one).
     let only = std::env::var("SVC_IPVS_CASES").ok();
-    for case in case_dirs() {
+    for (case, flows) in case_flows() {
         if only
             .as_deref()
             .is_some_and(|o| !o.split(',').any(|c| c == case))
         {
             continue;
         }
-        let Ok(flows) =
-            std::fs::read_to_string(root().join("golden/cases").join(&case).join("flows"))
-        else {
-            continue;
-        };
         let dir = cases_dir.join(&case);
         std::fs::create_dir_all(&dir).unwrap();
         for (part, text) in compile_case_ipvs(&case) {

@@ -6,7 +6,7 @@
 
 use super::flows::{affinity_spreads_with, run_target_with};
 use super::{require_root, Lab, LabSpec};
-use crate::golden::{case_dirs, compile_case_with};
+use crate::golden::{case_flows, compile_case_with};
 
 pub const FAST: &[&str] = &["--nft-layout", "fast"];
 
@@ -100,17 +100,11 @@ fn ipv6_affinity_sticks_in_both_layouts() {
 fn golden_flows_nftables_json_fast() {
     use super::flows::{check_flows, parse_flows, BACKEND_PORT};
     use super::Proto;
-    use crate::support::root;
     if !require_root("kernel golden flows (nftables-json, fast layout)") {
         return;
     }
     let mut failures = Vec::new();
-    for case in case_dirs() {
-        let Ok(text) =
-            std::fs::read_to_string(root().join("golden/cases").join(&case).join("flows"))
-        else {
-            continue;
-        };
+    for (case, text) in case_flows() {
         let json = compile_case_with(&case, "nftables-json", FAST);
         let mut lab = Lab::new(&format!("njf{}", case.len()), &LabSpec::default()).expect("lab");
         lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
