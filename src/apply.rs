@@ -644,13 +644,21 @@ impl Ctx<'_> {
             }
             .map_err(|e| Fail(format!("cannot apply {source}: {e}")))?;
             times.mark("plan");
-            if let Some((plan, path, after)) =
-                self.load_into_empty(&prep, kernel.as_deref(), &cmds, &dir)?
-            {
-                times.mark("load and read back");
-                loaded = true;
-                direct = Some(after);
-                break (plan, Some(path));
+            match self.load_direct(&prep, kernel.as_deref(), &cmds, &dir)? {
+                Direct::Done(plan, path, after) => {
+                    times.mark("load and read back");
+                    loaded = true;
+                    direct = Some(after);
+                    break (*plan, Some(path));
+                }
+                // Loaded, but not provably alone, or not as planned: plan again from
+                // what the node shows now.
+                Direct::Reread(after) => {
+                    times.mark("load and read back");
+                    kernel = Some(after);
+                    continue;
+                }
+                Direct::Skipped => {}
             }
             let canonical = self.scratch(&prep, &cmds, ext, source)?;
             times.mark("scratch namespace");
@@ -852,49 +860,79 @@ impl Ctx<'_> {
     }
 
     /// A first load into a node that shows nothing of ours, where the scratch document is
-    /// the load and one transaction (an nftables table): loading it on the node is the
-    /// scratch load, once. The read-back is the scratch namespace's if the generation
-    /// advanced by exactly this load (nobody else wrote in between). `None`: take the
-    /// usual way (a refused load changed nothing; the scratch namespace says why).
-    #[allow(clippy::type_complexity)]
-    fn load_into_empty(
+    /// the load ([`Prepared::direct`]): loading it on the node proves it as the scratch
+    /// namespace would, so it is loaded there, once, and read back. The read stands for
+    /// the scratch namespace's (cut by [`Prepared::direct_view`]) when the generation
+    /// advanced by exactly this load's transactions (nobody else wrote in between).
+    fn load_direct(
         &self,
         prep: &Prepared,
         kernel: Option<&str>,
         cmds: &Commands,
         dir: &Path,
-    ) -> Result<Option<(Plan, PathBuf, (String, Generation))>, Fail> {
-        let empty = kernel.is_some_and(|k| k.trim().is_empty());
-        if self.args.dry_run
-            || !empty
-            || !matches!(prep.mode, Mode::Full(_))
-            || self.planner.transactions(&prep.scratch) != Some(1)
-        {
-            return Ok(None);
-        }
+    ) -> Result<Direct, Fail> {
         let netns = self.args.netns.as_deref();
-        let Some(before) = nfgen::generation(netns) else {
-            return Ok(None);
+        // An empty read (no table at all) cannot say whether iptables is iptables-nft; the
+        // read after the load does, and a load the generation cannot prove is planned again.
+        let tracked = kernel.is_some_and(|k| {
+            k.trim().is_empty() || self.planner.tracked_by_generation(prep.family, k)
+        });
+        let n = self.planner.transactions(&prep.scratch);
+        if self.args.dry_run || !prep.direct || !matches!(prep.mode, Mode::Full(_)) || !tracked {
+            return Ok(Direct::Skipped);
+        }
+        let (Some(n), Some(before)) = (n, nfgen::generation(netns)) else {
+            return Ok(Direct::Skipped);
         };
         fs::create_dir_all(dir)
             .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join(format!("load.{}", self.target.ext));
         write_atomic(&path, &prep.scratch)?;
         let argv = self.on_node(cmds.load.clone(), Some(&path));
-        if !run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?.ok {
-            return Ok(None);
+        let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
+        if !out.ok {
+            // One transaction changed nothing; several may have committed some tables,
+            // which come off again. Then the usual way (the scratch namespace) says why.
+            let now = self.read_node(cmds)?;
+            let revert = prep
+                .direct_revert(&now)
+                .map_err(|e| Fail(format!("cannot plan the revert: {e}")))?;
+            if let Some(revert) = revert {
+                let rpath = dir.join(format!("revert.{}", self.target.ext));
+                write_atomic(&rpath, &revert)?;
+                let rargv = self.on_node(cmds.load.clone(), Some(&rpath));
+                let rout = run_loader(&rargv, self.lock.as_ref(), &dir.join("revert.log"))?;
+                let again = self.read_node(cmds)?;
+                let clean = prep.direct_revert(&again).is_ok_and(|r| r.is_none());
+                if !rout.ok || !clean {
+                    let _ = fs::remove_file(dir.join("applied.state"));
+                    return Err(Fail(format!(
+                        "{} {}: loading failed (`{}`): {}; taking off the tables it had committed failed too ({}; see {}); the next apply will load everything",
+                        self.target.name,
+                        prep.family.as_str(),
+                        shell_line(&argv),
+                        first_line(&out.stderr),
+                        first_line(&rout.stderr),
+                        rpath.display()
+                    )));
+                }
+            }
+            return Ok(Direct::Skipped);
         }
         let after = self.read_node(cmds)?;
-        let now = nfgen::generation(netns);
-        if now != Some(before.after(1)) || !self.planner.tracked_by_generation(prep.family, &after)
-        {
-            return Ok(None);
+        let proven = nfgen::generation(netns) == Some(before.after(n))
+            && self.planner.tracked_by_generation(prep.family, &after);
+        if !proven {
+            return Ok(Direct::Reread(after));
         }
-        let plan = plan::plan(prep, &after).map_err(|e| Fail(format!("cannot plan: {e}")))?;
+        let view = prep
+            .direct_view(&after)
+            .map_err(|e| Fail(format!("cannot read the node back: {e}")))?;
+        let plan = plan::plan(prep, &view).map_err(|e| Fail(format!("cannot plan: {e}")))?;
         if plan.load.as_deref() != Some(prep.scratch.as_str()) {
-            return Ok(None);
+            return Ok(Direct::Reread(after));
         }
-        Ok(Some((plan, path, (after, before.after(1)))))
+        Ok(Direct::Done(Box::new(plan), path, (after, before.after(n))))
     }
 
     /// Loads the scratch document into an empty namespace; returns its read-back. A
@@ -1076,6 +1114,16 @@ impl Ctx<'_> {
             .write_all(out.as_bytes())
             .and_then(|_| stdout.flush());
     }
+}
+
+/// What [`Ctx::load_direct`] did.
+enum Direct {
+    /// Nothing loaded (or a failed load taken off again): take the usual way.
+    Skipped,
+    /// Loaded and proven: the plan, the load's path, and the read-back with its generation.
+    Done(Box<Plan>, PathBuf, (String, Generation)),
+    /// Loaded, not proven: the node's read after it, to plan from.
+    Reread(String),
 }
 
 /// The first line of a snapshot file: which document it was taken for.

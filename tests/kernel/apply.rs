@@ -377,6 +377,15 @@ fn apply_changes_only_what_changed_and_leaves_foreign_rules() {
                 "{}",
                 r.stdout
             );
+            // A node that shows nothing of ours takes the first load directly, once: no
+            // scratch namespace (iptables-nft and nftables alike: the generation proves it).
+            let ext = if target == "iptables" { "rules" } else { "nft" };
+            let dir = node.state.path().join(format!("{target}-ipv4"));
+            assert!(dir.join(format!("applied.{ext}")).exists());
+            assert!(
+                !dir.join(format!("scratch.{ext}")).exists(),
+                "[{target}] the first load went through the scratch namespace"
+            );
             node.flows(FLOWS_V1);
             let r = node.apply(&v1, &[]);
             r.expect(0);
@@ -669,6 +678,51 @@ fn broken_rulesets_are_refused_and_rollback_restores() {
         let node = Node::new(&lab, target);
         let v1 = node.version("v1", V1_API, CHAT);
         let v2 = node.version("v2", V2_API, CHAT);
+
+        // Refused as a first load, which goes to the node directly: iptables commits
+        // mangle and filter before nat fails, and they come off again.
+        let good_v1 = svc(
+            &[&v1, "golden/common", "--node", "node-1", "--target", target],
+            None,
+            &root(),
+        );
+        good_v1.expect(0);
+        let broken_first = match target {
+            "iptables" => good_v1.stdout.replace(
+                "-A KUBE-MARK-MASQ -j MARK",
+                "-A KUBE-MARK-MASQ -j KUBE-NO-SUCH-CHAIN\n-A KUBE-MARK-MASQ -j MARK",
+            ),
+            _ => format!(
+                "{}add rule ip kube-proxy services goto no-such-chain\n",
+                good_v1.stdout
+            ),
+        };
+        assert_ne!(broken_first, good_v1.stdout);
+        let f = node.inputs.path().join("broken-first");
+        std::fs::write(&f, broken_first).unwrap();
+        let (owned_before, foreign_before) = (node.owned(), node.foreign());
+        let r = node.run(&["--from", f.to_str().unwrap()]);
+        r.expect(2);
+        assert_eq!(r.stderr.lines().count(), 1, "[{target}] {}", r.stderr);
+        assert!(r.stderr.contains("nothing was changed"), "{}", r.stderr);
+        assert_eq!(
+            node.owned(),
+            owned_before,
+            "[{target}] a refused first load stayed"
+        );
+        // iptables cannot remove a table it created: mangle and filter stay, as empty
+        // built-in chains with their default policy. Every rule and chain is as before.
+        let rules = |f: String| -> Vec<String> {
+            f.lines()
+                .filter(|l| !(l.starts_with(':') && l.ends_with(" ACCEPT")))
+                .filter(|l| !l.is_empty() && !l.starts_with('*') && *l != "COMMIT")
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(rules(node.foreign()), rules(foreign_before));
+        let revert = node.state.path().join("iptables-ipv4/revert.rules");
+        assert_eq!(revert.exists(), target == "iptables", "[{target}] took off");
+
         node.apply(&v1, &[]).expect(0);
         let state_v1 = node.owned();
         let recorded = node.recorded();

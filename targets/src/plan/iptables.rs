@@ -530,10 +530,27 @@ impl Planner for Iptables {
         }
 
         let scratch = scratch_document(&new, &rewrite);
+        // A full load into a node that shows no chain or jump this apply or an earlier one
+        // owns writes exactly the scratch document: every chain is new, every jump missing,
+        // nothing stale (see `plan`).
+        let direct = matches!(mode, Mode::Full(_))
+            && kernel.iter().all(|(t, table)| {
+                let owned = |c: &String| {
+                    is_service_chain(c)
+                        || new.get(t).is_some_and(|n| n.declares(c))
+                        || old_chains.get(t).is_some_and(|o| o.contains(c))
+                };
+                !table.user_chains().any(owned)
+                    && table
+                        .rules
+                        .iter()
+                        .all(|(c, rules)| rules.iter().all(|r| !old_jumps.owns_jump(t, c, r)))
+            });
         Ok(Prepared {
             mode,
             scratch,
             family,
+            direct,
             step: Arc::new(Prep {
                 new,
                 kernel,
@@ -609,6 +626,79 @@ fn scratch_document(new: &Tables, rewrite: &BTreeMap<String, BTreeSet<String>>) 
 impl Step for Prep {
     fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
         plan(prepared, self, scratch_output)
+    }
+
+    /// The node after a direct load shows, per table the document writes, its chains and,
+    /// at the top of each built-in chain, the jumps it inserted (`-I` puts them before
+    /// anyone's rules): cut to those, the read is what the scratch namespace would show.
+    /// Only sound when nobody else committed in between, which the CLI proves by the
+    /// nf_tables generation before it asks.
+    fn direct_view(&self, after: &str) -> Result<String, String> {
+        let after = parse(after, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
+        let empty = Table::default();
+        let mut out = String::new();
+        for t in table_order(self.new.keys().cloned()) {
+            let new = &self.new[&t];
+            let now = after.get(&t).unwrap_or(&empty);
+            let mut inserts: BTreeMap<&str, usize> = BTreeMap::new();
+            for (c, _) in &new.inserts {
+                *inserts.entry(c).or_default() += 1;
+            }
+            let chains: Vec<&String> = new.user_chains().filter(|c| now.is_user(c)).collect();
+            if chains.is_empty() && inserts.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "*{t}");
+            for c in inserts.keys() {
+                let policy = now.policy.get(*c).map_or("ACCEPT", String::as_str);
+                let _ = writeln!(out, ":{c} {policy} [0:0]");
+            }
+            for c in &chains {
+                let _ = writeln!(out, ":{c} - [0:0]");
+            }
+            for (c, n) in &inserts {
+                for r in now.rules(c).iter().take(*n) {
+                    let _ = writeln!(out, "-A {c} {r}");
+                }
+            }
+            for c in &chains {
+                for r in now.rules(c) {
+                    let _ = writeln!(out, "-A {c} {r}");
+                }
+            }
+            out.push_str("COMMIT\n");
+        }
+        Ok(out)
+    }
+
+    /// A direct load commits table by table; a table whose chains are on the node now
+    /// committed (the node showed none of them before). Taking it off: its chains flushed,
+    /// its jumps deleted (by the document's own text: `-D` matches a rule, not a
+    /// spelling), its chains deleted.
+    fn direct_revert(&self, after: &str) -> Result<Option<String>, String> {
+        let after = parse(after, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
+        let empty = Table::default();
+        let mut out = String::new();
+        for t in table_order(self.new.keys().cloned()) {
+            let new = &self.new[&t];
+            let now = after.get(&t).unwrap_or(&empty);
+            let chains: Vec<&String> = new.user_chains().filter(|c| now.is_user(c)).collect();
+            if chains.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "*{t}");
+            for c in &chains {
+                let _ = writeln!(out, ":{c} - [0:0]");
+            }
+            for (c, spec) in &new.inserts {
+                let _ = writeln!(out, "-D {c} {spec}");
+            }
+            for c in &chains {
+                let _ = writeln!(out, "-X {c}");
+            }
+            out.push_str("COMMIT\n");
+        }
+        Ok((!out.is_empty()).then_some(out))
     }
 }
 

@@ -732,6 +732,7 @@ impl Planner for Ipvs {
             mode,
             scratch: scratch_doc,
             family,
+            direct: false,
             step: Arc::new(Prep {
                 ipt,
                 own,

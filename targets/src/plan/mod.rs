@@ -123,6 +123,16 @@ pub struct Tool {
 /// Step two of one back end, kept in [`Prepared`] by its step one.
 pub(crate) trait Step: fmt::Debug + Send + Sync {
     fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String>;
+    /// See [`Prepared::direct_view`]. Default: the read itself (the owned part is all it
+    /// shows: an nftables table).
+    fn direct_view(&self, after: &str) -> Result<String, String> {
+        Ok(after.to_string())
+    }
+    /// See [`Prepared::direct_revert`]. Default: nothing (one transaction commits all or
+    /// nothing).
+    fn direct_revert(&self, _after: &str) -> Result<Option<String>, String> {
+        Ok(None)
+    }
 }
 
 /// How a back end cuts its owned part out of a kernel read, kept in [`Plan`].
@@ -305,7 +315,28 @@ pub struct Prepared {
     /// it is empty, hand over empty text instead.
     pub scratch: String,
     pub family: Family,
+    /// A full load into a node that shows nothing owned, whose scratch document is the
+    /// load itself: loading it on the node proves it as the scratch namespace would (the
+    /// kernel accepts it or refuses it the same way), so the CLI may load it there
+    /// directly, once, and plan from the node's read-back ([`Prepared::direct_view`]).
+    pub direct: bool,
     pub(crate) step: Arc<dyn Step>,
+}
+
+impl Prepared {
+    /// After a direct load (see [`Prepared::direct`]) that nobody else's commit followed:
+    /// the node's read, cut to what the scratch namespace would show for the scratch
+    /// document, for [`plan`].
+    pub fn direct_view(&self, after: &str) -> Result<String, String> {
+        self.step.direct_view(after)
+    }
+
+    /// After a direct load that failed: the document that takes off the node what the
+    /// load did commit (iptables commits table by table), given a fresh read; `None` when
+    /// nothing of it is there.
+    pub fn direct_revert(&self, after: &str) -> Result<Option<String>, String> {
+        self.step.direct_revert(after)
+    }
 }
 
 /// Step two of planning, for any back end.

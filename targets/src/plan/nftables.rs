@@ -489,10 +489,13 @@ fn prepare(
             (full.clone(), full)
         }
     };
+    // Our table is all a read shows: an empty read is a node without it.
+    let direct = delta.is_none() && kernel.is_some_and(|k| k.trim().is_empty());
     Ok(Prepared {
         mode,
         scratch,
         family,
+        direct,
         step: Arc::new(Prep {
             full,
             delta,

@@ -504,3 +504,74 @@ fn the_owned_part_of_a_snapshot_is_the_snapshot() {
     );
     assert_eq!(plan.owned(&rec.1).unwrap(), rec.1);
 }
+
+#[test]
+fn a_direct_first_load_plans_as_the_scratch_namespace_would() {
+    let new = doc(&[("A", &["1", "2"]), ("B", &[])]);
+    // The usual way: the scratch namespace's read.
+    let mut usual = with_foreign();
+    let (by_scratch, _) = apply(&mut usual, &new, None, false);
+
+    let mut sim = with_foreign();
+    let prep = Iptables
+        .prepare(&new, Family::V4, None, &sim.save(), false)
+        .unwrap();
+    assert!(prep.direct, "nothing owned on the node");
+    sim.restore(&prep.scratch).unwrap();
+    let view = prep.direct_view(&sim.save()).unwrap();
+    let plan = plan2(&prep, &view).unwrap();
+    assert_eq!(plan.load.as_deref(), Some(prep.scratch.as_str()));
+    assert_eq!(plan.expected, by_scratch.expected);
+    assert_eq!(plan.owned(&sim.save()).unwrap(), plan.expected);
+    assert_eq!(sim, usual, "the same node either way");
+}
+
+#[test]
+fn a_node_showing_anything_owned_is_not_loaded_directly() {
+    let new = doc(&[("A", &["1"])]);
+    let mut sim = with_foreign();
+    let (_, rec) = apply(&mut sim, &new, None, false);
+    let previous = Previous {
+        document: &rec.0,
+        snapshot: &rec.1,
+    };
+    for prev in [None, Some(previous)] {
+        let prep = Iptables
+            .prepare(&new, Family::V4, prev, &sim.save(), true)
+            .unwrap();
+        assert!(!prep.direct);
+    }
+    // A leftover service chain alone is owned too.
+    let mut sim = with_foreign();
+    sim.restore("*nat\n:KUBE-SVC-OLD - [0:0]\nCOMMIT\n")
+        .unwrap();
+    let prep = Iptables
+        .prepare(&new, Family::V4, None, &sim.save(), false)
+        .unwrap();
+    assert!(!prep.direct);
+}
+
+#[test]
+fn a_failed_direct_load_is_taken_off_table_by_table() {
+    let mut sim = with_foreign();
+    let before = sim.clone();
+    let new = doc(&[("A", &["1"]), ("B", &[])]);
+    let prep = Iptables
+        .prepare(&new, Family::V4, None, &sim.save(), false)
+        .unwrap();
+    assert!(prep.direct);
+    // mangle and filter commit, nat fails.
+    sim.fail_table = Some("nat".into());
+    assert!(sim.restore(&prep.scratch).is_err());
+    sim.fail_table = None;
+    assert_ne!(sim, before);
+    let revert = prep.direct_revert(&sim.save()).unwrap().expect("a revert");
+    assert!(!revert.contains("*nat"), "{revert}");
+    sim.restore(&revert)
+        .unwrap_or_else(|e| panic!("{e}\n{revert}"));
+    // A table once used stays, with its empty built-in chains (as in the kernel).
+    let mut before = before;
+    before.table("mangle");
+    assert_eq!(sim, before);
+    assert_eq!(prep.direct_revert(&sim.save()).unwrap(), None);
+}

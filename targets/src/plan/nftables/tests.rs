@@ -80,6 +80,20 @@ fn first_apply_replaces_the_table() {
     ));
     assert_eq!(load.matches("add table").count(), 2, "{load}");
     assert_eq!(plan.expected, normalize(&listing("x")).unwrap());
+    // Into a node without the table, the load is the scratch document: loaded directly.
+    assert!(prep.direct);
+    assert_eq!(load, prep.scratch);
+    // With the table there (even --full), or without a read, it is not.
+    let prep = Nftables
+        .prepare(&new, Family::V4, None, &listing("x"), true)
+        .unwrap();
+    assert!(!prep.direct);
+    let snap = normalize(&listing("x")).unwrap();
+    let prep = Nftables
+        .prepare_unchanged(&new, Family::V4, previous(&new, &snap).unwrap())
+        .unwrap()
+        .unwrap();
+    assert!(!prep.direct);
 }
 
 #[test]
