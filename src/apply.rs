@@ -623,8 +623,8 @@ impl Ctx<'_> {
         let mut full = self.args.full;
         let mut loaded = false;
         let mut note = None;
-        // The read-back of a load into an empty table, with its generation.
-        let mut direct: Option<(String, Generation)> = None;
+        // The generation right after a direct first load (see `load_direct`).
+        let mut direct: Option<Generation> = None;
         let (plan, load_path) = loop {
             let prepared = match (known, previous) {
                 (true, Some(p)) => self.planner.prepare_unchanged(doc, family, p),
@@ -645,10 +645,10 @@ impl Ctx<'_> {
             .map_err(|e| Fail(format!("cannot apply {source}: {e}")))?;
             times.mark("plan");
             match self.load_direct(&prep, kernel.as_deref(), &cmds, &dir)? {
-                Direct::Done(plan, path, after) => {
+                Direct::Done(plan, path, g) => {
                     times.mark("load and read back");
                     loaded = true;
-                    direct = Some(after);
+                    direct = Some(g);
                     break (*plan, Some(path));
                 }
                 // Loaded, but not provably alone, or not as planned: plan again from
@@ -792,10 +792,14 @@ impl Ctx<'_> {
                 None => recorded_gen.clone(),
             };
             (None, g, "generation")
+        } else if let Some(g) = direct {
+            // A direct first load was planned from the read taken right after it, with the
+            // generation as proof that nothing else was in it: the plan's expectation is
+            // that read's owned part (normalising it again would only repeat it).
+            (None, Some(g), "read")
         } else {
-            let (g, after) = match (&load_path, kernel, direct) {
-                (_, _, Some((after, g))) => (Some(g), after),
-                (None, Some(k), None) => (gen_start.clone(), k),
+            let (g, after) = match (&load_path, kernel) {
+                (None, Some(k)) => (gen_start.clone(), k),
                 _ => (nfgen::generation(netns), self.read_node(&cmds)?),
             };
             times.mark("read back");
@@ -932,7 +936,7 @@ impl Ctx<'_> {
         if plan.load.as_deref() != Some(prep.scratch.as_str()) {
             return Ok(Direct::Reread(after));
         }
-        Ok(Direct::Done(Box::new(plan), path, (after, before.after(n))))
+        Ok(Direct::Done(Box::new(plan), path, before.after(n)))
     }
 
     /// Loads the scratch document into an empty namespace; returns its read-back. A
@@ -1120,8 +1124,8 @@ impl Ctx<'_> {
 enum Direct {
     /// Nothing loaded (or a failed load taken off again): take the usual way.
     Skipped,
-    /// Loaded and proven: the plan, the load's path, and the read-back with its generation.
-    Done(Box<Plan>, PathBuf, (String, Generation)),
+    /// Loaded and proven: the plan, the load's path, and the generation after it.
+    Done(Box<Plan>, PathBuf, Generation),
     /// Loaded, not proven: the node's read after it, to plan from.
     Reread(String),
 }
@@ -1163,7 +1167,18 @@ impl Times {
             .iter()
             .map(|(p, d)| format!("{p} {} ms", d.as_millis()))
             .collect();
-        eprintln!("svc-compile: times: {what}: {}", phases.join(", "));
+        // svc-compile's own peak, without the tools it ran (wait4 on it counts theirs).
+        // SAFETY: an all-zero rusage is valid; getrusage fills it.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: RUSAGE_SELF with a valid pointer.
+        let rss_kb = match unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } {
+            0 => usage.ru_maxrss,
+            _ => 0,
+        };
+        eprintln!(
+            "svc-compile: times: {what}: {}; own peak RSS {rss_kb} kB",
+            phases.join(", ")
+        );
     }
 }
 
