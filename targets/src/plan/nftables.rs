@@ -245,65 +245,85 @@ pub(crate) fn nft_items(json: &str) -> Result<Option<Vec<Value>>, String> {
     }
 }
 
+/// Calls `each` with every item of `nft -j` output's `nftables` list as the parser reaches
+/// it, so the listing is never one tree in memory (112 MB of JSON at 10k services, ten
+/// times that as a tree). `false` for empty output (nothing listed, e.g. no table).
+fn for_each_nft_item(json: &str, mut each: impl FnMut(Value)) -> Result<bool, String> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    /// The top-level object: `nftables` visited item by item, anything else skipped.
+    struct Top<'f, F>(&'f mut F);
+    /// The `nftables` list.
+    struct List<'f, F>(&'f mut F);
+
+    impl<'de, F: FnMut(Value)> DeserializeSeed<'de> for Top<'_, F> {
+        type Value = bool;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de, F: FnMut(Value)> Visitor<'de> for Top<'_, F> {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object with an `nftables` list")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            let mut found = false;
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "nftables" && !found {
+                    map.next_value_seed(List(&mut *self.0))?;
+                    found = true;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+    impl<'de, F: FnMut(Value)> DeserializeSeed<'de> for List<'_, F> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+    impl<'de, F: FnMut(Value)> Visitor<'de> for List<'_, F> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("the `nftables` list")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(item) = seq.next_element::<Value>()? {
+                (self.0)(item);
+            }
+            Ok(())
+        }
+    }
+
+    if json.trim().is_empty() {
+        return Ok(false);
+    }
+    let mut de = serde_json::Deserializer::from_str(json);
+    let found = Top(&mut each)
+        .deserialize(&mut de)
+        .and_then(|found| de.end().map(|()| found))
+        .map_err(|e| format!("nft -j output: {e}"))?;
+    if !found {
+        return Err("nft -j output has no `nftables` list".into());
+    }
+    Ok(true)
+}
+
 /// `nft -j list table` output → canonical owned-state text (see the module docs). Empty
 /// input (no table) gives empty text.
 pub(super) fn normalize(json: &str) -> Result<String, String> {
-    let Some(items) = nft_items(json)? else {
-        return Ok(String::new());
-    };
     let mut tables = Vec::new();
     let mut objects: BTreeMap<(String, String), String> = BTreeMap::new();
     let mut rules: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for item in items {
-        let Some((kind, body)) = item.as_object().and_then(|o| o.iter().next()) else {
-            continue;
-        };
-        let mut body = body.clone();
-        let Some(obj) = body.as_object_mut() else {
-            continue;
-        };
-        obj.remove("handle");
-        let name = obj
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        match kind.as_str() {
-            "metainfo" => continue,
-            "table" => tables.push(format!("table {body}")),
-            "rule" => {
-                let chain = obj
-                    .get("chain")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                rules
-                    .entry(chain.to_string())
-                    .or_default()
-                    .push(format!("rule {chain} {body}"));
-            }
-            "set" | "map" => {
-                let dynamic = obj.get("flags").and_then(Value::as_array).is_some_and(|f| {
-                    f.iter()
-                        .any(|x| matches!(x.as_str(), Some("dynamic" | "timeout")))
-                });
-                if dynamic {
-                    obj.remove("elem");
-                } else if let Some(Value::Array(elems)) = obj.get_mut("elem") {
-                    elems.sort_by_cached_key(|e| e.to_string());
-                }
-                objects.insert(
-                    (kind.clone(), name.clone()),
-                    format!("{kind} {name} {body}"),
-                );
-            }
-            _ => {
-                objects.insert(
-                    (kind.clone(), name.clone()),
-                    format!("{kind} {name} {body}"),
-                );
-            }
-        }
+    let listed = for_each_nft_item(json, |item| {
+        normalize_item(item, &mut tables, &mut objects, &mut rules)
+    })?;
+    if !listed {
+        return Ok(String::new());
     }
     let mut out = String::new();
     for l in tables
@@ -315,6 +335,66 @@ pub(super) fn normalize(json: &str) -> Result<String, String> {
         out.push('\n');
     }
     Ok(out)
+}
+
+/// One item of a listing into its canonical line (see [`normalize`]).
+fn normalize_item(
+    item: Value,
+    tables: &mut Vec<String>,
+    objects: &mut BTreeMap<(String, String), String>,
+    rules: &mut BTreeMap<String, Vec<String>>,
+) {
+    let Value::Object(item) = item else {
+        return;
+    };
+    let Some((kind, mut body)) = item.into_iter().next() else {
+        return;
+    };
+    let Some(obj) = body.as_object_mut() else {
+        return;
+    };
+    obj.remove("handle");
+    let name = obj
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    match kind.as_str() {
+        "metainfo" => {}
+        "table" => tables.push(format!("table {body}")),
+        "rule" => {
+            let chain = obj
+                .get("chain")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            rules
+                .entry(chain.to_string())
+                .or_default()
+                .push(format!("rule {chain} {body}"));
+        }
+        "set" | "map" => {
+            let dynamic = obj.get("flags").and_then(Value::as_array).is_some_and(|f| {
+                f.iter()
+                    .any(|x| matches!(x.as_str(), Some("dynamic" | "timeout")))
+            });
+            if dynamic {
+                obj.remove("elem");
+            } else if let Some(Value::Array(elems)) = obj.get_mut("elem") {
+                elems.sort_by_cached_key(|e| e.to_string());
+            }
+            objects.insert(
+                (kind.clone(), name.clone()),
+                format!("{kind} {name} {body}"),
+            );
+        }
+        _ => {
+            objects.insert(
+                (kind.clone(), name.clone()),
+                format!("{kind} {name} {body}"),
+            );
+        }
+    }
 }
 
 /// The canonical owned-state text of an `nft -j list table` read (what plans expect and the

@@ -237,6 +237,18 @@ fn normalising_a_listing() {
     );
     assert_eq!(normalize("").unwrap(), "");
     assert!(normalize("{").is_err());
+    // Read item by item: other top-level keys are skipped, anything malformed is refused.
+    let wrapped = format!("{{\"other\": [1, {{\"x\": 2}}], {}", &json.trim_start()[1..]);
+    assert_eq!(normalize(&wrapped).unwrap(), got);
+    for bad in [
+        "[]",
+        "{\"other\": []}",
+        "{\"nftables\": {}}",
+        "{\"nftables\": []} trailing",
+        &json[..json.len() - 3],
+    ] {
+        assert!(normalize(bad).is_err(), "{bad}");
+    }
 }
 
 #[test]
