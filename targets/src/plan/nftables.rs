@@ -416,8 +416,6 @@ impl Owned for Owner {
 /// Step one's nftables part.
 #[derive(Clone, Debug)]
 pub(super) struct Prep {
-    /// The full load; empty when the plan is incremental.
-    full: String,
     /// The incremental transaction, when there is one.
     delta: Option<Delta>,
     summary: Summary,
@@ -561,13 +559,11 @@ fn prepare(
             }
         }
     };
-    // Only a full plan loads (and checks) the whole document.
-    let (full, scratch) = match &delta {
-        Some(d) => (String::new(), scratch_document(&new, d)),
-        None => {
-            let full = full_document(new_doc, new.family);
-            (full.clone(), full)
-        }
+    // Only a full plan loads (and checks) the whole document: then the scratch document
+    // is the load (one copy of it, 58 MB at 10k services).
+    let scratch = match &delta {
+        Some(d) => scratch_document(&new, d),
+        None => full_document(new_doc, new.family),
     };
     // Our table is all a read shows: an empty read is a node without it.
     let direct = delta.is_none() && kernel.is_some_and(|k| k.trim().is_empty());
@@ -576,11 +572,7 @@ fn prepare(
         scratch,
         family,
         direct,
-        step: Arc::new(Prep {
-            full,
-            delta,
-            summary,
-        }),
+        step: Arc::new(Prep { delta, summary }),
     })
 }
 
@@ -959,7 +951,8 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
                         .into(),
                 );
             }
-            (m.clone(), Some(p.full.clone()), scratch, p.summary.clone())
+            let load = prepared.scratch.clone();
+            (m.clone(), Some(load), scratch, p.summary.clone())
         }
     };
     Ok(Plan {

@@ -238,7 +238,10 @@ fn normalising_a_listing() {
     assert_eq!(normalize("").unwrap(), "");
     assert!(normalize("{").is_err());
     // Read item by item: other top-level keys are skipped, anything malformed is refused.
-    let wrapped = format!("{{\"other\": [1, {{\"x\": 2}}], {}", &json.trim_start()[1..]);
+    let wrapped = format!(
+        "{{\"other\": [1, {{\"x\": 2}}], {}",
+        &json.trim_start()[1..]
+    );
     assert_eq!(normalize(&wrapped).unwrap(), got);
     for bad in [
         "[]",
