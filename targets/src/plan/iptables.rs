@@ -623,6 +623,32 @@ fn scratch_document(new: &Tables, rewrite: &BTreeMap<String, BTreeSet<String>>) 
     out
 }
 
+/// A table no read shows.
+static EMPTY: Table = Table {
+    order: Vec::new(),
+    policy: BTreeMap::new(),
+    rules: BTreeMap::new(),
+    inserts: Vec::new(),
+};
+
+impl Prep {
+    /// Per table the document writes, in load order: its name, the document's table, the
+    /// node's (`after`), and the document's user chains the node shows.
+    fn on_node<'a>(
+        &'a self,
+        after: &'a Tables,
+    ) -> impl Iterator<Item = (String, &'a Table, &'a Table, Vec<&'a String>)> + 'a {
+        table_order(self.new.keys().cloned())
+            .into_iter()
+            .map(move |t| {
+                let new = &self.new[&t];
+                let now = after.get(&t).unwrap_or(&EMPTY);
+                let chains = new.user_chains().filter(|c| now.is_user(c)).collect();
+                (t, new, now, chains)
+            })
+    }
+}
+
 impl Step for Prep {
     fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
         plan(prepared, self, scratch_output)
@@ -635,16 +661,12 @@ impl Step for Prep {
     /// nf_tables generation before it asks.
     fn direct_view(&self, after: &str) -> Result<String, String> {
         let after = parse(after, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
-        let empty = Table::default();
         let mut out = String::new();
-        for t in table_order(self.new.keys().cloned()) {
-            let new = &self.new[&t];
-            let now = after.get(&t).unwrap_or(&empty);
+        for (t, new, now, chains) in self.on_node(&after) {
             let mut inserts: BTreeMap<&str, usize> = BTreeMap::new();
             for (c, _) in &new.inserts {
                 *inserts.entry(c).or_default() += 1;
             }
-            let chains: Vec<&String> = new.user_chains().filter(|c| now.is_user(c)).collect();
             if chains.is_empty() && inserts.is_empty() {
                 continue;
             }
@@ -677,12 +699,8 @@ impl Step for Prep {
     /// spelling), its chains deleted.
     fn direct_revert(&self, after: &str) -> Result<Option<String>, String> {
         let after = parse(after, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
-        let empty = Table::default();
         let mut out = String::new();
-        for t in table_order(self.new.keys().cloned()) {
-            let new = &self.new[&t];
-            let now = after.get(&t).unwrap_or(&empty);
-            let chains: Vec<&String> = new.user_chains().filter(|c| now.is_user(c)).collect();
+        for (t, new, _, chains) in self.on_node(&after) {
             if chains.is_empty() {
                 continue;
             }
