@@ -625,6 +625,17 @@ impl Ctx<'_> {
         let mut note = None;
         // The generation right after a direct first load (see `load_direct`).
         let mut direct: Option<Generation> = None;
+        // A direct first load went in but could not be proven: tried once, planned again
+        // from the node, and said in every message after it.
+        let mut reread = false;
+        let unrecorded = |reread: bool| {
+            if reread {
+                let _ = fs::remove_file(dir.join("applied.state"));
+                "; the first load made before it is in place, not recorded: the next apply reads the node and loads everything"
+            } else {
+                ""
+            }
+        };
         let (plan, load_path) = loop {
             let prepared = match (known, previous) {
                 (true, Some(p)) => self.planner.prepare_unchanged(doc, family, p),
@@ -644,7 +655,11 @@ impl Ctx<'_> {
             }
             .map_err(|e| Fail(format!("cannot apply {source}: {e}")))?;
             times.mark("plan");
-            match self.load_direct(&prep, kernel.as_deref(), &cmds, &dir)? {
+            let tried = match reread {
+                true => Direct::Skipped,
+                false => self.load_direct(&prep, kernel.as_deref(), &cmds, &dir)?,
+            };
+            match tried {
                 Direct::Done(plan, path, g) => {
                     times.mark("load and read back");
                     loaded = true;
@@ -656,11 +671,14 @@ impl Ctx<'_> {
                 Direct::Reread(after) => {
                     times.mark("load and read back");
                     kernel = Some(after);
+                    reread = true;
                     continue;
                 }
                 Direct::Skipped => {}
             }
-            let canonical = self.scratch(&prep, &cmds, ext, source)?;
+            let canonical = self
+                .scratch(&prep, &cmds, ext, source)
+                .map_err(|f| Fail(format!("{}{}", f.0, unrecorded(reread))))?;
             times.mark("scratch namespace");
             let plan = plan::plan(&prep, &canonical)
                 .map_err(|e| Fail(format!("cannot plan {what}: {e}")))?;
@@ -716,9 +734,10 @@ impl Ctx<'_> {
                     continue;
                 }
                 return Err(Fail(format!(
-                    "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed",
+                    "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed{}",
                     shell_line(&argv),
-                    first_line(&out.stderr)
+                    first_line(&out.stderr),
+                    unrecorded(reread)
                 )));
             }
             if first(&plan) {
@@ -744,9 +763,10 @@ impl Ctx<'_> {
                 continue;
             }
             return Err(Fail(format!(
-                "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed",
+                "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed{}",
                 shell_line(&check),
-                first_line(&out.stderr)
+                first_line(&out.stderr),
+                unrecorded(reread)
             )));
         };
         for w in &plan.warnings {
@@ -766,9 +786,10 @@ impl Ctx<'_> {
                 };
                 let outcome = self.undo(&plan, &cmds, before, &dir, ext)?;
                 return Err(Fail(format!(
-                    "{what}: loading failed (`{}`): {}; {outcome}",
+                    "{what}: loading failed (`{}`): {}; {outcome}{}",
                     shell_line(&argv),
-                    first_line(&out.stderr)
+                    first_line(&out.stderr),
+                    unrecorded(reread)
                 )));
             }
         }
@@ -843,7 +864,7 @@ impl Ctx<'_> {
         if let Some(note) = note {
             eprintln!("{note}");
         }
-        let verb = if load_path.is_some() {
+        let verb = if load_path.is_some() || reread {
             "applied"
         } else {
             "unchanged"
@@ -932,7 +953,8 @@ impl Ctx<'_> {
         let view = prep
             .direct_view(&after)
             .map_err(|e| Fail(format!("cannot read the node back: {e}")))?;
-        let plan = plan::plan(prep, &view).map_err(|e| Fail(format!("cannot plan: {e}")))?;
+        let plan = plan::plan(prep, view.as_deref().unwrap_or(&after))
+            .map_err(|e| Fail(format!("cannot plan: {e}")))?;
         if plan.load.as_deref() != Some(prep.scratch.as_str()) {
             return Ok(Direct::Reread(after));
         }

@@ -720,7 +720,12 @@ fn broken_rulesets_are_refused_and_rollback_restores() {
                 .collect()
         };
         assert_eq!(rules(node.foreign()), rules(foreign_before));
-        let revert = node.state.path().join("iptables-ipv4/revert.rules");
+        // iptables had committed tables to take off; nftables' one transaction nothing.
+        let ext = if target == "iptables" { "rules" } else { "nft" };
+        let revert = node
+            .state
+            .path()
+            .join(format!("{target}-ipv4/revert.{ext}"));
         assert_eq!(revert.exists(), target == "iptables", "[{target}] took off");
 
         node.apply(&v1, &[]).expect(0);

@@ -545,6 +545,17 @@ impl Planner for Iptables {
                         .rules
                         .iter()
                         .all(|(c, rules)| rules.iter().all(|r| !old_jumps.owns_jump(t, c, r)))
+            })
+            // Self-contained: a jump to a chain of the node's that the document does not
+            // declare is refused by an empty namespace and accepted here (a `--from`
+            // document could hold one; compiled ones do not).
+            && new.iter().all(|(t, table)| {
+                let k = kernel.get(t);
+                let specs = table.rules.values().flatten();
+                specs
+                    .chain(table.inserts.iter().map(|(_, spec)| spec))
+                    .flat_map(|r| targets(r))
+                    .all(|x| table.declares(x) || !k.is_some_and(|k| k.is_user(x)))
             });
         Ok(Prepared {
             mode,
@@ -659,7 +670,7 @@ impl Step for Prep {
     /// anyone's rules): cut to those, the read is what the scratch namespace would show.
     /// Only sound when nobody else committed in between, which the CLI proves by the
     /// nf_tables generation before it asks.
-    fn direct_view(&self, after: &str) -> Result<String, String> {
+    fn direct_view(&self, after: &str) -> Result<Option<String>, String> {
         let after = parse(after, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
         let mut out = String::new();
         for (t, new, now, chains) in self.on_node(&after) {
@@ -690,7 +701,7 @@ impl Step for Prep {
             }
             out.push_str("COMMIT\n");
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// A direct load commits table by table; a table whose chains are on the node now

@@ -123,10 +123,10 @@ pub struct Tool {
 /// Step two of one back end, kept in [`Prepared`] by its step one.
 pub(crate) trait Step: fmt::Debug + Send + Sync {
     fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String>;
-    /// See [`Prepared::direct_view`]. Default: the read itself (the owned part is all it
-    /// shows: an nftables table).
-    fn direct_view(&self, after: &str) -> Result<String, String> {
-        Ok(after.to_string())
+    /// See [`Prepared::direct_view`]. Default: `None`, the read itself (the owned part is
+    /// all it shows: an nftables table).
+    fn direct_view(&self, _after: &str) -> Result<Option<String>, String> {
+        Ok(None)
     }
     /// See [`Prepared::direct_revert`]. Default: nothing (one transaction commits all or
     /// nothing).
@@ -326,8 +326,8 @@ pub struct Prepared {
 impl Prepared {
     /// After a direct load (see [`Prepared::direct`]) that nobody else's commit followed:
     /// the node's read, cut to what the scratch namespace would show for the scratch
-    /// document, for [`plan`].
-    pub fn direct_view(&self, after: &str) -> Result<String, String> {
+    /// document, for [`plan`]; `None` when that is the read itself.
+    pub fn direct_view(&self, after: &str) -> Result<Option<String>, String> {
         self.step.direct_view(after)
     }
 

@@ -270,7 +270,10 @@ fn for_each_nft_item(json: &str, mut each: impl FnMut(Value)) -> Result<bool, St
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
             let mut found = false;
             while let Some(key) = map.next_key::<String>()? {
-                if key == "nftables" && !found {
+                if key == "nftables" {
+                    if found {
+                        return Err(serde::de::Error::duplicate_field("nftables"));
+                    }
                     map.next_value_seed(List(&mut *self.0))?;
                     found = true;
                 } else {

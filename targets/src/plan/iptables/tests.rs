@@ -518,7 +518,7 @@ fn a_direct_first_load_plans_as_the_scratch_namespace_would() {
         .unwrap();
     assert!(prep.direct, "nothing owned on the node");
     sim.restore(&prep.scratch).unwrap();
-    let view = prep.direct_view(&sim.save()).unwrap();
+    let view = prep.direct_view(&sim.save()).unwrap().expect("a cut read");
     let plan = plan2(&prep, &view).unwrap();
     assert_eq!(plan.load.as_deref(), Some(prep.scratch.as_str()));
     assert_eq!(plan.expected, by_scratch.expected);
@@ -535,11 +535,17 @@ fn a_node_showing_anything_owned_is_not_loaded_directly() {
         document: &rec.0,
         snapshot: &rec.1,
     };
-    for prev in [None, Some(previous)] {
+    // Our chains on the node: not with a record (incremental), not with --full, not
+    // without a record.
+    for (prev, full) in [
+        (Some(previous), false),
+        (Some(previous), true),
+        (None, false),
+    ] {
         let prep = Iptables
-            .prepare(&new, Family::V4, prev, &sim.save(), true)
+            .prepare(&new, Family::V4, prev, &sim.save(), full)
             .unwrap();
-        assert!(!prep.direct);
+        assert!(!prep.direct, "{prev:?} {full}");
     }
     // A leftover service chain alone is owned too.
     let mut sim = with_foreign();
@@ -549,6 +555,51 @@ fn a_node_showing_anything_owned_is_not_loaded_directly() {
         .prepare(&new, Family::V4, None, &sim.save(), false)
         .unwrap();
     assert!(!prep.direct);
+
+    // A chain an earlier apply declared by name (not a service chain), which the new
+    // document no longer does: owned while the node shows it.
+    let old_doc = format!("{new}*filter\n:KUBE-LEGACY - [0:0]\nCOMMIT\n");
+    let (_, old_rec) = apply(&mut with_foreign(), &old_doc, None, false);
+    let previous = Previous {
+        document: &old_rec.0,
+        snapshot: &old_rec.1,
+    };
+    let mut sim = with_foreign();
+    let prep = Iptables
+        .prepare(&new, Family::V4, Some(previous), &sim.save(), false)
+        .unwrap();
+    assert!(
+        matches!(prep.mode, Mode::Full(_)) && prep.direct,
+        "nothing of ours left"
+    );
+    sim.restore("*filter\n:KUBE-LEGACY - [0:0]\nCOMMIT\n")
+        .unwrap();
+    let prep = Iptables
+        .prepare(&new, Family::V4, Some(previous), &sim.save(), false)
+        .unwrap();
+    assert!(!prep.direct, "KUBE-LEGACY is ours");
+
+    // A document that jumps to a chain of the node's it does not declare (`--from`): an
+    // empty namespace refuses it, the node would not; so it is not loaded directly.
+    let mut sim = with_foreign();
+    let jumps_out = new.replace(
+        "-A KUBE-POSTROUTING -j MASQUERADE\n",
+        "-A KUBE-POSTROUTING -j MASQUERADE\n-A KUBE-POSTROUTING -j MYNAT\n",
+    );
+    assert_ne!(jumps_out, new);
+    let prep = Iptables
+        .prepare(&jumps_out, Family::V4, None, &sim.save(), false)
+        .unwrap();
+    assert!(!prep.direct);
+    sim.restore("*nat\n:MYNAT - [0:0]\n-D PREROUTING -j MYNAT\n-X MYNAT\nCOMMIT\n")
+        .unwrap();
+    let prep = Iptables
+        .prepare(&jumps_out, Family::V4, None, &sim.save(), false)
+        .unwrap();
+    assert!(
+        prep.direct,
+        "MYNAT is gone: the scratch namespace would refuse it the same"
+    );
 }
 
 #[test]
