@@ -755,7 +755,7 @@ fn haproxy_userspace_proxy_serves_real_connections() {
     let check = run_bounded(
         Command::new("haproxy").args(["-c", "-f", cfg_path.to_str().unwrap()]),
         None,
-        Duration::from_secs(20),
+        HANG_GUARD,
     )
     .unwrap();
     assert!(

@@ -7,6 +7,7 @@
 //! of the planner: owned = `KUBE-*` chains and jumps to them, the table `kube-proxy`.
 
 use super::flows::{check_flows, parse_flows, BACKEND_PORT};
+use super::lab::EXEC_TIMEOUT;
 use super::sys::in_netns;
 use super::{require_root, Lab, LabSpec, Proto};
 use crate::support::{root, svc, Rng, Run, TempDir};
@@ -827,7 +828,7 @@ fn established_connections_survive_an_apply() {
             .unwrap();
         let server = thread::spawn(move || {
             let (s, _) = listener.accept().unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s.set_read_timeout(Some(EXEC_TIMEOUT)).unwrap();
             let mut w = s.try_clone().unwrap();
             for line in BufReader::new(s).lines() {
                 let Ok(line) = line else { break };
@@ -836,14 +837,14 @@ fn established_connections_survive_an_apply() {
                 }
             }
         });
+        // Hang guards, not time limits: a connection that breaks says so by a reset or by
+        // a read that never answers.
         let stream = in_netns(lab.netns("client1"), || {
-            TcpStream::connect_timeout(&"192.0.2.10:30090".parse().unwrap(), Duration::from_secs(2))
+            TcpStream::connect_timeout(&"192.0.2.10:30090".parse().unwrap(), EXEC_TIMEOUT)
         })
         .unwrap()
         .expect("connect through the node port");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .unwrap();
+        stream.set_read_timeout(Some(EXEC_TIMEOUT)).unwrap();
         let mut reader = BufReader::new(stream.try_clone().unwrap());
         let mut talk = |msg: &str| {
             (&stream).write_all(format!("{msg}\n").as_bytes()).unwrap();

@@ -514,8 +514,9 @@ pub(super) fn probes(
         }
     }
     drop(wr);
-    // Bounded: every probe is bounded by PROBE_TIMEOUT twice; give the child that and more.
-    let limit = PROBE_TIMEOUT * 2 * n as u32 + Duration::from_secs(10);
+    // Bounded: every probe is bounded by PROBE_TIMEOUT twice; give the child that and a
+    // hang guard's worth more (starting it on a loaded machine).
+    let limit = PROBE_TIMEOUT * 2 * n as u32 + super::lab::EXEC_TIMEOUT;
     let start = Instant::now();
     let mut text = Vec::new();
     let mut file = std::fs::File::from(rd);

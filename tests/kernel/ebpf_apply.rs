@@ -11,7 +11,7 @@
 
 use super::ebpf::{cgroup2_mount, dump_pinned, json_entries, probe_set, probes, Cgroup, Seen};
 use super::flows::BACKEND_PORT;
-use super::lab::skip;
+use super::lab::{skip, EXEC_TIMEOUT};
 use super::sys::enter_netns;
 use super::{Lab, LabSpec, Proto};
 use crate::support::{root, svc, Run, TempDir};
@@ -203,8 +203,10 @@ impl LongClient {
                 }
                 unsafe { libc::close(fd) };
                 enter_netns(netns)?;
-                let s = TcpStream::connect_timeout(&dst, Duration::from_secs(5))?;
-                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                // Hang guards (a broken connection says so by a reset or a read that
+                // never answers), not time limits.
+                let s = TcpStream::connect_timeout(&dst, EXEC_TIMEOUT)?;
+                s.set_read_timeout(Some(EXEC_TIMEOUT))?;
                 let mut lines = BufReader::new(s.try_clone()?);
                 let mut byte = [0u8; 1];
                 loop {
@@ -300,7 +302,7 @@ fn echo_server(netns: String, name: &'static str) -> std::thread::JoinHandle<()>
             }
         }
     });
-    rx.recv_timeout(Duration::from_secs(10))
+    rx.recv_timeout(EXEC_TIMEOUT)
         .expect("the echo server listens");
     h
 }
@@ -591,7 +593,8 @@ fn wait_for_lock(state: &Path) {
         .write(true)
         .open(state.join("lock"))
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // A hang guard: the loader holding it may be finishing a load on a loaded machine.
+    let deadline = Instant::now() + EXEC_TIMEOUT;
     // SAFETY: flock on a descriptor we own.
     while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         assert!(Instant::now() < deadline, "the lock was not released");

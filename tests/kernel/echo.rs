@@ -101,7 +101,8 @@ impl Server {
             stop,
             thread: Some(thread),
         };
-        match ready_rx.recv_timeout(Duration::from_secs(5)) {
+        // A hang guard (as `lab::EXEC_TIMEOUT`): the server says so as soon as it listens.
+        match ready_rx.recv_timeout(super::lab::EXEC_TIMEOUT) {
             Ok(Ok(())) => Ok(server),
             Ok(Err(e)) => Err(e),
             Err(_) => {

@@ -568,7 +568,8 @@ impl Lab {
     /// real qdisc (until the kernel's linkwatch work has run, a device sits
     /// on the "noop" qdisc that drops everything), bridge ports forwarding.
     fn wait_links_ready(netns: &str) -> io::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // A hang guard: the loop goes on as soon as the links are up.
+        let deadline = Instant::now() + SETUP_TIMEOUT;
         loop {
             let out = run_ok(
                 Command::new("ip").args(["-n", netns, "-d", "-o", "link", "show"]),
