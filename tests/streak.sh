@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the integration test binary (kernel suite included, SVC_KERNEL=require: a skip is a
+# failure) back to back, to count consecutive green runs (issue 18). Usage, as root:
+#
+#   tests/streak.sh [RUNS] [LOG_DIR]        # default: 30 runs, logs in /tmp/svc-streak
+#
+# One line per run goes to LOG_DIR/streak.txt (time, commit, exit code, seconds, load, the
+# test result line); a failed run keeps its whole output as LOG_DIR/run-N.log and ends
+# the streak (exit 1). Touch LOG_DIR/stop to end it after the run in progress. Each run is
+# bounded by the tests' own hang guards; nothing here times a test.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+runs=${1:-30}
+logs=${2:-/tmp/svc-streak}
+mkdir -p "$logs"
+export SVC_KERNEL=require
+cargo test -q --test main --no-run >/dev/null 2>&1 || { echo "streak: the tests do not build" >&2; exit 2; }
+for n in $(seq 1 "$runs"); do
+  [ -e "$logs/stop" ] && { rm -f "$logs/stop"; echo "streak: stopped after $((n - 1)) run(s)"; exit 0; }
+  start=$(date +%s)
+  cargo test -q --test main >"$logs/run-$n.log" 2>&1
+  rc=$?
+  result=$(grep -E '^test result:' "$logs/run-$n.log" | tail -1)
+  echo "$(date -u +%FT%TZ) run $n commit $(git rev-parse --short HEAD) rc=$rc $(($(date +%s) - start))s load=$(cut -d' ' -f1-3 /proc/loadavg) :: $result" | tee -a "$logs/streak.txt"
+  if [ "$rc" -ne 0 ]; then
+    echo "streak: run $n failed; its output is $logs/run-$n.log" >&2
+    exit 1
+  fi
+  rm -f "$logs/run-$n.log"
+done
+echo "streak: $runs consecutive green run(s)"
