@@ -230,19 +230,10 @@ fn full_document(text: &str, family: &str) -> String {
 }
 
 /// The items of `nft -j` output (its `nftables` list); `None` for empty output (nothing
-/// listed, e.g. no table).
+/// listed, e.g. no table). Read as [`normalize`] reads it.
 pub(crate) fn nft_items(json: &str) -> Result<Option<Vec<Value>>, String> {
-    if json.trim().is_empty() {
-        return Ok(None);
-    }
-    let v: Value = serde_json::from_str(json).map_err(|e| format!("nft -j output: {e}"))?;
-    match v {
-        Value::Object(mut o) => match o.remove("nftables") {
-            Some(Value::Array(items)) => Ok(Some(items)),
-            _ => Err("nft -j output has no `nftables` list".into()),
-        },
-        _ => Err("nft -j output has no `nftables` list".into()),
-    }
+    let mut items = Vec::new();
+    Ok(for_each_nft_item(json, |item| items.push(item))?.then_some(items))
 }
 
 /// Calls `each` with every item of `nft -j` output's `nftables` list as the parser reaches
