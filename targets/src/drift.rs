@@ -9,7 +9,9 @@
 //! elements is not; counters are dropped ([`strip_counters`]; the planners' canonical text
 //! has none). Only what svc-compile owns is compared: the planners already cut that out
 //! (iptables: kube-proxy's chains and the jumps to them; nftables: the `kube-proxy` table
-//! of the family, [`nft_table`] for a whole `nft -j list ruleset`).
+//! of the family, [`nft_table`] for a whole `nft -j list ruleset`). nftables chains that are
+//! empty, not base chains and not jumped to are left out: `apply` empties stale chains and
+//! deletes them later ([`crate::plan::nftables::without_leftovers`]).
 //!
 //! Invariant: the report is deterministic: items are sorted by service, then place, then
 //! position; a clean node gives no items.
@@ -56,7 +58,15 @@ pub struct Item {
 
 /// The differences between `expected` (compiled) and `actual` (node) owned state.
 pub fn compare(syntax: Syntax, expected: &str, actual: &str) -> Vec<Item> {
-    let (e, a) = (groups(syntax, expected), groups(syntax, actual));
+    // Stale chains apply left emptied, for a later apply to delete, are not drift.
+    fn settled(syntax: Syntax, s: &str) -> std::borrow::Cow<'_, str> {
+        match syntax {
+            Syntax::Nftables => crate::plan::nftables::without_leftovers(s).into(),
+            Syntax::Iptables => s.into(),
+        }
+    }
+    let (expected, actual) = (settled(syntax, expected), settled(syntax, actual));
+    let (e, a) = (groups(syntax, &expected), groups(syntax, &actual));
     // Per-service chain → service, learnt from the rules of both sides (shared chains
     // such as KUBE-SERVICES have none: each of their rules names its own).
     let mut owners: BTreeMap<&str, String> = BTreeMap::new();

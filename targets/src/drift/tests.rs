@@ -230,3 +230,26 @@ fn service_order_in_shared_chains_is_ignored() {
         "{items:?}"
     );
 }
+
+#[test]
+fn emptied_stale_chains_are_not_drift_but_emptied_live_ones_are() {
+    // apply leaves a stale chain emptied for a later apply to delete: nothing jumps to it.
+    let stale = r#"chain endpoint-OLD-shop/web/tcp/http__10.244.9.9/80 {"family":"ip","table":"kube-proxy","name":"endpoint-OLD-shop/web/tcp/http__10.244.9.9/80"}"#;
+    let node = NFT.replacen("chain services", &format!("{stale}\nchain services"), 1);
+    assert_eq!(compare(Syntax::Nftables, NFT, &node), []);
+    // A chain the service map still goes to, emptied, is drift: its rules are missing.
+    let node: String = NFT
+        .lines()
+        .filter(|l| !l.starts_with("rule service-ULMVA6XW"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let items = compare(Syntax::Nftables, NFT, &node);
+    assert_eq!(items.len(), 2, "{items:?}");
+    assert!(items
+        .iter()
+        .all(|i| i.kind == Kind::Missing && i.service == "shop/web/tcp/http"));
+    // A base chain is never a leftover.
+    let base = r#"chain nat-output {"family":"ip","table":"kube-proxy","name":"nat-output","type":"nat","hook":"output","prio":-100,"policy":"accept"}"#;
+    let node = NFT.replacen("chain services", &format!("{base}\nchain services"), 1);
+    assert_eq!(compare(Syntax::Nftables, NFT, &node).len(), 1);
+}

@@ -250,6 +250,9 @@ pub struct Summary {
     pub jumps: usize,
     /// nftables map and set elements added or deleted.
     pub elements: usize,
+    /// nftables chains no longer wanted, emptied now and deleted by a later apply (a
+    /// delete costs `nft` a listing of every chain; see `plan::nftables`).
+    pub emptied: usize,
 }
 
 impl fmt::Display for Summary {
@@ -258,7 +261,11 @@ impl fmt::Display for Summary {
             f,
             "{} chain(s) written, {} deleted, {} jump(s), {} element(s)",
             self.rewritten, self.deleted, self.jumps, self.elements
-        )
+        )?;
+        if self.emptied > 0 {
+            write!(f, ", {} emptied (deleted later)", self.emptied)?;
+        }
+        Ok(())
     }
 }
 

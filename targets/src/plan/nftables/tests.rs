@@ -106,28 +106,38 @@ fn one_service_change_touches_only_its_chains_and_elements() {
     assert_eq!(prep.mode, Mode::Incremental);
     let plan = plan2(&prep, &listing("y")).unwrap();
     let load = plan.load.unwrap();
+    // Only forms nft runs without listing every chain: rules inside `add chain`, no
+    // `add rule`, no `delete`; the stale chain is emptied, its deletion waits.
     assert_eq!(
         load,
         "add chain ip kube-proxy endpoint-a-4\n\
          flush chain ip kube-proxy service-a\n\
-         add rule ip kube-proxy service-a numgen random mod 2 vmap { 0 : goto endpoint-a-1 , 1 : goto endpoint-a-4 }\n\
-         add rule ip kube-proxy endpoint-a-4 meta l4proto tcp dnat to 10.1.0.4:80\n\
-         flush chain ip kube-proxy endpoint-a-2\n\
-         delete chain ip kube-proxy endpoint-a-2\n"
+         add chain ip kube-proxy service-a {\n\
+         \tnumgen random mod 2 vmap { 0 : goto endpoint-a-1 , 1 : goto endpoint-a-4 }\n\
+         }\n\
+         add chain ip kube-proxy endpoint-a-4 {\n\
+         \tmeta l4proto tcp dnat to 10.1.0.4:80\n\
+         }\n\
+         flush chain ip kube-proxy endpoint-a-2\n"
     );
     assert_eq!(
         plan.summary,
         Summary {
             rewritten: 2,
-            deleted: 1,
+            deleted: 0,
             jumps: 0,
-            elements: 0
+            elements: 0,
+            emptied: 1,
         }
+    );
+    assert_eq!(
+        plan.summary.to_string(),
+        "2 chain(s) written, 0 deleted, 0 jump(s), 0 element(s), 1 emptied (deleted later)"
     );
 }
 
 #[test]
-fn removed_service_deletes_its_element_before_its_chains() {
+fn removed_service_refills_its_map_and_empties_its_chains() {
     let v1 = doc(&[("a", &["1"]), ("b", &["3"])]);
     let v2 = doc(&[("a", &["1"])]);
     let snap = normalize(&listing("x")).unwrap();
@@ -135,13 +145,127 @@ fn removed_service_deletes_its_element_before_its_chains() {
         .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
         .unwrap();
     let load = plan2(&prep, &listing("y")).unwrap().load.unwrap();
+    // The map loses an element: flushed and refilled in the same transaction (a `delete
+    // element` would list every chain).
     assert_eq!(
         load,
-        "delete element ip kube-proxy service-ips { 10.0.0.1 . tcp . 80 }\n\
+        "flush map ip kube-proxy service-ips\n\
+         add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; \
+         elements = { 10.0.0.0 . tcp . 80 comment \"a : x\" : goto service-a } }\n\
          flush chain ip kube-proxy service-b\n\
-         flush chain ip kube-proxy endpoint-b-3\n\
-         delete chain ip kube-proxy service-b\n\
-         delete chain ip kube-proxy endpoint-b-3\n"
+         flush chain ip kube-proxy endpoint-b-3\n"
+    );
+}
+
+#[test]
+fn added_elements_go_in_the_set_statement() {
+    let v1 = doc(&[("a", &["1"])]);
+    let v2 = doc(&[("a", &["1"]), ("b", &["3"])]);
+    let snap = normalize(&listing("x")).unwrap();
+    let prep = Nftables
+        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
+        .unwrap();
+    let plan = plan2(&prep, &listing("y")).unwrap();
+    assert_eq!(
+        plan.load.unwrap(),
+        "add chain ip kube-proxy service-b\n\
+         add chain ip kube-proxy endpoint-b-3\n\
+         add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; \
+         elements = { 10.0.0.1 . tcp . 80 comment \"b : x\" : goto service-b } }\n\
+         add chain ip kube-proxy service-b {\n\
+         \tnumgen random mod 1 vmap { 0 : goto endpoint-b-3 }\n\
+         }\n\
+         add chain ip kube-proxy endpoint-b-3 {\n\
+         \tmeta l4proto tcp dnat to 10.1.0.3:80\n\
+         }\n"
+    );
+    assert_eq!(plan.summary.elements, 1);
+}
+
+/// A snapshot in which the chains of `services`' endpoints `gone` are left, emptied.
+fn snapshot_with_leftovers(gone: &[&str]) -> String {
+    let mut s = String::from("table {\"family\": \"ip\", \"name\": \"kube-proxy\"}\n");
+    for g in gone {
+        s.push_str(&format!("chain endpoint-a-{g} {{}}\n"));
+    }
+    s.push_str("rule services {}\n");
+    s
+}
+
+#[test]
+fn leftover_chains_are_deleted_with_the_next_delete_or_once_enough_wait() {
+    let v1 = doc(&[("a", &["1"]), ("b", &["3"])]);
+    let v2 = doc(&[("a", &["1"]), ("b", &["4"])]);
+    // The record's snapshot shows endpoint-a-2, emptied by an earlier apply.
+    let snap = snapshot_with_leftovers(&["2"]);
+    let old = parse(&v1).unwrap();
+    assert_eq!(leftover_chains(&snap, &old), ["endpoint-a-2"]);
+    let new = parse(&v2).unwrap();
+    let (d, s) = diff(&old, &new, &leftover_chains(&snap, &old)).unwrap();
+    assert!(!d.text.contains("delete"), "{}", d.text);
+    assert_eq!((s.deleted, s.emptied), (0, 1));
+    assert_eq!(d.emptied, ["endpoint-b-3"]);
+
+    // Enough waiting: all of them go, each flushed before any is deleted.
+    let many: Vec<String> = (0..DELETE_STALE_AT).map(|i| format!("x{i}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let (d, s) = diff(&old, &new, &many).unwrap();
+    assert_eq!(s.deleted, DELETE_STALE_AT + 1);
+    assert_eq!(s.emptied, 0);
+    let flush = d
+        .text
+        .find("flush chain ip kube-proxy endpoint-b-3")
+        .unwrap();
+    let first_delete = d.text.find("delete chain").unwrap();
+    assert!(flush < first_delete, "{}", d.text);
+    assert!(d.text.contains("delete chain ip kube-proxy endpoint-b-3\n"));
+    assert!(d.text.contains("delete chain ip kube-proxy x999\n"));
+    let (_, s) = diff(&old, &new, &many[2..]).unwrap();
+    assert_eq!((s.deleted, s.emptied), (0, 1), "one short of the threshold");
+
+    // A set that goes makes the transaction delete anyway: the leftovers go with it.
+    let v3 = v2.replace(
+        "add map ip kube-proxy service-ips",
+        "add set ip kube-proxy extra { type ipv4_addr ; }\nadd map ip kube-proxy service-ips",
+    );
+    let old3 = parse(&v3).unwrap();
+    let (d, s) = diff(&old3, &new, &["endpoint-a-2"]).unwrap();
+    assert!(
+        d.text.ends_with("delete set ip kube-proxy extra\n"),
+        "{}",
+        d.text
+    );
+    assert!(d.text.contains("delete chain ip kube-proxy endpoint-a-2\n"));
+    assert_eq!(s.deleted, 2);
+
+    // A leftover chain the new document declares again is refilled, not deleted.
+    let v4 = doc(&[("a", &["1", "2"]), ("b", &["3"])]);
+    let new4 = parse(&v4).unwrap();
+    let (d, s) = diff(&old, &new4, &["endpoint-a-2"]).unwrap();
+    assert!(!d.text.contains("delete"), "{}", d.text);
+    assert!(
+        d.text.contains("add chain ip kube-proxy endpoint-a-2 {\n"),
+        "{}",
+        d.text
+    );
+    assert!(
+        !d.text.contains("flush chain ip kube-proxy endpoint-a-2"),
+        "{}",
+        d.text
+    );
+    assert_eq!(s.emptied, 0);
+}
+
+#[test]
+fn emptied_chains_stay_in_the_expectation_without_rules() {
+    let d = Delta {
+        snapshot: "table T\nchain a A\nchain gone G\nrule a a1\nrule gone g1\n".into(),
+        emptied: vec!["gone".into()],
+        ..Delta::default()
+    };
+    assert_eq!(
+        merge(&d, ""),
+        "table T\nchain a A\nchain gone G\nrule a a1\n"
     );
 }
 
