@@ -526,6 +526,23 @@ fn apply_changes_only_what_changed_and_leaves_foreign_rules() {
             );
             assert_eq!(node.owned(), owned);
 
+            // Services losing and gaining map elements (api without endpoints moves from
+            // service-ips to no-endpoint-services, and back): incremental equals full too.
+            // The expected state is then edited element by element, not read.
+            let v3 = node.version("v3", &[], CHAT_MORE);
+            for v in [&v3, &v1] {
+                let r = node.apply(v, &[]);
+                r.expect(0);
+                assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
+                let incremental = node.recorded();
+                node.apply(v, &["--full"]).expect(0);
+                assert_eq!(
+                    node.recorded(),
+                    incremental,
+                    "[{target}] incremental != full ({v})"
+                );
+            }
+
             // Ten applies of changing states; the user's rules stay byte for byte.
             for i in 0..10 {
                 let v = if i % 2 == 0 { &v1 } else { &v2 };

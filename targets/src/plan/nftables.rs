@@ -468,6 +468,9 @@ struct Delta {
     stale_sets: Vec<String>,
     /// Stale chains emptied and left in place (see [`DELETE_STALE_AT`]).
     emptied: Vec<String>,
+    /// Changed sets whose scratch copy holds only the elements added, with the elements
+    /// that go in a set of their own ([`gone_set`]): see [`scratch_document`].
+    partial_sets: Vec<String>,
 }
 
 impl Planner for Nftables {
@@ -565,6 +568,7 @@ fn prepare(
         ..Summary::default()
     };
     let mut delta = None;
+    let mut delta_scratch = String::new();
     let mode = match previous {
         _ if force_full => Mode::Full("asked for with --full".into()),
         None => Mode::Full("no previous apply recorded".into()),
@@ -586,6 +590,7 @@ fn prepare(
                         Err(why) => Mode::Full(why),
                         Ok((mut d, s)) => {
                             d.snapshot = p.snapshot.to_string();
+                            delta_scratch = scratch_document(&old, &new, &mut d);
                             delta = Some(d);
                             summary = s;
                             Mode::Incremental
@@ -598,7 +603,7 @@ fn prepare(
     // Only a full plan loads (and checks) the whole document: then the scratch document
     // is the load (one copy of it, 58 MB at 10k services).
     let scratch = match &delta {
-        Some(d) => scratch_document(&new, d),
+        Some(_) => delta_scratch,
         None => full_document(new_doc, new.family),
     };
     // Our table is all a read shows: an empty read is a node without it.
@@ -839,20 +844,70 @@ fn references(line: &str) -> impl Iterator<Item = &str> {
     })
 }
 
+/// The name of the set that holds, in the scratch namespace, the elements set `x` loses.
+fn gone_set(x: &str) -> String {
+    format!("svc-compile-gone.{x}")
+}
+
 /// What an incremental plan changes, with every object it refers to, for an empty
 /// namespace. Empty when nothing changes.
-fn scratch_document(new: &Doc, d: &Delta) -> String {
+///
+/// A set that exists and changes is not copied whole (10k elements cost the scratch
+/// namespace ~0.8 s): it gets only the elements added or changed, and the ones it loses go,
+/// old version, into [`gone_set`]; step two learns the kernel's spelling of both and edits
+/// the snapshot's set line ([`merge`]). Sets with flags (intervals, which the kernel may
+/// merge, or dynamic sets) are copied whole.
+fn scratch_document(old: &Doc, new: &Doc, d: &mut Delta) -> String {
     if d.chains.is_empty() && d.sets.is_empty() {
         return String::new();
     }
+    let (f, t) = (new.family, TABLE);
     let mut lines: Vec<&str> = Vec::new();
+    // Statements written here (the gone sets and their elements).
+    let mut own: Vec<String> = Vec::new();
     let mut chains: HashSet<&str> = d.chains.iter().map(String::as_str).collect();
     let mut sets: HashSet<&str> = d.sets.iter().map(String::as_str).collect();
+    let mut old_chains: HashSet<&str> = HashSet::new();
+    let same = |elems: &[(usize, &str, &str)], key: &str, l: &str| {
+        elems
+            .binary_search_by(|e| e.1.cmp(key))
+            .is_ok_and(|i| elems[i].2 == l)
+    };
     for c in &d.chains {
         lines.extend(new.rules(c));
     }
     for x in &d.sets {
-        lines.extend(new.elements(x).iter().map(|e| e.2));
+        let def = new.set_at.get(x.as_str()).map(|&i| new.sets[i].1);
+        let partial = old.set_at.contains_key(x.as_str())
+            && !new.set_at.contains_key(gone_set(x).as_str())
+            && def.is_some_and(|def| !def.contains(" flags "));
+        if !partial {
+            lines.extend(new.elements(x).iter().map(|e| e.2));
+            continue;
+        }
+        let (now, before) = (new.elements(x), old.elements(x));
+        lines.extend(now.iter().filter(|e| !same(before, e.1, e.2)).map(|e| e.2));
+        let gone: Vec<&str> = before
+            .iter()
+            .filter(|e| !same(now, e.1, e.2))
+            .map(|e| e.2)
+            .collect();
+        if !gone.is_empty() {
+            let def = def.unwrap_or_default();
+            let kind = def.split(' ').nth(1).unwrap_or("set");
+            own.push(format!("add {kind} {f} {t} {} {}", gone_set(x), tail(def)));
+            for l in gone {
+                own.push(format!("add element {f} {t} {} {}", gone_set(x), tail(l)));
+                for r in references(l) {
+                    if new.chain_at.contains_key(r) {
+                        chains.insert(r);
+                    } else if old.chain_at.contains_key(r) {
+                        old_chains.insert(r);
+                    }
+                }
+            }
+        }
+        d.partial_sets.push(x.clone());
     }
     for l in &lines {
         for r in references(l) {
@@ -867,13 +922,77 @@ fn scratch_document(new: &Doc, d: &Delta) -> String {
     for (_, def) in new.chains.iter().filter(|(c, _)| chains.contains(c)) {
         let _ = writeln!(out, "{def}");
     }
+    for (_, def) in old
+        .chains
+        .iter()
+        .filter(|(c, _)| old_chains.contains(c) && !chains.contains(c))
+    {
+        let _ = writeln!(out, "{def}");
+    }
     for (_, def) in new.sets.iter().filter(|(x, _)| sets.contains(x)) {
         let _ = writeln!(out, "{def}");
     }
     for l in lines {
         let _ = writeln!(out, "{l}");
     }
+    for l in own {
+        let _ = writeln!(out, "{l}");
+    }
     out
+}
+
+/// A partial set's line in the expected state (see [`scratch_document`]): the snapshot's
+/// line with the gone set's elements taken out and the scratch's added, sorted as
+/// [`normalize`] sorts them. `None` if the snapshot or the scratch does not show the set.
+fn merged_set(
+    snapshot: &str,
+    kind: &str,
+    name: &str,
+    scratch: &str,
+    gone: Option<&str>,
+) -> Option<String> {
+    let body =
+        |line: &str| -> Option<Value> { serde_json::from_str(line.splitn(3, ' ').nth(2)?).ok() };
+    let prefix = format!("{kind} {name} ");
+    let before = snapshot
+        .lines()
+        .take_while(|l| !l.starts_with("rule "))
+        .find(|l| l.starts_with(&prefix))?;
+    let mut base = body(before)?;
+    let added = body(scratch)?;
+    let elems = |v: &Value| -> Vec<Value> {
+        v.get("elem")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let gone: HashSet<String> = match gone {
+        Some(g) => elems(&body(g)?).iter().map(Value::to_string).collect(),
+        None => HashSet::new(),
+    };
+    let mut all: Vec<(String, Value)> = elems(&base)
+        .into_iter()
+        .chain(elems(&added))
+        .map(|e| (e.to_string(), e))
+        .filter(|(k, _)| !gone.contains(k))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all.dedup_by(|a, b| a.0 == b.0);
+    // Where nft puts a key depends on whether the set has elements (`elem` comes before
+    // `comment` and `map`; without elements `map` comes before `comment`), so the line is
+    // one the kernel printed with elements or, for none, the scratch's without.
+    if all.is_empty() {
+        return added
+            .get("elem")
+            .is_none()
+            .then(|| format!("{kind} {name} {added}"));
+    }
+    if added.get("elem").is_some() {
+        base = added;
+    }
+    let list = Value::Array(all.into_iter().map(|(_, e)| e).collect());
+    *base.get_mut("elem")? = list;
+    Some(format!("{kind} {name} {base}"))
 }
 
 /// Normalised text (see [`normalize`]) by object, borrowing its lines: `table` lines;
@@ -911,7 +1030,7 @@ fn split_normalized(text: &str) -> Objects<'_> {
 
 /// The expected state after an incremental load: the snapshot with the changed objects
 /// as the scratch namespace shows them and the stale ones gone.
-fn merge(d: &Delta, scratch: &str) -> String {
+fn merge(d: &Delta, scratch: &str) -> Result<String, String> {
     let (_, s_objects, s_rules) = split_normalized(scratch);
     fn names(v: &[String]) -> HashSet<&str> {
         v.iter().map(String::as_str).collect()
@@ -921,13 +1040,35 @@ fn merge(d: &Delta, scratch: &str) -> String {
     let emptied = names(&d.emptied);
     let is_set = |k: &str| matches!(k, "set" | "map");
     // Sorted by kind and name, and by chain: split_normalized's order.
-    let changed: Vec<_> = s_objects
-        .into_iter()
+    let mut changed: Vec<_> = s_objects
+        .iter()
+        .copied()
         .filter(|((k, n), _)| {
             let changed = if *k == "chain" { &chains } else { &sets };
             changed.contains(n) && (*k == "chain" || is_set(k))
         })
         .collect();
+    // Partial sets: the snapshot's line edited by what the scratch shows.
+    let partial: Vec<(usize, String)> = changed
+        .iter()
+        .enumerate()
+        .filter(|(_, ((k, n), _))| is_set(k) && d.partial_sets.iter().any(|p| p == n))
+        .map(|(i, &((k, n), line))| {
+            let gone_name = gone_set(n);
+            let gone = s_objects
+                .iter()
+                .find(|((gk, gn), _)| is_set(gk) && *gn == gone_name)
+                .map(|o| o.1);
+            merged_set(&d.snapshot, k, n, line, gone)
+                .map(|l| (i, l))
+                .ok_or_else(|| {
+                    format!("the snapshot or the scratch namespace does not show {k} {n}")
+                })
+        })
+        .collect::<Result<_, String>>()?;
+    for (i, l) in &partial {
+        changed[*i].1 = l;
+    }
     let new_rules: Vec<_> = s_rules
         .into_iter()
         .filter(|(c, _)| chains.contains(c))
@@ -942,8 +1083,8 @@ fn merge(d: &Delta, scratch: &str) -> String {
         rewritten: chains,
     };
     // A snapshot is in canonical order (normalize and merge write it so): one pass.
-    m.in_order(&d.snapshot)
-        .unwrap_or_else(|| m.sorted(&d.snapshot))
+    Ok(m.in_order(&d.snapshot)
+        .unwrap_or_else(|| m.sorted(&d.snapshot)))
 }
 
 /// What [`merge`] puts in and takes out.
@@ -1085,7 +1226,7 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
         (Mode::Incremental, Some(d)) => (
             Mode::Incremental,
             Some(d.text.clone()),
-            merge(d, &scratch),
+            merge(d, &scratch)?,
             p.summary.clone(),
         ),
         (m, _) => {

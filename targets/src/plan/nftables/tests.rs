@@ -264,7 +264,7 @@ fn emptied_chains_stay_in_the_expectation_without_rules() {
         ..Delta::default()
     };
     assert_eq!(
-        merge(&d, ""),
+        merge(&d, "").unwrap(),
         "table T\nchain a A\nchain gone G\nrule a a1\n"
     );
 }
@@ -425,7 +425,7 @@ fn the_expectation_is_the_snapshot_with_the_changes_merged_in() {
     // The scratch shows the changed objects and, empty, the ones they refer to.
     let scratch = "table T\nchain a A\nchain b B\nchain new N\nmap m M2\nrule b b2\nrule new n1\n";
     assert_eq!(
-        merge(&d, scratch),
+        merge(&d, scratch).unwrap(),
         "table T\nchain a A\nchain b B\nchain new N\nmap m M2\nrule a a1\nrule b b2\nrule new n1\n"
     );
 }
@@ -448,8 +448,127 @@ fn the_expectation_does_not_depend_on_the_snapshot_order() {
                     rule a a1\nrule a a2\nrule b b1\nrule gone g1\nrule z z1\n";
     let want = "table T\nchain a A\nchain b B2\nchain new N\nchain z Z\nmap m M2\n\
                 rule a a1\nrule a a2\nrule b b2\nrule new n1\nrule new n2\nrule z z1\n";
-    assert_eq!(merge(&delta(in_order), scratch), want);
+    assert_eq!(merge(&delta(in_order), scratch).unwrap(), want);
     let shuffled = "table T\nrule z z1\nset old O\nchain z Z\nrule a a1\nchain gone G\nmap m M1\n\
                     rule b b1\nchain b B\nrule gone g1\nchain a A\nrule a a2\n";
-    assert_eq!(merge(&delta(shuffled), scratch), want);
+    assert_eq!(merge(&delta(shuffled), scratch).unwrap(), want);
+}
+
+#[test]
+fn a_changed_set_goes_to_the_scratch_namespace_as_its_difference() {
+    let v1 = doc(&[("a", &["1"]), ("b", &["3"])]);
+    let v2 = doc(&[("a", &["1"]), ("c", &["5"])]);
+    let snap = normalize(&listing("x")).unwrap();
+    let prep = Nftables
+        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
+        .unwrap();
+    // Not a's element (unchanged); c's added; b's old one in the gone set, with the old
+    // chain it goes to declared.
+    assert_eq!(
+        prep.scratch,
+        "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n\
+         add chain ip kube-proxy service-c\n\
+         add chain ip kube-proxy endpoint-c-5\n\
+         add chain ip kube-proxy service-b\n\
+         add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
+         add rule ip kube-proxy service-c numgen random mod 1 vmap { 0 : goto endpoint-c-5 }\n\
+         add rule ip kube-proxy endpoint-c-5 meta l4proto tcp dnat to 10.1.0.5:80\n\
+         add element ip kube-proxy service-ips { 10.0.0.1 . tcp . 80 comment \"c : x\" : goto service-c }\n\
+         add map ip kube-proxy svc-compile-gone.service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
+         add element ip kube-proxy svc-compile-gone.service-ips { 10.0.0.1 . tcp . 80 comment \"b : x\" : goto service-b }\n"
+    );
+    // A set with flags is copied whole.
+    let flagged = |d: &str| d.replace("verdict ; }", "verdict ; flags interval ; }");
+    let (f1, f2) = (flagged(&v1), flagged(&v2));
+    let prep = Nftables
+        .prepare(&f2, Family::V4, previous(&f1, &snap), &listing("x"), false)
+        .unwrap();
+    assert!(
+        !prep.scratch.contains("svc-compile-gone"),
+        "{}",
+        prep.scratch
+    );
+    assert!(
+        prep.scratch.contains("goto service-a }"),
+        "{}",
+        prep.scratch
+    );
+}
+
+#[test]
+fn a_partial_set_is_the_snapshot_line_edited() {
+    let set = |elems: &str| {
+        format!(
+            r#"map m {{"family":"ip","name":"m","table":"kube-proxy","type":"ipv4_addr"{elems},"map":"verdict"}}"#
+        )
+    };
+    let e = |ip: &str, to: &str| format!(r#"["{ip}",{{"goto":{{"target":"{to}"}}}}]"#);
+    let snapshot = format!(
+        "table T\nchain x X\n{}\nrule x r\n",
+        set(&format!(
+            r#","elem":[{},{},{}]"#,
+            e("10.0.0.1", "a"),
+            e("10.0.0.2", "b"),
+            e("10.0.0.3", "c")
+        ))
+    );
+    // b goes, 10.0.0.3 changes its chain, 10.0.0.0 is new.
+    let added = set(&format!(
+        r#","elem":[{},{}]"#,
+        e("10.0.0.0", "z"),
+        e("10.0.0.3", "d")
+    ));
+    let gone = set(&format!(
+        r#","elem":[{},{}]"#,
+        e("10.0.0.2", "b"),
+        e("10.0.0.3", "c")
+    ))
+    .replacen("map m", "map svc-compile-gone.m", 1);
+    assert_eq!(
+        merged_set(&snapshot, "map", "m", &added, Some(&gone)).unwrap(),
+        set(&format!(
+            r#","elem":[{},{},{}]"#,
+            e("10.0.0.0", "z"),
+            e("10.0.0.1", "a"),
+            e("10.0.0.3", "d")
+        ))
+    );
+    // Everything goes: no `elem` (as the kernel lists an empty set).
+    let all_gone = set(&format!(
+        r#","elem":[{},{},{}]"#,
+        e("10.0.0.1", "a"),
+        e("10.0.0.2", "b"),
+        e("10.0.0.3", "c")
+    ));
+    assert_eq!(
+        merged_set(&snapshot, "map", "m", &set(""), Some(&all_gone)).unwrap(),
+        set("")
+    );
+    // nft orders keys differently for a set without elements: that line is the scratch's.
+    let with = format!(
+        "table T\nmap m {{\"name\":\"m\",\"elem\":[{}],\"comment\":\"c\",\"map\":\"verdict\"}}\n",
+        e("10.0.0.1", "a")
+    );
+    let without = r#"map m {"name":"m","map":"verdict","comment":"c"}"#;
+    let gone_all = format!(
+        "map svc-compile-gone.m {{\"name\":\"svc-compile-gone.m\",\"elem\":[{}],\"comment\":\"c\",\"map\":\"verdict\"}}",
+        e("10.0.0.1", "a")
+    );
+    assert_eq!(
+        merged_set(&with, "map", "m", without, Some(&gone_all)).unwrap(),
+        without
+    );
+    // An empty set gains one: the scratch's line, where the kernel puts `elem`.
+    let empty = "table T\nmap m {\"family\":\"ip\",\"name\":\"m\",\"table\":\"kube-proxy\",\"type\":\"ipv4_addr\",\"map\":\"verdict\"}\n";
+    let one = set(&format!(r#","elem":[{}]"#, e("10.0.0.9", "q")));
+    assert_eq!(merged_set(empty, "map", "m", &one, None).unwrap(), one);
+    // Not in the snapshot: no line (merge says so).
+    assert_eq!(merged_set("table T\n", "map", "m", &one, None), None);
+    let d = Delta {
+        snapshot: "table T\n".into(),
+        sets: vec!["m".into()],
+        partial_sets: vec!["m".into()],
+        ..Delta::default()
+    };
+    assert!(merge(&d, &format!("table T\n{one}\n")).is_err());
 }
