@@ -915,9 +915,14 @@ impl Ctx<'_> {
         write_atomic(&path, &prep.scratch)?;
         let argv = self.on_node(cmds.load.clone(), Some(&path));
         let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
+        if !out.ok && n <= 1 {
+            // One transaction changed nothing: the usual way (the scratch namespace) says
+            // why.
+            return Ok(Direct::Skipped);
+        }
         if !out.ok {
-            // One transaction changed nothing; several may have committed some tables,
-            // which come off again. Then the usual way (the scratch namespace) says why.
+            // Several may have committed some tables, which come off again. Then the
+            // usual way says why.
             let now = self.read_node(cmds)?;
             let revert = prep
                 .direct_revert(&now)
