@@ -57,6 +57,14 @@ fn previous<'a>(document: &'a str, snapshot: &'a str) -> Option<Previous<'a>> {
     Some(Previous { document, snapshot })
 }
 
+/// Step one from `old` (recorded, the node unchanged since) to `new`.
+fn incremental(old: &str, new: &str) -> Prepared {
+    let snap = normalize(&listing("x")).unwrap();
+    Nftables
+        .prepare(new, Family::V4, previous(old, &snap), &listing("x"), false)
+        .unwrap()
+}
+
 #[test]
 fn element_keys() {
     assert_eq!(
@@ -99,10 +107,7 @@ fn first_apply_replaces_the_table() {
 fn one_service_change_touches_only_its_chains_and_elements() {
     let v1 = doc(&[("a", &["1", "2"]), ("b", &["3"])]);
     let v2 = doc(&[("a", &["1", "4"]), ("b", &["3"])]);
-    let snap = normalize(&listing("x")).unwrap();
-    let prep = Nftables
-        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
-        .unwrap();
+    let prep = incremental(&v1, &v2);
     assert_eq!(prep.mode, Mode::Incremental);
     let plan = plan2(&prep, &listing("y")).unwrap();
     let load = plan.load.unwrap();
@@ -140,10 +145,7 @@ fn one_service_change_touches_only_its_chains_and_elements() {
 fn removed_service_refills_its_map_and_empties_its_chains() {
     let v1 = doc(&[("a", &["1"]), ("b", &["3"])]);
     let v2 = doc(&[("a", &["1"])]);
-    let snap = normalize(&listing("x")).unwrap();
-    let prep = Nftables
-        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
-        .unwrap();
+    let prep = incremental(&v1, &v2);
     let load = plan2(&prep, &listing("y")).unwrap().load.unwrap();
     // The map loses an element: flushed and refilled in the same transaction (a `delete
     // element` would list every chain).
@@ -161,10 +163,7 @@ fn removed_service_refills_its_map_and_empties_its_chains() {
 fn added_elements_go_in_the_set_statement() {
     let v1 = doc(&[("a", &["1"])]);
     let v2 = doc(&[("a", &["1"]), ("b", &["3"])]);
-    let snap = normalize(&listing("x")).unwrap();
-    let prep = Nftables
-        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
-        .unwrap();
+    let prep = incremental(&v1, &v2);
     let plan = plan2(&prep, &listing("y")).unwrap();
     assert_eq!(
         plan.load.unwrap(),
@@ -273,9 +272,7 @@ fn emptied_chains_stay_in_the_expectation_without_rules() {
 fn same_document_is_unchanged_and_drift_is_full() {
     let v1 = doc(&[("a", &["1"])]);
     let snap = normalize(&listing("x")).unwrap();
-    let prep = Nftables
-        .prepare(&v1, Family::V4, previous(&v1, &snap), &listing("x"), false)
-        .unwrap();
+    let prep = incremental(&v1, &v1);
     let plan = plan2(&prep, &listing("x")).unwrap();
     assert_eq!(plan.mode, Mode::Unchanged);
     assert!(plan.load.is_none());
@@ -307,10 +304,7 @@ fn same_document_is_unchanged_and_drift_is_full() {
 fn changed_definitions_need_a_full_load() {
     let v1 = doc(&[("a", &["1"])]);
     let v2 = v1.replace("priority -100", "priority -99");
-    let snap = normalize(&listing("x")).unwrap();
-    let prep = Nftables
-        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
-        .unwrap();
+    let prep = incremental(&v1, &v2);
     assert_eq!(
         prep.mode,
         Mode::Full("the definition of chain nat-prerouting changed".into())
@@ -393,9 +387,7 @@ fn incremental_scratch_holds_the_changes_and_what_they_refer_to() {
     let v1 = doc(&[("a", &["1", "2"]), ("b", &["3"])]);
     let v2 = doc(&[("a", &["1", "4"]), ("b", &["3"])]);
     let snap = normalize(&listing("x")).unwrap();
-    let prep = Nftables
-        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
-        .unwrap();
+    let prep = incremental(&v1, &v2);
     assert_eq!(
         prep.scratch,
         "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n\
@@ -459,9 +451,7 @@ fn a_changed_set_goes_to_the_scratch_namespace_as_its_difference() {
     let v1 = doc(&[("a", &["1"]), ("b", &["3"])]);
     let v2 = doc(&[("a", &["1"]), ("c", &["5"])]);
     let snap = normalize(&listing("x")).unwrap();
-    let prep = Nftables
-        .prepare(&v2, Family::V4, previous(&v1, &snap), &listing("x"), false)
-        .unwrap();
+    let prep = incremental(&v1, &v2);
     // Not a's element (unchanged); c's added; b's old one in the gone set, with the old
     // chain it goes to declared.
     assert_eq!(
