@@ -293,7 +293,7 @@ fn spec_answers(m: &Module, origin: &str, ttl: u32) -> BTreeMap<(String, &'stati
 /// One query with kdig inside the lab: the status and the answers for `name`/`kind`.
 ///
 /// An answer that should come is waited for up to [`HANG_GUARD`], each attempt a new kdig
-/// (a new source port, so another of knotd's sockets under SO_REUSEPORT). Twice, in
+/// (a new source port: where knotd has a UDP socket per worker, possibly another one). Twice, in
 /// kernel-suite runs beside a 10k-service nft load in another namespace, one kdig got no
 /// answer to 4 tries over 40 s while every other query of the test was answered; the
 /// cause is not known. Every unanswered attempt is printed with what the node shows then
