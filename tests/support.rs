@@ -59,9 +59,15 @@ pub fn subdirs(dir: &Path) -> Vec<String> {
 }
 
 pub fn svc(args: &[&str], stdin: Option<&str>, cwd: &Path) -> Run {
+    svc_env(args, stdin, cwd, &[])
+}
+
+/// [`svc`] with `env` added to its environment.
+pub fn svc_env(args: &[&str], stdin: Option<&str>, cwd: &Path, env: &[(String, String)]) -> Run {
     let exe = env!("CARGO_BIN_EXE_svc-compile");
     let mut child = Command::new(exe)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)
         .stdin(if stdin.is_some() {
             Stdio::piped()
