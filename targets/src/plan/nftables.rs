@@ -1066,6 +1066,9 @@ fn merge(d: &Delta, scratch: &str) -> Result<String, String> {
                 })
         })
         .collect::<Result<_, String>>()?;
+    if partial.len() != d.partial_sets.len() {
+        return Err("the scratch namespace does not show every changed set".into());
+    }
     for (i, l) in &partial {
         changed[*i].1 = l;
     }

@@ -49,7 +49,7 @@ fn doc(services: &[(&str, &[&str])]) -> String {
 /// the planner only compares normalised reads.
 fn listing(tag: &str) -> String {
     format!(
-        r#"{{"nftables": [{{"metainfo": {{"version": "1"}}}}, {{"table": {{"family": "ip", "name": "kube-proxy", "handle": 3, "comment": "{tag}"}}}}]}}"#
+        r#"{{"nftables": [{{"metainfo": {{"version": "1"}}}}, {{"table": {{"family": "ip", "name": "kube-proxy", "handle": 3, "comment": "{tag}"}}}}, {{"map": {{"family": "ip", "name": "service-ips", "table": "kube-proxy", "type": "ipv4_addr", "map": "verdict"}}}}]}}"#
     )
 }
 
@@ -561,4 +561,12 @@ fn a_partial_set_is_the_snapshot_line_edited() {
         ..Delta::default()
     };
     assert!(merge(&d, &format!("table T\n{one}\n")).is_err());
+    // A changed set the scratch namespace does not show is an error, not the old line.
+    let d = Delta {
+        snapshot: empty.into(),
+        sets: vec!["m".into()],
+        partial_sets: vec!["m".into()],
+        ..Delta::default()
+    };
+    assert!(merge(&d, "table T\n").is_err());
 }
