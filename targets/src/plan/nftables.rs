@@ -57,6 +57,9 @@ fn nft_family(family: Family) -> &'static str {
     }
 }
 
+/// An element as [`Doc::elements`] lists it: (set index, key, line).
+type Element<'a> = (usize, &'a str, &'a str);
+
 /// A compiled document as objects, borrowing its lines (a 10k-service node's document is
 /// 58 MB: owned copies of every line cost more than everything else in planning).
 #[derive(Debug, Default)]
@@ -77,7 +80,7 @@ struct Doc<'a> {
     rule_start: Vec<usize>,
     /// `add element` lines as (set index, key, line), sorted by set name and key, one per
     /// key (the last line given); set `i` has `elements[element_range[i]]`.
-    elements: Vec<(usize, &'a str, &'a str)>,
+    elements: Vec<Element<'a>>,
     element_range: Vec<Range<usize>>,
 }
 
@@ -89,7 +92,7 @@ impl<'a> Doc<'a> {
     }
 
     /// A set's elements, sorted by key.
-    fn elements(&self, set: &str) -> &[(usize, &'a str, &'a str)] {
+    fn elements(&self, set: &str) -> &[Element<'a>] {
         self.set_at
             .get(set)
             .map_or(&[], |&i| &self.elements[self.element_range[i].clone()])
@@ -646,7 +649,7 @@ fn tail(line: &str) -> &str {
 /// `add set|map … { spec }` with `elements` added to its block: how nft adds elements
 /// without a listing of every chain (`add element` needs one). `None` for a definition
 /// without a block.
-fn with_elements(def: &str, elements: &[(usize, &str, &str)]) -> Option<String> {
+fn with_elements(def: &str, elements: &[Element]) -> Option<String> {
     let open = def.strip_suffix('}')?;
     let mut out = String::with_capacity(open.len() + 32 + elements.len() * 64);
     out.push_str(open);
@@ -682,6 +685,31 @@ fn with_rules(def: &str, rules: &[&str]) -> String {
     out
 }
 
+/// What a set's elements change from `before` to `now` (each sorted by key): the lines
+/// that go (gone, or replaced by another line for their key) and the elements that come.
+fn element_changes<'a>(
+    before: &[Element<'a>],
+    now: &[Element<'a>],
+) -> (Vec<&'a str>, Vec<Element<'a>>) {
+    let has = |elems: &[Element], e: &Element| {
+        elems
+            .binary_search_by(|x| x.1.cmp(e.1))
+            .is_ok_and(|i| elems[i].2 == e.2)
+    };
+    let gone = before
+        .iter()
+        .filter(|e| !has(now, e))
+        .map(|e| e.2)
+        .collect();
+    let added = now.iter().filter(|e| !has(before, e)).copied().collect();
+    (gone, added)
+}
+
+/// `set` or `map`: the kind an `add set|map …` definition declares.
+fn set_kind(def: &str) -> &str {
+    def.split(' ').nth(1).unwrap_or("set")
+}
+
 /// The incremental transaction from `old` to `new` (see the module docs), or why there
 /// cannot be one. `leftover` are the emptied stale chains the kernel still has.
 fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), String> {
@@ -709,11 +737,6 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
     let line = |out: &mut String, l: &str| {
         out.push_str(l);
         out.push('\n');
-    };
-    let same = |elems: &[(usize, &str, &str)], key: &str, l: &str| {
-        elems
-            .binary_search_by(|e| e.1.cmp(key))
-            .is_ok_and(|i| elems[i].2 == l)
     };
     // Chains whose rules change: refilled (flushed first if they have rules) or new.
     let rewrite: Vec<&str> = new
@@ -749,20 +772,15 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
     // Elements: a set that loses or changes any is flushed and refilled whole (one
     // `delete element` costs more than refilling 10k); otherwise the new ones are added.
     for (set, def) in &new.sets {
-        let (now, before) = (new.elements(set), old.elements(set));
-        let gone = before.iter().filter(|e| !same(now, e.1, e.2)).count();
-        let added: Vec<_> = now
-            .iter()
-            .filter(|e| !same(before, e.1, e.2))
-            .copied()
-            .collect();
-        let load: &[(usize, &str, &str)] = if gone > 0 { now } else { &added };
+        let now = new.elements(set);
+        let (gone, added) = element_changes(old.elements(set), now);
+        let gone = gone.len();
+        let load: &[Element] = if gone > 0 { now } else { &added };
         if gone == 0 && added.is_empty() {
             continue;
         }
         if gone > 0 {
-            let kind = def.split(' ').nth(1).unwrap_or("set");
-            let _ = writeln!(out, "flush {kind} {f} {t} {set}");
+            let _ = writeln!(out, "flush {} {f} {t} {set}", set_kind(def));
         }
         if !load.is_empty() {
             match with_elements(def, load) {
@@ -821,8 +839,7 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
         d.emptied = stale.iter().map(|c| c.to_string()).collect();
     }
     for (x, def) in stale_sets {
-        let kind = def.split(' ').nth(1).unwrap_or("set");
-        let _ = writeln!(out, "delete {kind} {f} {t} {x}");
+        let _ = writeln!(out, "delete {} {f} {t} {x}", set_kind(def));
         d.stale_sets.push(x.to_string());
         s.deleted += 1;
     }
@@ -868,11 +885,6 @@ fn scratch_document(old: &Doc, new: &Doc, d: &mut Delta) -> String {
     let mut chains: HashSet<&str> = d.chains.iter().map(String::as_str).collect();
     let mut sets: HashSet<&str> = d.sets.iter().map(String::as_str).collect();
     let mut old_chains: HashSet<&str> = HashSet::new();
-    let same = |elems: &[(usize, &str, &str)], key: &str, l: &str| {
-        elems
-            .binary_search_by(|e| e.1.cmp(key))
-            .is_ok_and(|i| elems[i].2 == l)
-    };
     for c in &d.chains {
         lines.extend(new.rules(c));
     }
@@ -885,17 +897,16 @@ fn scratch_document(old: &Doc, new: &Doc, d: &mut Delta) -> String {
             lines.extend(new.elements(x).iter().map(|e| e.2));
             continue;
         }
-        let (now, before) = (new.elements(x), old.elements(x));
-        lines.extend(now.iter().filter(|e| !same(before, e.1, e.2)).map(|e| e.2));
-        let gone: Vec<&str> = before
-            .iter()
-            .filter(|e| !same(now, e.1, e.2))
-            .map(|e| e.2)
-            .collect();
+        let (gone, added) = element_changes(old.elements(x), new.elements(x));
+        lines.extend(added.iter().map(|e| e.2));
         if !gone.is_empty() {
             let def = def.unwrap_or_default();
-            let kind = def.split(' ').nth(1).unwrap_or("set");
-            own.push(format!("add {kind} {f} {t} {} {}", gone_set(x), tail(def)));
+            own.push(format!(
+                "add {} {f} {t} {} {}",
+                set_kind(def),
+                gone_set(x),
+                tail(def)
+            ));
             for l in gone {
                 own.push(format!("add element {f} {t} {} {}", gone_set(x), tail(l)));
                 for r in references(l) {
