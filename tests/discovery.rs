@@ -295,10 +295,9 @@ fn spec_answers(m: &Module, origin: &str, ttl: u32) -> BTreeMap<(String, &'stati
 /// An answer that should come is waited for up to [`HANG_GUARD`], each attempt a new kdig
 /// with a new source port: knotd 3.2 binds one UDP socket per worker (SO_REUSEPORT, two
 /// here) and the kernel picks the socket by the 4-tuple, so kdig's own retries, which keep
-/// their port, all reach the same worker. Twice, in
-/// kernel-suite runs beside a 10k-service nft load in another namespace, one kdig got no
-/// answer to 4 tries over 40 s while every other query of the test was answered; the
-/// cause is not known. Every unanswered attempt is printed with what the node shows then
+/// their port, all reach the same worker. Twice, in kernel-suite runs beside a
+/// 10k-service nft load in another namespace, one kdig got no answer to 4 tries over 40 s
+/// while every other query of the test was answered; the cause is not known. Every unanswered attempt is printed with what the node shows then
 /// (knotd alive, its sockets' queues, its log), so a failure carries it.
 fn query(lab: &Lab, knot: &mut Daemon, name: &str, kind: &str) -> (String, BTreeSet<String>) {
     let deadline = Instant::now() + HANG_GUARD;

@@ -22,6 +22,19 @@ impl Run {
         );
         self
     }
+
+    /// Panic with the whole story unless stdout contains `text`.
+    #[track_caller]
+    pub fn says(&self, text: &str) -> &Self {
+        assert!(
+            self.stdout.contains(text),
+            "`{}` did not say {text:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.cmdline,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
 }
 
 pub fn root() -> PathBuf {

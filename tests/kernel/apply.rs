@@ -152,13 +152,23 @@ impl<'a> Node<'a> {
             .unwrap_or_else(|e| panic!("{prog} {args:?}: {e}"))
     }
 
-    /// The owned state as the kernel shows it (see the module docs).
+    /// The owned state as the kernel shows it (see the module docs); for nftables
+    /// [`settled`], as traffic sees it.
     fn owned(&self) -> String {
+        match self.target {
+            "nftables" => settled(&self.owned_raw()),
+            _ => self.owned_raw(),
+        }
+    }
+
+    /// The owned state with, for nftables, the stale chains apply leaves emptied for later.
+    fn owned_raw(&self) -> String {
         match self.target {
             "iptables" => split_iptables(&self.exec("iptables-save", &[]))
                 .0
                 .join("\n"),
             _ => {
+                // No table is an empty state: a failed `nft list` reads as nothing.
                 let json = self
                     .lab
                     .exec(
@@ -169,19 +179,8 @@ impl<'a> Node<'a> {
                     )
                     .unwrap();
                 let text = String::from_utf8_lossy(&json.stdout);
-                settled(&svc_targets::plan::nftables::owned_state(&text).unwrap())
-            }
-        }
-    }
-
-    /// [`Node::owned`] with the stale chains apply leaves emptied for later (nftables).
-    fn owned_raw(&self) -> String {
-        match self.target {
-            "nftables" => {
-                let text = self.exec("nft", &["-j", "list", "table", "ip", "kube-proxy"]);
                 svc_targets::plan::nftables::owned_state(&text).unwrap()
             }
-            _ => self.owned(),
         }
     }
 
@@ -416,12 +415,7 @@ fn apply_changes_only_what_changed_and_leaves_foreign_rules() {
             let v2 = node.version("v2", V2_API, CHAT);
 
             let r = node.apply(&v1, &[]);
-            r.expect(0);
-            assert!(
-                r.stdout.contains("full (no previous apply recorded)"),
-                "{}",
-                r.stdout
-            );
+            r.expect(0).says("full (no previous apply recorded)");
             // A node that shows nothing of ours takes the first load directly, once: no
             // scratch namespace (iptables-nft and nftables alike: the generation proves it).
             let ext = if target == "iptables" { "rules" } else { "nft" };
@@ -433,8 +427,7 @@ fn apply_changes_only_what_changed_and_leaves_foreign_rules() {
             );
             node.flows(FLOWS_V1);
             let r = node.apply(&v1, &[]);
-            r.expect(0);
-            assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+            r.expect(0).says(" unchanged");
 
             // Traffic through both services first, so rewritten iptables chains show by their
             // reset counters; nftables rules keep their handles unless rewritten.
@@ -448,8 +441,7 @@ fn apply_changes_only_what_changed_and_leaves_foreign_rules() {
             };
             let before_nft = nft_listing();
             let r = node.apply(&v2, &[]);
-            r.expect(0);
-            assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
+            r.expect(0).says(": incremental:");
             let after_ipt = iptables_chains(&node.exec("iptables-save", &["-c"]));
             let after_nft = nft_listing();
             let api_only = |names: Vec<String>, blocks: &[&BTreeMap<String, Vec<String>>]| {
@@ -508,11 +500,7 @@ fn apply_changes_only_what_changed_and_leaves_foreign_rules() {
                 for c in &left {
                     assert!(c.contains("shop/api"), "[{target}] {c} left behind");
                 }
-                assert!(
-                    r.stdout.contains(" emptied (deleted later)"),
-                    "{}",
-                    r.stdout
-                );
+                r.says(" emptied (deleted later)");
             } else {
                 assert!(left.is_empty(), "{left:?}");
             }
@@ -535,8 +523,7 @@ fn apply_changes_only_what_changed_and_leaves_foreign_rules() {
             let v3 = node.version("v3", &[], CHAT_MORE);
             for v in [&v3, &v1] {
                 let r = node.apply(v, &[]);
-                r.expect(0);
-                assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
+                r.expect(0).says(": incremental:");
                 let incremental = node.recorded();
                 node.apply(v, &["--full"]).expect(0);
                 assert_eq!(
@@ -595,13 +582,8 @@ fn iptables_legacy_is_applied_by_reading_the_node() {
     let legacy = || node.exec("iptables-legacy-save", &[]);
 
     let r = node.apply(&v1, &[]);
-    r.expect(0);
-    assert!(
-        r.stdout.contains("full (no previous apply recorded)"),
-        "{}",
-        r.stdout
-    );
-    assert!(r.stdout.contains("(node state read)"), "{}", r.stdout);
+    r.expect(0).says("full (no previous apply recorded)");
+    r.says("(node state read)");
     // Loaded directly, then planned again from the read: both phases ran.
     let times = r
         .stderr
@@ -624,13 +606,11 @@ fn iptables_legacy_is_applied_by_reading_the_node() {
 
     // Never known by the generation: the same input reads the node and changes nothing.
     let r = node.apply(&v1, &[]);
-    r.expect(0);
-    assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
-    assert!(r.stdout.contains("(node state read)"), "{}", r.stdout);
+    r.expect(0).says(" unchanged");
+    r.says("(node state read)");
     let r = node.apply(&v2, &[]);
-    r.expect(0);
-    assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
-    assert!(r.stdout.contains("(node state read)"), "{}", r.stdout);
+    r.expect(0).says(": incremental:");
+    r.says("(node state read)");
     node.flows(FLOWS_V2);
 }
 
@@ -824,8 +804,7 @@ fn concurrent_applies_serialise() {
             assert!(now == state_a || now == state_b, "[{target}] mixed state");
             let last = if now == state_a { &a } else { &b };
             let r = node.apply(last, &[]);
-            r.expect(0);
-            assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+            r.expect(0).says(" unchanged");
         }
     });
 }
@@ -1016,8 +995,7 @@ fn established_connections_survive_an_apply() {
         };
         talk("before");
         let r = node.apply(&v3, &[]);
-        r.expect(0);
-        assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
+        r.expect(0).says(": incremental:");
         talk("after an incremental apply");
         node.apply(&v3, &["--full"]).expect(0);
         talk("after a full apply");
@@ -1108,8 +1086,7 @@ fn a_half_committed_iptables_load_is_put_back() {
     // service chain jumps to KUBE-MARK-MASQ), which only the node's kernel sees: filter
     // commits, nat fails, filter is put back.
     let r = node.apply(&v1, &[]);
-    r.expect(0);
-    assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+    r.expect(0).says(" unchanged");
     let web_chain = doc
         .lines()
         .find(|l| l.contains("\"shop/web cluster IP\"") && l.starts_with("-A KUBE-SERVICES"))
@@ -1136,8 +1113,7 @@ fn a_half_committed_iptables_load_is_put_back() {
         split_iptables(&before)
     );
     let r = node.apply(&v1, &[]);
-    r.expect(0);
-    assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+    r.expect(0).says(" unchanged");
 }
 
 /// The command line around apply: dry runs change nothing; non-root, a missing tool or
@@ -1169,13 +1145,13 @@ fn apply_command_line() {
         let r = svc(&refs, None, &root());
         r.expect(0);
         assert!(r.stdout.starts_with("#!/bin/sh\n"), "{}", r.stdout);
-        assert!(r.stdout.contains("SVC_COMPILE_EOF"), "{}", r.stdout);
+        r.says("SVC_COMPILE_EOF");
         let restore = if target == "iptables" {
             "iptables-restore --noflush"
         } else {
             "nft -f"
         };
-        assert!(r.stdout.contains(restore), "{}", r.stdout);
+        r.says(restore);
         // A first load into a node that shows nothing of ours: nft's one transaction
         // needs no check, and iptables' scratch load of every chain stands for `--test`.
         for check in ["--test", "nft -c"] {
@@ -1223,8 +1199,7 @@ fn apply_command_line() {
             .join(format!("{target}-ipv4/applied.{ext}"));
         std::fs::write(&applied, doc_v2).unwrap();
         let r = node.apply(&v2, &[]);
-        r.expect(0);
-        assert!(r.stdout.contains(": full ("), "{}", r.stdout);
+        r.expect(0).says(": full (");
         assert!(r.stderr.contains("interrupted apply"), "{}", r.stderr);
         assert_eq!(node.owned(), state_v2);
         node.apply(&v1, &[]).expect(0);
@@ -1334,14 +1309,13 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         r.expect(0);
         path(&r, if fast { BY_GENERATION } else { READ });
         compiled(&r, !fast);
-        assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+        r.says(" unchanged");
         // The same inputs with --full, or a dry run: compiled (and --full loads).
         let r = node.apply(&v1, &["--dry-run"]);
         r.expect(0);
         compiled(&r, true);
         let r = node.apply(&v2, &[]);
-        r.expect(0);
-        assert!(r.stdout.contains(": incremental:"), "{}", r.stdout);
+        r.expect(0).says(": incremental:");
         path(&r, if fast { BY_GENERATION } else { READ });
         compiled(&r, true);
         node.flows(FLOWS_V2);
@@ -1367,7 +1341,7 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         r.expect(0);
         path(&r, READ);
         compiled(&r, true);
-        assert!(r.stdout.contains(" unchanged"), "{}", r.stdout);
+        r.says(" unchanged");
         let r = node.apply(&v2, &[]);
         r.expect(0);
         path(&r, if fast { BY_GENERATION } else { READ });
