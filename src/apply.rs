@@ -629,12 +629,10 @@ impl Ctx<'_> {
         // from the node, and said in every message after it.
         let mut reread = false;
         let unrecorded = |reread: bool| {
-            if reread {
-                let _ = fs::remove_file(dir.join("applied.state"));
-                "; the first load made before it is in place, not recorded: the next apply reads the node and loads everything"
-            } else {
-                ""
-            }
+            match reread {
+            true => "; the first load made before it is in place, not recorded: the next apply reads the node and loads everything",
+            false => "",
+        }
         };
         let (plan, load_path) = loop {
             let prepared = match (known, previous) {
@@ -670,6 +668,9 @@ impl Ctx<'_> {
                 // what the node shows now.
                 Direct::Reread(after) => {
                     times.mark("load and read back");
+                    // The record no longer describes the node: until this apply records
+                    // again, the next one reads the node and loads everything.
+                    let _ = fs::remove_file(dir.join("applied.state"));
                     kernel = Some(after);
                     reread = true;
                     continue;

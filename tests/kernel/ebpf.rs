@@ -138,25 +138,25 @@ fn program() -> Result<PathBuf, String> {
 /// Removes what a killed run left (a cgroup or pin directory whose process is gone);
 /// Drop cannot run after SIGKILL.
 fn sweep_stale(cgroup_mount: &Path) {
-    for dir in [cgroup_mount, Path::new("/sys/fs/bpf")] {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name
-                .strip_prefix("svc-compile-test-")
-                .and_then(|r| r.split('-').next())
-            else {
-                continue;
-            };
-            if !Path::new("/proc").join(pid).exists() {
-                let _ = if dir == cgroup_mount {
-                    std::fs::remove_dir(e.path())
-                } else {
-                    std::fs::remove_dir_all(e.path())
-                };
-            }
+    remove_dead(cgroup_mount, "svc-compile-test-", |p| {
+        std::fs::remove_dir(p)
+    });
+    remove_dead(Path::new("/sys/fs/bpf"), "svc-compile-test-", |p| {
+        std::fs::remove_dir_all(p)
+    });
+}
+
+/// Removes, with `remove`, each entry of `dir` named `{prefix}{pid}-…` whose process
+/// `pid` is gone.
+pub(super) fn remove_dead(dir: &Path, prefix: &str, remove: fn(&Path) -> io::Result<()>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let dead = name
+            .strip_prefix(prefix)
+            .and_then(|r| r.split('-').next())
+            .is_some_and(|pid| !Path::new("/proc").join(pid).exists());
+        if dead {
+            let _ = remove(&e.path());
         }
     }
 }

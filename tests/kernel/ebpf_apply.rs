@@ -9,7 +9,9 @@
 //! cgroup on drop, also when an assertion fails, and a later run sweeps what a killed one
 //! left.
 
-use super::ebpf::{cgroup2_mount, dump_pinned, json_entries, probe_set, probes, Cgroup, Seen};
+use super::ebpf::{
+    cgroup2_mount, dump_pinned, json_entries, probe_set, probes, remove_dead, Cgroup, Seen,
+};
 use super::flows::BACKEND_PORT;
 use super::lab::{skip, EXEC_TIMEOUT};
 use super::sys::enter_netns;
@@ -68,28 +70,33 @@ impl Drop for Cleanup {
     }
 }
 
-/// Pins and cgroups of earlier runs whose process is gone (Drop cannot run after SIGKILL).
-fn sweep(cgroot: &Path) {
-    let dead = |name: &str, prefix: &str| {
-        name.strip_prefix(prefix)
-            .and_then(|r| r.split('-').next())
-            .is_some_and(|pid| !Path::new("/proc").join(pid).exists())
+/// Root, a cgroup2 mount (returned) and bpftool, or a skip; the first call also removes
+/// the pin instances and foreign pins of earlier runs whose process is gone (Drop cannot
+/// run after SIGKILL; their cgroups go with `ebpf.rs`'s sweep).
+fn prerequisites(test: &str) -> Option<PathBuf> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        skip(test, "needs root (cgroups, BPF, network namespaces)");
+        return None;
+    }
+    let Some(cgroot) = cgroup2_mount() else {
+        skip(test, "no cgroup2 mount in /proc/mounts");
+        return None;
     };
-    for e in std::fs::read_dir(PIN_ROOT).into_iter().flatten().flatten() {
-        if dead(&e.file_name().to_string_lossy(), "cg-svc-compile-test-") {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
+    if Command::new("bpftool").arg("version").output().is_err() {
+        skip(test, "needs bpftool");
+        return None;
     }
-    for e in std::fs::read_dir("/sys/fs/bpf")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if dead(&e.file_name().to_string_lossy(), "svc-compile-foreign-") {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
-    let _ = cgroot;
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| {
+        remove_dead(Path::new(PIN_ROOT), "cg-svc-compile-test-", |p| {
+            std::fs::remove_dir_all(p)
+        });
+        remove_dead(Path::new("/sys/fs/bpf"), "svc-compile-foreign-", |p| {
+            std::fs::remove_file(p)
+        });
+    });
+    Some(cgroot)
 }
 
 fn apply(dir: &Path, state: &Path, cg: &Path, netns: &str, extra: &[&str]) -> Run {
@@ -330,17 +337,9 @@ fn tcp_backends(cg: &Cgroup, netns: &str, dst: SocketAddr, n: usize) -> BTreeSet
 #[test]
 fn apply_serves_switches_and_cleans_up() {
     let test = "kernel ebpf apply";
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip(test, "needs root (cgroups, BPF, network namespaces)");
-    }
-    let Some(cgroot) = cgroup2_mount() else {
-        return skip(test, "no cgroup2 mount in /proc/mounts");
+    let Some(cgroot) = prerequisites(test) else {
+        return;
     };
-    if Command::new("bpftool").arg("version").output().is_err() {
-        return skip(test, "needs bpftool");
-    }
-    sweep(&cgroot);
     let t = TempDir::new("ebpf-apply");
     let state = t.path().join("state");
     let (first, second) = (t.path().join("first"), t.path().join("second"));
@@ -609,18 +608,9 @@ fn wait_for_lock(state: &Path) {
 /// apply completes and leaves one generation.
 #[test]
 fn sigkill_leaves_old_or_new() {
-    let test = "kernel ebpf apply sigkill";
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip(test, "needs root (cgroups, BPF)");
-    }
-    let Some(cgroot) = cgroup2_mount() else {
-        return skip(test, "no cgroup2 mount in /proc/mounts");
+    let Some(cgroot) = prerequisites("kernel ebpf apply sigkill") else {
+        return;
     };
-    if Command::new("bpftool").arg("version").output().is_err() {
-        return skip(test, "needs bpftool");
-    }
-    sweep(&cgroot);
     let t = TempDir::new("ebpf-kill");
     let state = t.path().join("state");
     let docs: Vec<(PathBuf, serde_json::Value)> = [1, 2]
