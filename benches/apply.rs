@@ -12,9 +12,10 @@
 //! `svc-compile compile` of the same node. Every budget is printed as held or not held.
 //!
 //! Environment: `SVC_BENCH_SIZES` (default `1000x10`; e.g. `1000x10,10000x10,30000x10,5000x50`),
-//! `SVC_BENCH_TARGETS` (default `iptables,nftables`), `SVC_BENCH_BIN` (another
-//! svc-compile binary). A size with 50 endpoints runs for nftables only (the issue's
-//! 5k × 50). Needs root and iproute2; otherwise it says so and exits 0.
+//! `SVC_BENCH_TARGETS` (default `iptables,nftables`; `nftables:fast` is nftables with
+//! `--nft-layout fast`), `SVC_BENCH_BIN` (another svc-compile binary). A size with 50
+//! endpoints runs for nftables only (the 5k × 50). Needs root and iproute2;
+//! otherwise it says so and exits 0.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -63,15 +64,25 @@ fn main() {
             )
             .unwrap();
         }
-        for target in &targets {
+        for spec in &targets {
+            // `TARGET` or `TARGET:LAYOUT` (nftables' `--nft-layout`).
+            let (target, extra): (&str, Vec<&str>) = match spec.split_once(':') {
+                Some((t, layout)) => (t, vec!["--nft-layout", layout]),
+                None => (spec, vec![]),
+            };
+            let target = &target.to_string();
             if endpoints > 10 && target != "nftables" {
                 continue;
             }
-            let tag = format!("{services}x{endpoints}-{}", &target[..3]);
+            let tag = format!(
+                "{services}x{endpoints}-{}{}",
+                &target[..3],
+                extra.last().map(|l| &l[..1]).unwrap_or("")
+            );
             let input = |v: &str| work.join(format!("{services}x{endpoints}/{v}"));
             let ns = Netns::new(&format!("svcb-{}-{tag}", std::process::id()));
             let state = work.join(format!("state-{tag}"));
-            println!("\n{target}, {services} services × {endpoints} endpoints (node-1):");
+            println!("\n{spec}, {services} services × {endpoints} endpoints (node-1):");
             let steps: [(&str, &str); 6] = [
                 ("first apply (full)", "base"),
                 ("nothing changed", "base"),
@@ -84,7 +95,7 @@ fn main() {
             let mut cpus: Vec<Duration> = Vec::new();
             let (mut apply_rss, mut own_rss) = (0, None);
             for (i, (what, v)) in steps.iter().enumerate() {
-                let run = apply(&bin, &root, &input(v), target, &ns.0, &state);
+                let run = apply(&bin, &root, &input(v), target, &extra, &ns.0, &state);
                 println!(
                     "  {what:<34} {:>9} ms  (cpu {:>7} ms)   {}",
                     run.took.as_millis(),
@@ -101,7 +112,7 @@ fn main() {
             // The raw load of the first apply's full document, in an empty namespace.
             let ext = if target == "iptables" { "rules" } else { "nft" };
             let raw_doc = work.join(format!("raw-{tag}.{ext}"));
-            let first_doc = compile(&bin, &root, &input("base"), target);
+            let first_doc = compile(&bin, &root, &input("base"), target, &extra);
             let full_doc = match target.as_str() {
                 "nftables" => first_doc.text,
                 // iptables: apply's full load declares and fills the same chains.
@@ -144,7 +155,7 @@ fn main() {
             );
             let mut verdict = |budget: String, held: bool| {
                 let line = format!(
-                    "{target} {services}×{endpoints}: {budget}: {}",
+                    "{spec} {services}×{endpoints}: {budget}: {}",
                     if held { "held" } else { "NOT held" }
                 );
                 println!("  budget: {line}");
@@ -267,24 +278,34 @@ fn run(mut cmd: Command) -> Ran {
     }
 }
 
-fn apply(bin: &str, root: &Path, manifests: &Path, target: &str, netns: &str, state: &Path) -> Ran {
+fn apply(
+    bin: &str,
+    root: &Path,
+    manifests: &Path,
+    target: &str,
+    extra: &[&str],
+    netns: &str,
+    state: &Path,
+) -> Ran {
     let mut c = Command::new(bin);
     c.env("SVC_COMPILE_APPLY_TIMES", "1");
     c.arg("apply")
         .arg(manifests)
         .arg(root.join("golden/common"))
         .args(["--node", "node-1", "--target", target, "--netns", netns])
+        .args(extra)
         .arg("--state-dir")
         .arg(state);
     run(c)
 }
 
-fn compile(bin: &str, root: &Path, manifests: &Path, target: &str) -> Ran {
+fn compile(bin: &str, root: &Path, manifests: &Path, target: &str, extra: &[&str]) -> Ran {
     let mut c = Command::new(bin);
     c.arg("compile")
         .arg(manifests)
         .arg(root.join("golden/common"))
-        .args(["--node", "node-1", "--target", target]);
+        .args(["--node", "node-1", "--target", target])
+        .args(extra);
     run(c)
 }
 
