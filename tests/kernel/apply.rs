@@ -214,6 +214,17 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// The document the last load ran (`load.nft` / `load.rules` in the state directory).
+    fn loaded(&self) -> String {
+        let ext = if self.target == "nftables" {
+            "nft"
+        } else {
+            "rules"
+        };
+        let dir = self.state.path().join(format!("{}-ipv4", self.target));
+        std::fs::read_to_string(dir.join(format!("load.{ext}"))).unwrap()
+    }
+
     fn lock_path(&self) -> std::path::PathBuf {
         self.state.path().join("lock")
     }

@@ -159,6 +159,99 @@ fn removed_service_refills_its_map_and_empties_its_chains() {
     );
 }
 
+/// [`doc`] of service `a` with a set `hairpin` of the endpoint addresses `eps` (each
+/// twice, as the fast layout writes it), its definition ending in `extra`.
+fn hairpin_doc(eps: &[u32], extra: &str) -> String {
+    let mut out = doc(&[("a", &["1"])]);
+    let _ = writeln!(
+        out,
+        "add set ip kube-proxy hairpin {{ type ipv4_addr . ipv4_addr ;{extra} }}"
+    );
+    for e in eps {
+        let _ = writeln!(
+            out,
+            "add element ip kube-proxy hairpin {{ 10.2.0.{e} . 10.2.0.{e} }}"
+        );
+    }
+    out
+}
+
+#[test]
+fn a_set_larger_than_the_table_loses_elements_by_delete() {
+    // 4 chains, 10 elements: refilling would write more elements than nft lists chains
+    // for a `delete element`.
+    let eps: Vec<u32> = (1..=10).collect();
+    let old = hairpin_doc(&eps, "");
+    let new = hairpin_doc(&[&eps[..2], &eps[3..], &[20]].concat(), "");
+    let (o, n) = (parse(&old).unwrap(), parse(&new).unwrap());
+    assert_eq!(o.chains.len(), 4);
+    let (d, s) = diff(&o, &n, &[]).unwrap();
+    assert_eq!(
+        d.text,
+        "delete element ip kube-proxy hairpin { 10.2.0.3 . 10.2.0.3 }\n\
+         add set ip kube-proxy hairpin { type ipv4_addr . ipv4_addr ; \
+         elements = { 10.2.0.20 . 10.2.0.20 } }\n"
+    );
+    assert_eq!(
+        (s.elements, d.sets.as_slice()),
+        (2, &["hairpin".to_string()][..])
+    );
+    // With leftover chains the kernel has more chains than the refill's elements: flush
+    // and refill, the cheaper there.
+    let (d, _) = diff(&o, &n, &["x1", "x2", "x3", "x4", "x5", "x6"]).unwrap();
+    assert!(
+        d.text.starts_with("flush set ip kube-proxy hairpin\n"),
+        "{}",
+        d.text
+    );
+    assert!(!d.text.contains("delete"), "{}", d.text);
+    assert_eq!(d.text.matches(". 10.2.0.").count(), 10, "{}", d.text);
+    // A set with flags is always refilled.
+    let flagged = |eps: &[u32]| hairpin_doc(eps, " flags timeout ;");
+    let (o, n) = (flagged(&eps), flagged(&eps[1..]));
+    let (d, _) = diff(&parse(&o).unwrap(), &parse(&n).unwrap(), &[]).unwrap();
+    assert!(
+        d.text.starts_with("flush set ip kube-proxy hairpin\n"),
+        "{}",
+        d.text
+    );
+}
+
+#[test]
+fn a_transaction_that_deletes_anyway_deletes_lost_elements() {
+    // Service b and a set go: the transaction deletes the set, so nft lists the chains
+    // anyway and the map's lost element is deleted instead of refilling the map.
+    let v1 = doc(&[("a", &["1"]), ("b", &["3"])]).replace(
+        "add map ip kube-proxy service-ips",
+        "add set ip kube-proxy extra { type ipv4_addr ; }\nadd map ip kube-proxy service-ips",
+    );
+    let v2 = doc(&[("a", &["1"])]);
+    let (d, _) = diff(&parse(&v1).unwrap(), &parse(&v2).unwrap(), &[]).unwrap();
+    assert!(
+        d.text
+            .starts_with("delete element ip kube-proxy service-ips { 10.0.0.1 . tcp . 80 }\n"),
+        "{}",
+        d.text
+    );
+    assert!(!d.text.contains("flush map"), "{}", d.text);
+    // A changed element (same key, another verdict) is deleted and added again.
+    let v3 = doc(&[("b", &["3"])]).replace(
+        "add map ip kube-proxy service-ips",
+        "add set ip kube-proxy extra { type ipv4_addr ; }\nadd map ip kube-proxy service-ips",
+    );
+    let v4 = doc(&[("c", &["3"])]);
+    let (d, _) = diff(&parse(&v3).unwrap(), &parse(&v4).unwrap(), &[]).unwrap();
+    let del = d
+        .text
+        .find("delete element ip kube-proxy service-ips { 10.0.0.0 . tcp . 80 }\n")
+        .expect("the old element deleted");
+    let add = d
+        .text
+        .find("elements = { 10.0.0.0 . tcp . 80 comment \"c : x\" : goto service-c } }")
+        .expect("the new one added");
+    assert!(del < add, "{}", d.text);
+}
+
 #[test]
 fn added_elements_go_in_the_set_statement() {
     let v1 = doc(&[("a", &["1"])]);
@@ -229,12 +322,11 @@ fn leftover_chains_are_deleted_with_the_next_delete_or_once_enough_wait() {
     );
     let old3 = parse(&v3).unwrap();
     let (d, s) = diff(&old3, &new, &["endpoint-a-2"]).unwrap();
-    assert!(
-        d.text.ends_with("delete set ip kube-proxy extra\n"),
-        "{}",
-        d.text
+    assert_eq!(
+        d.text,
+        "delete set ip kube-proxy extra\n\
+         delete chain ip kube-proxy endpoint-a-2\n"
     );
-    assert!(d.text.contains("delete chain ip kube-proxy endpoint-a-2\n"));
     assert_eq!(s.deleted, 2);
 
     // A leftover chain the new document declares again is refilled, not deleted.
@@ -569,4 +661,95 @@ fn a_partial_set_is_the_snapshot_line_edited() {
         ..Delta::default()
     };
     assert!(merge(&d, "table T\n").is_err());
+}
+
+/// [`listing`] with more JSON items after the map (`extra` starts with a comma).
+fn listing_with(extra: &str) -> String {
+    let l = listing("x");
+    format!("{}{extra}]}}", l.strip_suffix("]}").unwrap())
+}
+
+#[test]
+fn a_new_set_without_elements_is_in_the_expectation() {
+    // An endpoint with session affinity is added (kube-proxy's layout): a new dynamic set,
+    // without elements, that the new endpoint chain's rule updates.
+    let v1 = doc(&[("a", &["1"])]);
+    let v2 = doc(&[("a", &["1", "2"])])
+        .replace(
+            "add chain ip kube-proxy endpoint-a-2\n",
+            "add chain ip kube-proxy endpoint-a-2\n\
+             add set ip kube-proxy affinity-a-2 { type ipv4_addr ; flags dynamic,timeout ; timeout 300s ; }\n",
+        )
+        .replace(
+            "endpoint-a-2 meta l4proto",
+            "endpoint-a-2 update @affinity-a-2 { ip saddr } meta l4proto",
+        );
+    let prep = incremental(&v1, &v2);
+    assert_eq!(prep.mode, Mode::Incremental);
+    assert!(prep.scratch.contains("add set ip kube-proxy affinity-a-2"));
+    // What the scratch namespace shows for that document.
+    let scratch = listing_with(
+        r#", {"set": {"family": "ip", "name": "affinity-a-2", "table": "kube-proxy", "type": "ipv4_addr", "handle": 5, "flags": ["timeout", "dynamic"], "timeout": 300}}, {"chain": {"family": "ip", "table": "kube-proxy", "name": "endpoint-a-2", "handle": 6}}"#,
+    );
+    let plan = plan2(&prep, &scratch).unwrap();
+    assert!(plan
+        .load
+        .unwrap()
+        .contains("add set ip kube-proxy affinity-a-2"));
+    assert!(
+        plan.expected.contains("set affinity-a-2 "),
+        "{}",
+        plan.expected
+    );
+}
+
+#[test]
+fn a_new_empty_set_can_gain_elements_later() {
+    // Apply 1: a new plain set, empty. Apply 2 (the record trusted, as when the generation
+    // is unchanged): the set gains an element, a partial set edited from the snapshot.
+    let v1 = doc(&[("a", &["1"])]);
+    let v2 = v1.replace(
+        "add map ip kube-proxy service-ips",
+        "add set ip kube-proxy extra { type ipv4_addr ; }\nadd map ip kube-proxy service-ips",
+    );
+    let prep = incremental(&v1, &v2);
+    let scratch = listing_with(
+        r#", {"set": {"family": "ip", "name": "extra", "table": "kube-proxy", "type": "ipv4_addr", "handle": 5}}"#,
+    );
+    let plan = plan2(&prep, &scratch).unwrap();
+    assert!(plan.expected.contains("set extra "), "{}", plan.expected);
+    let v3 = format!("{v2}add element ip kube-proxy extra {{ 10.5.5.5 }}\n");
+    let prep = Nftables
+        .prepare_unchanged(&v3, Family::V4, previous(&v2, &plan.expected).unwrap())
+        .unwrap()
+        .unwrap();
+    let scratch = listing_with(
+        r#", {"set": {"family": "ip", "name": "extra", "table": "kube-proxy", "type": "ipv4_addr", "handle": 5, "elem": ["10.5.5.5"]}}"#,
+    );
+    let plan = plan2(&prep, &scratch).unwrap();
+    assert!(plan.expected.contains("10.5.5.5"), "{}", plan.expected);
+}
+
+#[test]
+fn a_stale_map_goes_before_the_chains_its_elements_go_to() {
+    // A (`--from`) document with a second verdict map whose element goes to chain x; the
+    // next has neither. nft refuses deleting x while m's element goes to it.
+    let extra = "add chain ip kube-proxy x\n\
+                 add map ip kube-proxy m { type ipv4_addr : verdict ; }\n\
+                 add rule ip kube-proxy x drop\n\
+                 add element ip kube-proxy m { 10.9.9.9 : goto x }\n";
+    let v1 = format!("{}{extra}", doc(&[("a", &["1"])]));
+    let v2 = doc(&[("a", &["1"])]);
+    let load = plan2(&incremental(&v1, &v2), &listing("y"))
+        .unwrap()
+        .load
+        .unwrap();
+    assert!(
+        load.ends_with(
+            "flush chain ip kube-proxy x\n\
+             delete map ip kube-proxy m\n\
+             delete chain ip kube-proxy x\n"
+        ),
+        "{load}"
+    );
 }
