@@ -135,8 +135,7 @@ impl Node<'_> {
 
     /// The node's whole IPVS-mode state, normalised (see the module docs).
     fn state(&self) -> String {
-        let mut ipvs: Vec<String> = self
-            .exec("ipvsadm-save", &["-n"])
+        let mut ipvs: Vec<String> = super::ipvs::ipvsadm_save(self.lab, "node")
             .lines()
             .map(String::from)
             .collect();
@@ -219,7 +218,7 @@ impl Node<'_> {
     /// The virtual servers (with their real servers) keyed by service.
     fn servers(&self) -> std::collections::BTreeMap<String, Vec<String>> {
         let mut m: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        for l in self.exec("ipvsadm-save", &["-n"]).lines() {
+        for l in super::ipvs::ipvsadm_save(self.lab, "node").lines() {
             let w: Vec<&str> = l.split_whitespace().collect();
             if w.len() > 2 {
                 m.entry(format!("{} {}", w[1], w[2]))

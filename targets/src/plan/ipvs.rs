@@ -61,11 +61,22 @@ pub struct Ipvs;
 
 const SECTIONS: [&str; 5] = ["ipset", "ipvsadm", "timeout", "addresses", "iptables"];
 
+/// `ipvsadm -S -n` until two reads in a row agree (at most 20). The kernel's table of
+/// virtual servers is one for all network namespaces, and a dump resumes each message at
+/// a count of all of them: a namespace adding or removing servers meanwhile (another
+/// apply's scratch namespace, or its teardown, which the kernel does later) shifts the
+/// count, and this namespace's listing repeats or skips a server.
+const STABLE_IPVSADM: &str = "a=$(ipvsadm -S -n); n=0
+while b=$(ipvsadm -S -n) && [ \"$a\" != \"$b\" ] && [ $n -lt 20 ]; do a=$b; n=$((n + 1)); done
+printf '%s\\n' \"$a\"
+";
+
 /// The node read, `$F` = `-4`/`-6` and `$S` = `iptables-save`/`ip6tables-save` set first.
 const READ: &str = "set -e
 echo '#### ipset'; ipset save
-echo '#### ipvsadm'; ipvsadm -S -n
-echo '#### timeout'; ipvsadm -L --timeout
+echo '#### ipvsadm'
+";
+const READ_REST: &str = "echo '#### timeout'; ipvsadm -L --timeout
 echo '#### addresses'
 if ip link show dev kube-ipvs0 >/dev/null 2>&1; then echo 'link kube-ipvs0'; ip -o $F addr show dev kube-ipvs0; fi
 echo '#### iptables'; $S
@@ -76,7 +87,7 @@ fn read_script(family: Family) -> String {
         Family::V4 => ("-4", "iptables-save"),
         Family::V6 => ("-6", "ip6tables-save"),
     };
-    format!("F={f}; S={s}\n{READ}")
+    format!("F={f}; S={s}\n{READ}{STABLE_IPVSADM}{READ_REST}")
 }
 
 fn restore(family: Family) -> &'static str {
@@ -622,7 +633,11 @@ impl Planner for Ipvs {
             // where the node already has the sets it names (see `check_line`).
             check: super::argv(&["sh", "-c", CHECK, "svc-compile-check"]),
             load: super::argv(&["sh"]),
-            scratch: scratch(&format!("ip link set lo up && sh \"$1\" && {{ {read}}}")),
+            // Its virtual servers are cleared before it exits: the kernel would remove
+            // them with the namespace, later, while the node is read (`STABLE_IPVSADM`).
+            scratch: scratch(&format!(
+                "ip link set lo up && sh \"$1\" && {{ {read}}}; rc=$?; ipvsadm -C; exit $rc"
+            )),
         }
     }
 

@@ -403,3 +403,41 @@ fn what_an_unrecorded_load_left_is_still_owned() {
     );
     assert!(!load.contains("8888") && !load.contains("USER"), "{load}");
 }
+
+/// The read's `ipvsadm -S -n` settles: with a stand-in `ipvsadm` whose first listing
+/// repeats a server (as a dump does while another namespace changes its servers), the read
+/// prints the listing two reads in a row agreed on.
+#[test]
+fn the_ipvsadm_read_waits_for_two_equal_listings() {
+    let dir = std::env::temp_dir().join(format!("svc-compile-stable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = dir.join("ipvsadm");
+    // Listing n (n = 1, 2, …): the first has `-A -t b` twice, the rest do not.
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nc=$(cat {0}/n 2>/dev/null || echo 0); c=$((c + 1)); echo $c > {0}/n\n\
+             echo '-A -t a'; echo '-A -t b'; [ $c = 1 ] && echo '-A -t b'; exit 0\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .args(["+x", fake.to_str().unwrap()])
+        .status()
+        .unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "set -e; PATH={}:$PATH\n{STABLE_IPVSADM}",
+            dir.display()
+        ))
+        .output()
+        .unwrap();
+    let calls = std::fs::read_to_string(dir.join("n")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "-A -t a\n-A -t b\n");
+    // 1 and 2 differ, 2 and 3 agree.
+    assert_eq!(calls.trim(), "3");
+}
