@@ -846,7 +846,9 @@ impl Ctx<'_> {
             Some(h) if same_doc => h.clone(),
             _ => record_header(doc),
         };
-        let same_record = same_doc && previous.is_some_and(|p| p.snapshot == owned);
+        // After a reread the record was removed (the direct load made it stale): written
+        // again even when this apply found the node as it says.
+        let same_record = !reread && same_doc && previous.is_some_and(|p| p.snapshot == owned);
         if !same_record {
             self.record(&dir, ext, doc, &header, owned, applied_doc.as_deref())?;
         }
