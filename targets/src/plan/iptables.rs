@@ -157,7 +157,9 @@ fn parse(text: &str, source: Source) -> Result<Tables, String> {
         let rest = rest.trim_start();
         let (chain, spec) = rest.split_at(rest.find(' ').unwrap_or(rest.len()));
         let spec = spec.trim_start();
-        if chain.is_empty() || spec.is_empty() {
+        // `iptables -A INPUT` (no match, no target: an accounting rule) saves as a bare
+        // `-A INPUT`; only a document must say what its rules do.
+        if chain.is_empty() || (spec.is_empty() && source == Source::Document) {
             return Err(format!("line {n}: cannot read `{line}`"));
         }
         match (op, source) {
@@ -334,9 +336,21 @@ impl Owned for Owner {
                     let _ = writeln!(out, "-D {c} {spec}");
                 }
             }
-            for (c, spec) in &u.removed {
-                if !now.rules(c).contains(spec) {
-                    let _ = writeln!(out, "-I {c} {spec}");
+            // Removed jumps go back where they were: with the inserted ones deleted the
+            // chain is `before` without them, so inserting each at its old position, first
+            // to last, rebuilds `before` (foreign rules around them included).
+            for c in builtins {
+                let mut gone: Vec<&String> = u
+                    .removed
+                    .iter()
+                    .filter(|(rc, spec)| rc == c && !now.rules(c).contains(spec))
+                    .map(|(_, spec)| spec)
+                    .collect();
+                for (i, r) in before.rules(c).iter().enumerate() {
+                    if let Some(at) = gone.iter().position(|g| *g == r) {
+                        gone.remove(at);
+                        let _ = writeln!(out, "-I {c} {} {r}", i + 1);
+                    }
                 }
             }
             for c in u.declared.iter().filter(|c| before.is_user(c)) {
@@ -462,7 +476,8 @@ impl Planner for Iptables {
         true
     }
 
-    /// Step one (see the module docs of [`super`]). `force_full` ignores `previous`.
+    /// Step one (see the module docs of [`super`]). `force_full` plans a full load;
+    /// `previous` still says what the last apply owned.
     fn prepare(
         &self,
         new_doc: &str,
@@ -483,16 +498,20 @@ impl Planner for Iptables {
         let mut old_doc = None;
         let mut mode = Mode::Incremental;
         match previous {
-            _ if force_full => mode = Mode::Full("asked for with --full".into()),
+            None if force_full => mode = Mode::Full("asked for with --full".into()),
             None => mode = Mode::Full("no previous apply recorded".into()),
             Some(p) => match (
                 parse(p.document, Source::Document),
                 parse(p.snapshot, Source::Save),
             ) {
+                // `--full` still takes what the last apply owned, to remove what the new
+                // document no longer has.
                 (Ok(doc), Ok(snap)) => {
                     let owner = Owner::from_snapshot(&snap);
                     let now = format_owned(&owner.extract(&kernel));
-                    if now != p.snapshot {
+                    if force_full {
+                        mode = Mode::Full("asked for with --full".into());
+                    } else if now != p.snapshot {
                         mode = Mode::Full(format!(
                             "the kernel differs from what the last apply left: {}",
                             Plan::first_difference(p.snapshot, &now)
@@ -507,6 +526,7 @@ impl Planner for Iptables {
                     old_jumps = owner;
                     old_doc = Some(doc);
                 }
+                _ if force_full => mode = Mode::Full("asked for with --full".into()),
                 _ => mode = Mode::Full("the recorded state cannot be read".into()),
             },
         }
@@ -820,7 +840,7 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
             }
         }
         for c in &stale {
-            if referenced.contains(c.as_str()) {
+            if referenced.contains(c.as_str()) && !k.rules(c).is_empty() {
                 warnings.push(format!(
                     "{t} {c} is no longer wanted but a rule svc-compile did not write jumps to it: flushed, not deleted"
                 ));
@@ -834,7 +854,12 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
             let _ = writeln!(block, ":{c} - [0:0]");
             undo.declared.push(c.clone());
         }
-        for c in &stale {
+        // A stale chain someone else still jumps to is flushed once and then left alone
+        // (declaring it again would flush it again: an apply that never ends unchanged).
+        for c in stale
+            .iter()
+            .filter(|c| !referenced.contains(c.as_str()) || !k.rules(c).is_empty())
+        {
             let _ = writeln!(block, ":{c} - [0:0]");
             undo.declared.push(c.to_string());
         }

@@ -78,10 +78,20 @@ impl Sim {
                         return Err(format!("{line}: no such target"));
                     }
                     let rules = w.get_mut(&c).ok_or(format!("{line}: no chain"))?;
+                    // `-I CHAIN N spec`: at position N (1-based); without N, first.
+                    let (at, spec) = match spec.split_once(' ') {
+                        Some((n, rest)) if op == "-I" && n.parse::<usize>().is_ok() => {
+                            (n.parse::<usize>().unwrap() - 1, rest.to_string())
+                        }
+                        _ => (0, spec),
+                    };
+                    if at > rules.len() {
+                        return Err(format!("{line}: index of insertion too big"));
+                    }
                     if op == "-A" {
                         rules.push(spec);
                     } else {
-                        rules.insert(0, spec);
+                        rules.insert(at, spec);
                     }
                 }
                 "-D" => {
@@ -625,4 +635,99 @@ fn a_failed_direct_load_is_taken_off_table_by_table() {
     before.table("mangle");
     assert_eq!(sim, before);
     assert_eq!(prep.direct_revert(&sim.save()).unwrap(), None);
+}
+
+/// A stale chain a foreign rule still jumps to is flushed once, then left alone: the same
+/// document again is unchanged.
+#[test]
+fn a_stale_chain_someone_jumps_to_is_flushed_once() {
+    let mut sim = with_foreign();
+    let (_, rec) = apply(&mut sim, &doc(&[("A", &["1"]), ("B", &["2"])]), None, false);
+    sim.restore("*nat\n-A MYNAT -j KUBE-SEP-B2\nCOMMIT\n")
+        .unwrap();
+    let d = doc(&[("A", &["1"])]);
+    let (plan, rec2) = apply(&mut sim, &d, Some(&rec), false);
+    assert!(plan.load.unwrap().contains(":KUBE-SEP-B2 - [0:0]\n"));
+    assert_eq!(plan.warnings.len(), 1, "{:?}", plan.warnings);
+    let (plan, _) = apply(&mut sim, &d, Some(&rec2), false);
+    assert_eq!(plan.mode, Mode::Unchanged, "{:?}", plan.load);
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+}
+
+/// A revert puts removed jumps back where they were: in their order, and below a foreign
+/// rule they were below.
+#[test]
+fn a_revert_puts_removed_jumps_back_in_place() {
+    let mut sim = with_foreign();
+    let base = doc(&[("A", &["1"])]);
+    let old = format!(
+        "{base}*filter\n:KUBE-X - [0:0]\n:KUBE-Y - [0:0]\n-I INPUT -j KUBE-X\n-I INPUT -j KUBE-Y\nCOMMIT\n"
+    );
+    let (_, rec) = apply(&mut sim, &old, None, false);
+    // A user's rule goes first, above the jumps.
+    sim.restore("*filter\n-I INPUT -j MINE\nCOMMIT\n").unwrap();
+    let before = sim.clone();
+    let (_, rec) = apply(&mut sim, &old, Some(&rec), false);
+    assert_eq!(sim, before);
+    // The jumps go and a service changes in nat, whose commit fails.
+    let new = format!(
+        "{}*filter\n:KUBE-X - [0:0]\n:KUBE-Y - [0:0]\nCOMMIT\n",
+        doc(&[("A", &["1", "2"])])
+    );
+    let previous = Previous {
+        document: &rec.0,
+        snapshot: &rec.1,
+    };
+    let prep = Iptables
+        .prepare(&new, Family::V4, Some(previous), &sim.save(), false)
+        .unwrap();
+    let mut scratch = Sim::default();
+    scratch.restore(&prep.scratch).unwrap();
+    let plan = plan2(&prep, &scratch.save()).unwrap();
+    sim.fail_table = Some("nat".into());
+    assert!(sim.restore(&plan.load.clone().unwrap()).is_err());
+    sim.fail_table = None;
+    assert_ne!(sim, before, "filter committed");
+    let revert = plan.revert(&sim.save()).unwrap().expect("filter to revert");
+    sim.restore(&revert).unwrap();
+    assert_eq!(
+        sim.tables["filter"]["INPUT"],
+        before.tables["filter"]["INPUT"]
+    );
+    assert_eq!(sim, before);
+}
+
+/// `--full` removes what only the last apply had, as an incremental apply does.
+#[test]
+fn a_full_load_removes_what_the_last_apply_owned() {
+    let mut sim = with_foreign();
+    let base = doc(&[("A", &["1"])]);
+    let old = format!(
+        "{base}*filter\n:KUBE-OLD - [0:0]\n-I INPUT -j KUBE-OLD\n-A KUBE-OLD -j RETURN\nCOMMIT\n"
+    );
+    let (_, rec) = apply(&mut sim, &old, None, false);
+    let mut incremental = sim.clone();
+    let (_, inc_rec) = apply(&mut incremental, &base, Some(&rec), false);
+    assert!(!incremental.tables["filter"].contains_key("KUBE-OLD"));
+    let (plan, full_rec) = apply(&mut sim, &base, Some(&rec), true);
+    assert_eq!(plan.mode, Mode::Full("asked for with --full".into()));
+    assert_eq!(sim, incremental);
+    assert_eq!(full_rec.1, inc_rec.1);
+}
+
+/// A foreign rule without match or target saves as a bare `-A INPUT`: read like any other.
+#[test]
+fn a_bare_foreign_rule_is_read() {
+    let kernel = with_foreign()
+        .save()
+        .replace("-A INPUT -j MINE\n", "-A INPUT -j MINE\n-A INPUT\n");
+    assert!(kernel.contains("\n-A INPUT\n"));
+    Iptables
+        .prepare(&doc(&[("A", &["1"])]), Family::V4, None, &kernel, false)
+        .unwrap();
+    // A document must still say what its rules do.
+    let bad = doc(&[("A", &["1"])]).replacen("-A KUBE-SERVICES ", "-A KUBE-SERVICES\n#", 1);
+    assert!(Iptables
+        .prepare(&bad, Family::V4, None, &kernel, false)
+        .is_err());
 }
