@@ -417,6 +417,38 @@ fn write_atomic_parts(path: &Path, parts: &[&str]) -> Result<(), Fail> {
     res.map_err(|e| Fail(format!("cannot write {}: {e}", path.display())))
 }
 
+/// Which programs `tools` are, as far as a cache needs to know: each one's resolved path
+/// in `PATH` with its size, modification time and inode (an upgrade, or an alternatives
+/// switch between iptables-nft and -legacy, changes it).
+fn tools_identity(tools: &[Tool], path: &std::ffi::OsStr) -> String {
+    use std::fmt::Write as _;
+    use std::os::unix::fs::MetadataExt;
+    let mut out = String::new();
+    for t in tools {
+        let found = std::env::split_paths(path)
+            .map(|d| d.join(t.program))
+            .find_map(|p| fs::canonicalize(&p).ok());
+        let meta = found.as_ref().and_then(|p| fs::metadata(p).ok());
+        match (found, meta) {
+            (Some(p), Some(m)) => {
+                let _ = writeln!(
+                    out,
+                    "{} {} {} {} {}",
+                    t.program,
+                    p.display(),
+                    m.len(),
+                    m.mtime(),
+                    m.ino()
+                );
+            }
+            _ => {
+                let _ = writeln!(out, "{} ?", t.program);
+            }
+        }
+    }
+    out
+}
+
 /// `sh` quoting for printing commands.
 fn shell_word(w: &str) -> String {
     let plain = !w.is_empty()
@@ -834,6 +866,7 @@ impl Ctx<'_> {
         };
         if let Some(read) = owned.as_deref().filter(|o| *o != plan.expected) {
             let _ = fs::remove_file(dir.join("applied.state"));
+            let _ = fs::remove_file(dir.join("scratch.out"));
             return Err(Fail(format!(
                 "{what}: after loading, the node does not show what was loaded: {}; the next apply will load everything",
                 Plan::first_difference(&plan.expected, read)
@@ -990,14 +1023,24 @@ impl Ctx<'_> {
                 .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
             dir.join(format!("scratch.{ext}"))
         };
-        // The read-back of a document depends on nothing but the document, the commands
-        // and the running kernel: one already seen this boot is not loaded again (a full
-        // reload of an unchanged document after drift costs one load, not two).
+        // The read-back of a document depends on nothing but the document, the commands,
+        // the tools that run them and the running kernel: one already seen this boot with
+        // the same tools is not loaded again (a full reload of an unchanged document after
+        // drift costs one load, not two). A read-back the node then disagrees with is
+        // dropped (see `apply_one`).
         let cache = path.with_file_name("scratch.out");
         let key = crate::netns::boot_id()
             .filter(|_| !self.args.dry_run)
             .map(|boot| {
-                let what = format!("{}\n{}", cmds.scratch.join(" "), prep.scratch);
+                let what = format!(
+                    "{}\n{}\n{}",
+                    tools_identity(
+                        &self.planner.tools(prep.family),
+                        &std::env::var_os("PATH").unwrap_or_default()
+                    ),
+                    cmds.scratch.join(" "),
+                    prep.scratch
+                );
                 format!(
                     "# svc-compile scratch read-back of {:016x} on boot {}\n",
                     fnv1a(&what),
@@ -1343,6 +1386,40 @@ mod tests {
             InputsRecord::parse(&text.replace("families ipv4 ipv6", "families ")),
             None
         );
+    }
+
+    #[test]
+    fn the_tools_identity_changes_with_the_program_and_only_then() {
+        let dir = std::env::temp_dir().join(format!("svc-compile-tools-{}", process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("a")).unwrap();
+        fs::create_dir_all(dir.join("b")).unwrap();
+        let tools = [Tool {
+            program: "svc-fake-restore",
+            package: "x",
+        }];
+        let path = std::env::join_paths([dir.join("a"), dir.join("b")]).unwrap();
+        let id = || tools_identity(&tools, &path);
+        assert_eq!(id(), "svc-fake-restore ?\n");
+        fs::write(dir.join("b/svc-fake-restore"), "one").unwrap();
+        let first = id();
+        assert!(first.contains("/b/svc-fake-restore 3 "), "{first}");
+        assert_eq!(id(), first, "nothing changed");
+        fs::write(dir.join("b/svc-fake-restore"), "other").unwrap();
+        assert_ne!(id(), first, "the program changed");
+        // A symlink earlier in PATH (an alternatives switch) names another program.
+        let second = id();
+        std::os::unix::fs::symlink(
+            dir.join("b/svc-fake-restore"),
+            dir.join("a/svc-fake-restore"),
+        )
+        .unwrap();
+        assert_eq!(id(), second, "the same program through a link");
+        fs::write(dir.join("a/target"), "legacy!").unwrap();
+        fs::remove_file(dir.join("a/svc-fake-restore")).unwrap();
+        std::os::unix::fs::symlink(dir.join("a/target"), dir.join("a/svc-fake-restore")).unwrap();
+        assert_ne!(id(), second, "the link switched");
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -647,6 +647,47 @@ fn iptables_legacy_is_applied_by_reading_the_node() {
     rebooted.apply(&v2, &[]).expect(0).says(" unchanged: ");
 }
 
+/// A cached scratch read-back (`scratch.out`) the node then disagrees with (here edited;
+/// in life, tools upgraded without a reboot) fails that apply and is dropped with the
+/// record: the next apply loads the scratch namespace again and succeeds.
+#[test]
+fn a_scratch_read_back_the_node_disagrees_with_is_dropped() {
+    if !require_root("kernel apply: stale scratch read-back") {
+        return;
+    }
+    let lab = lab("apsc");
+    let node = Node::new(&lab, "iptables");
+    let v1 = node.version("v1", V1_API, CHAT);
+    let cache = node.state.path().join("iptables-ipv4/scratch.out");
+    let drift = || node.exec("iptables", &["-t", "nat", "-F", "KUBE-SERVICES"]);
+    node.apply(&v1, &[]).expect(0);
+    // Drifted: a full load, through the scratch namespace, whose read-back is kept.
+    drift();
+    node.apply(&v1, &[])
+        .expect(0)
+        .says(": full (the kernel differs");
+    let text = std::fs::read_to_string(&cache).expect("scratch.out");
+    let edited = text.replacen(
+        "-A KUBE-MARK-MASQ -j",
+        "-A KUBE-MARK-MASQ -m comment --comment edited -j",
+        1,
+    );
+    assert_ne!(edited, text);
+    std::fs::write(&cache, edited).unwrap();
+    drift();
+    let r = node.apply(&v1, &[]);
+    r.expect(2);
+    assert!(
+        r.stderr.contains("does not show what was loaded"),
+        "{}",
+        r.stderr
+    );
+    assert!(!cache.exists(), "the disagreeing read-back is kept");
+    node.apply(&v1, &[]).expect(0);
+    node.flows(FLOWS_V1);
+    node.apply(&v1, &[]).expect(0).says(" unchanged");
+}
+
 /// Holds the state directory's lock until dropped; `None` if it stays busy for `wait`.
 fn hold_lock(path: &Path, wait: Duration) -> Option<File> {
     let f = OpenOptions::new()
