@@ -207,9 +207,29 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
     } else {
         docs
     };
+    // `previous` is what the last apply replaced, in every family: when an apply changes
+    // one family, every other recorded family (left as it was, or not applied at all)
+    // gets its current document as `previous`, so that a rollback gives the pair the node
+    // had before this apply rather than an older apply's document.
+    let applied_path = |f: Family| ctx.dir(f).join(format!("applied.{}", target.ext));
+    let changed: Vec<Family> = docs
+        .iter()
+        .filter(|(f, doc, _)| fs::read_to_string(applied_path(*f)).ok().as_ref() != Some(doc))
+        .map(|(f, ..)| *f)
+        .collect();
     let mut ends = Vec::new();
     for (family, doc, source) in &docs {
         ends.push(ctx.apply_one(*family, doc, source)?);
+    }
+    if !args.dry_run && !changed.is_empty() {
+        for f in [Family::V4, Family::V6]
+            .into_iter()
+            .filter(|f| !changed.contains(f))
+        {
+            if let Ok(doc) = fs::read_to_string(applied_path(f)) {
+                write_atomic(&ctx.dir(f).join(format!("previous.{}", target.ext)), &doc)?;
+            }
+        }
     }
     if let Some(key) = &key {
         ctx.record_inputs(key, &docs, &ends)?;

@@ -688,6 +688,75 @@ fn a_scratch_read_back_the_node_disagrees_with_is_dropped() {
     node.apply(&v1, &[]).expect(0).says(" unchanged");
 }
 
+/// `--rollback` on a dual-stack node goes back to the state before the last apply in both
+/// families, also one the last apply did not change (its `previous` document is the one
+/// it kept, not one from an older apply).
+#[test]
+fn a_dual_stack_rollback_restores_the_pair_before_the_last_apply() {
+    if !require_root("kernel apply: dual-stack rollback") {
+        return;
+    }
+    let lab = lab("aprb");
+    let node = Node::new(&lab, "nftables");
+    let case = root().join("golden/cases/dual-stack-ipv6");
+    let version = |name: &str, v4: &str, v6: &str| {
+        let dir = node.inputs.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(case.join("cluster.yaml"), dir.join("cluster.yaml")).unwrap();
+        let svc = std::fs::read_to_string(case.join("svc.yaml"))
+            .unwrap()
+            .replace("[10.244.1.2]", &format!("[{v4}]"))
+            .replace("\"fd00:10:244:1::2\"", &format!("\"{v6}\""));
+        std::fs::write(dir.join("svc.yaml"), svc).unwrap();
+        dir.display().to_string()
+    };
+    let a = version("a", "10.244.1.2", "fd00:10:244:1::2");
+    let b = version("b", "10.244.1.3", "fd00:10:244:1::3");
+    let c = version("c", "10.244.1.4", "fd00:10:244:1::3");
+    let apply = |v: &str| {
+        let r = node.run(&[
+            v,
+            "--node",
+            "node-1",
+            "--service-cluster-ip-range",
+            "10.96.0.0/12,fd00:10:96::/112",
+        ]);
+        r.expect(0);
+        r
+    };
+    // Each family's owned state as traffic sees it (emptied stale chains left out).
+    let tables = || {
+        ["ip", "ip6"].map(|f| {
+            let json = node.exec("nft", &["-j", "list", "table", f, "kube-proxy"]);
+            settled(&svc_targets::plan::nftables::owned_state(&json).unwrap())
+        })
+    };
+    apply(&a).says("nftables ipv6 applied");
+    apply(&b);
+    let after_b = tables();
+    assert!(after_b[1].contains("fd00:10:244:1::3"), "{}", after_b[1]);
+    assert!(after_b[0].contains("10.244.1.3"), "{}", after_b[0]);
+    // Only IPv4 changes.
+    let r = apply(&c);
+    r.says("nftables ipv6 unchanged");
+    let after_c = tables();
+    assert_eq!(after_c[1], after_b[1]);
+    assert_ne!(after_c[0], after_b[0]);
+    node.run(&["--rollback"]).expect(0);
+    let back = tables();
+    assert_eq!(
+        back[0], after_b[0],
+        "IPv4 is not what the last apply replaced"
+    );
+    assert_eq!(
+        back[1], after_b[1],
+        "IPv6 went back further than the last apply"
+    );
+    // Twice is a redo.
+    node.run(&["--rollback"]).expect(0);
+    assert_eq!(tables(), after_c);
+}
+
 /// Holds the state directory's lock until dropped; `None` if it stays busy for `wait`.
 fn hold_lock(path: &Path, wait: Duration) -> Option<File> {
     let f = OpenOptions::new()
