@@ -18,10 +18,12 @@ cargo test -q --test main --no-run >/dev/null 2>&1 || { echo "streak: the tests 
 for n in $(seq 1 "$runs"); do
   [ -e "$logs/stop" ] && { rm -f "$logs/stop"; echo "streak: stopped after $((n - 1)) run(s)"; exit 0; }
   start=$(date +%s)
+  # The tree this run builds (a pull during the run changes HEAD, not the binary).
+  commit=$(git rev-parse --short HEAD)
   cargo test -q --test main >"$logs/run-$n.log" 2>&1
   rc=$?
   result=$(grep -E '^test result:' "$logs/run-$n.log" | tail -1)
-  echo "$(date -u +%FT%TZ) run $n commit $(git rev-parse --short HEAD) rc=$rc $(($(date +%s) - start))s load=$(cut -d' ' -f1-3 /proc/loadavg) :: $result" | tee -a "$logs/streak.txt"
+  echo "$(date -u +%FT%TZ) run $n commit $commit rc=$rc $(($(date +%s) - start))s load=$(cut -d' ' -f1-3 /proc/loadavg) :: $result" | tee -a "$logs/streak.txt"
   if [ "$rc" -ne 0 ]; then
     echo "streak: run $n failed; its output is $logs/run-$n.log" >&2
     exit 1
