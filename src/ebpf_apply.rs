@@ -153,13 +153,27 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
     };
     let docs = if args.rollback {
         let mut docs = Vec::new();
+        let mut any = false;
         for f in ["ipv4", "ipv6"] {
+            // A family without a previous document keeps the one it has (the maps of a
+            // family no document names are emptied).
             let p = fam_dir(f).join("previous.ebpf");
-            if let Ok(json) = fs::read_to_string(&p) {
-                docs.push(doc_of_json(json, &p.display().to_string())?);
-            }
+            let (p, json) = match fs::read_to_string(&p) {
+                Ok(json) => {
+                    any = true;
+                    (p, json)
+                }
+                Err(_) => {
+                    let a = fam_dir(f).join("applied.ebpf");
+                    match fs::read_to_string(&a) {
+                        Ok(json) => (a, json),
+                        Err(_) => continue,
+                    }
+                }
+            };
+            docs.push(doc_of_json(json, &p.display().to_string())?);
         }
-        if docs.is_empty() {
+        if !any {
             return Err(Fail(format!(
                 "nothing to roll back to: no earlier ebpf apply recorded in {}",
                 state.display()
@@ -191,10 +205,15 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
     }
     let found = Found::read(&inst);
     let current = found.current(&fingerprint);
+    // What the pinned maps hold, where they may be written in place.
+    let before = match (&current, args.full) {
+        (Ok(gen), false) => Some(dump_all(gen, &wanted)?),
+        _ => None,
+    };
     let mode = match (&current, args.full) {
         (_, true) => Err("--full".to_string()),
         (Err(why), _) => Err(why.clone()),
-        (Ok(gen), false) => match plan::fits(&wanted, &shapes(gen)) {
+        (Ok(gen), false) => match plan::fits(&wanted, &shapes(gen), before.as_ref()) {
             Some(why) => Err(why),
             None => Ok(gen.clone()),
         },
@@ -203,7 +222,7 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
     match mode {
         Ok(gen) => {
             // Incremental: only what differs from the pinned maps.
-            let before = dump_all(&gen, &wanted)?;
+            let before = before.expect("dumped above");
             let ops = plan::diff(&wanted, &before);
             let (ups, dels) = counts(&ops);
             if args.dry_run {
@@ -607,17 +626,37 @@ fn counts(ops: &[Op]) -> (usize, usize) {
 }
 
 fn record(docs: &[Doc], fam_dir: &dyn Fn(&str) -> PathBuf) -> Result<(), Fail> {
-    for d in docs {
-        let dir = fam_dir(d.family);
+    // Each family's document now (`None`: no document, its maps were emptied) and before.
+    let states: Vec<(&str, Option<&str>, Option<String>)> = ["ipv4", "ipv6"]
+        .into_iter()
+        .map(|f| {
+            let now = docs.iter().find(|d| d.family == f).map(|d| d.json.as_str());
+            let old = fs::read_to_string(fam_dir(f).join("applied.ebpf")).ok();
+            (f, now, old)
+        })
+        .collect();
+    // `previous` is what this apply replaced, in every family, when it changed any: a
+    // rollback then gives the node both families as they were (a family this apply left
+    // as it was keeps its document; one it emptied gets its last one back).
+    if states.iter().all(|(_, now, old)| *now == old.as_deref()) {
+        return Ok(());
+    }
+    for (f, now, old) in &states {
+        let dir = fam_dir(f);
+        if now.is_none() && old.is_none() {
+            continue;
+        }
         fs::create_dir_all(&dir)
             .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
-        let applied = dir.join("applied.ebpf");
-        if let Ok(old) = fs::read_to_string(&applied) {
-            if old != d.json {
-                write_atomic(&dir.join("previous.ebpf"), &old)?;
+        if let Some(old) = old {
+            write_atomic(&dir.join("previous.ebpf"), old)?;
+        }
+        match now {
+            Some(json) => write_atomic(&dir.join("applied.ebpf"), json)?,
+            None => {
+                let _ = fs::remove_file(dir.join("applied.ebpf"));
             }
         }
-        write_atomic(&applied, &d.json)?;
     }
     Ok(())
 }

@@ -141,16 +141,35 @@ fn map_id(path: &Path) -> u64 {
     v["id"].as_u64().unwrap()
 }
 
-/// `bpftool -j map dump` of every map the compiled JSON (of `dir`) configures equals its
-/// entries; the runtime maps are the shared ones.
-fn check_read_back(dir: &Path, inst: &Path) {
+/// `bpftool -j map dump` of every map the applied JSON (the state directory's) configures
+/// equals its entries, and that JSON is the compile of `dir` with the apply's ids: the
+/// same frontends and backends (the ids themselves differ from a fresh compile's once an
+/// apply has held back ids it freed); the runtime maps are the shared ones.
+fn check_read_back(dir: &Path, inst: &Path, state: &Path) {
     let r = svc(
         &[dir.to_str().unwrap(), "--target", "ebpf", "--node", "node"],
         None,
         &root(),
     );
     r.expect(0);
-    let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let fresh: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let applied = std::fs::read_to_string(state.join("ebpf-ipv4/applied.ebpf")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&applied).unwrap();
+    for kind in ["services", "backends"] {
+        let keys = |v: &serde_json::Value| -> BTreeSet<String> {
+            v["ids"][kind]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect()
+        };
+        assert_eq!(
+            keys(&json),
+            keys(&fresh),
+            "the applied {kind} are not the compiled ones"
+        );
+    }
     let gen = generation(inst);
     let mut compared = 0;
     for m in json["maps"].as_array().unwrap() {
@@ -422,7 +441,7 @@ fn apply_serves_switches_and_cleans_up() {
     let r = apply(&first, &state, &cg_path, &node, &[]);
     r.expect(0);
     assert!(r.stdout.contains("full (first apply)"), "{}", r.stdout);
-    check_read_back(&first, &inst);
+    check_read_back(&first, &inst, &state);
     assert_eq!(
         tcp_backends(cg, &node, web, 30),
         BTreeSet::from(["pod-a".to_string(), "pod-b".to_string()])
@@ -458,7 +477,7 @@ fn apply_serves_switches_and_cleans_up() {
     r.expect(0);
     assert!(r.stdout.contains(": incremental: "), "{}", r.stdout);
     let gen = generation(&inst);
-    check_read_back(&second, &inst);
+    check_read_back(&second, &inst, &state);
     assert_eq!(
         tcp_backends(cg, &node, web, 30),
         BTreeSet::from(["pod-r1".to_string(), "pod-r2".to_string()])
@@ -470,7 +489,7 @@ fn apply_serves_switches_and_cleans_up() {
     r.expect(0);
     assert!(r.stdout.contains("full (--full)"), "{}", r.stdout);
     assert_ne!(generation(&inst), gen, "no new generation");
-    check_read_back(&second, &inst);
+    check_read_back(&second, &inst, &state);
     assert_eq!(
         tcp_backends(cg, &node, web, 30),
         BTreeSet::from(["pod-r1".to_string(), "pod-r2".to_string()])
@@ -509,7 +528,7 @@ fn apply_serves_switches_and_cleans_up() {
         state.to_str().unwrap(),
     ];
     svc(&svc_args, None, &root()).expect(0);
-    check_read_back(&first, &inst);
+    check_read_back(&first, &inst, &state);
     assert_eq!(
         tcp_backends(cg, &node, web, 30),
         BTreeSet::from(["pod-a".to_string(), "pod-b".to_string()])

@@ -169,7 +169,10 @@ impl fmt::Display for Error {
 }
 
 /// Ids for `frontends` and `backends`: a key of `previous` keeps its id; the others get
-/// the lowest free ids (from 1) in sorted order, so the result depends only on the sets.
+/// the lowest free ids (from 1) in sorted order, so the result depends only on the sets
+/// and `previous`. An id `previous` gave a key that is gone is not given again in the same
+/// apply while any other is free: the maps still hold it until the deletes at the end,
+/// and a slot or master read in between would find the new key's entry under it.
 pub fn assign_ids(
     frontends: &BTreeSet<Frontend>,
     backends: &BTreeSet<Backend>,
@@ -188,19 +191,30 @@ pub fn assign_ids(
                 used.insert(*v);
             }
         }
+        // Freed in this apply: the ids of `previous` no key keeps.
+        let freed: BTreeSet<V> = prev
+            .map(|p| p.values().copied().filter(|v| !used.contains(v)).collect())
+            .unwrap_or_default();
         let mut next: u64 = 1;
+        let mut reuse = false;
         for k in keys {
             if out.contains_key(k) {
                 continue;
             }
             loop {
                 if next > max {
-                    return None;
+                    if reuse || freed.is_empty() {
+                        return None;
+                    }
+                    // Every fresh id taken: the freed ones after all.
+                    reuse = true;
+                    next = 1;
                 }
                 let v = V::try_from(next).ok()?;
                 next += 1;
-                if !used.contains(&v) {
+                if !used.contains(&v) && (reuse || !freed.contains(&v)) {
                     out.insert(*k, v);
+                    used.insert(v);
                     break;
                 }
             }
@@ -634,6 +648,10 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, max_entries: u32) -> Resu
     for pv in &view.ports {
         frontends_of(view, pv, &mut planned);
     }
+    // Two service ports on one frontend (the same external IP and port, say): the first
+    // in the view's order serves it, as one key holds one master.
+    let mut seen: BTreeSet<Frontend> = BTreeSet::new();
+    planned.retain(|p| seen.insert(p.frontend));
     let backend_of = |pv: &PortView, i: u32| {
         let e = &pv.endpoints[i as usize];
         Backend {

@@ -466,3 +466,6 @@ fn table_of(l: &Layout) -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod write_order_tests;

@@ -8,8 +8,9 @@
 //!   generation and are never written or compared.
 //! - [`diff`] leaves an entry whose bytes are already right alone, and orders the writes
 //!   as Cilium's reconciler does, for every frontend at once: backends, slots, affinity
-//!   matches, source ranges, rev-NAT, masters (slot 0) last; then deletes, masters first,
-//!   backends last. A datapath reading a master in between finds every slot it counts.
+//!   matches, source ranges, rev-NAT, masters (slot 0) last, internal-scope ones before
+//!   external ones; then deletes, masters first, backends last. A datapath reading a
+//!   master in between finds every slot it counts and the scope it points to.
 //! - [`fits`] says when the maps in place cannot take the new state (missing, another
 //!   shape, too small): then the CLI builds a new generation instead of writing in place.
 
@@ -196,12 +197,16 @@ impl Wanted {
     fn add(&mut self, m: WantedMap) {
         match self.maps.get_mut(&m.name) {
             Some(have) => {
+                let mut seen: std::collections::HashSet<Vec<u8>> =
+                    have.entries.iter().map(|(k, _)| k.clone()).collect();
                 for e in m.entries {
-                    if !have.entries.contains(&e) {
+                    if seen.insert(e.0.clone()) {
                         have.entries.push(e);
                     }
                 }
-                have.max_entries = have.max_entries.max(m.max_entries);
+                // A map both families share (affinity matches) holds both's entries.
+                let need = u32::try_from(have.entries.len()).unwrap_or(u32::MAX);
+                have.max_entries = have.max_entries.max(m.max_entries).max(need);
             }
             None => {
                 self.maps.insert(m.name.clone(), m);
@@ -257,9 +262,30 @@ pub struct Shape {
 }
 
 /// Why the maps in place (`shapes`, by name) cannot take `wanted` by writes in place, or
-/// `None` when they can.
-pub fn fits(wanted: &Wanted, shapes: &BTreeMap<String, Shape>) -> Option<String> {
+/// `None` when they can. With their contents (`current`), also the peak of the writes:
+/// [`diff`] makes every update before any delete, so a map holds its old and new keys
+/// together for a moment.
+pub fn fits(
+    wanted: &Wanted,
+    shapes: &BTreeMap<String, Shape>,
+    current: Option<&BTreeMap<String, Contents>>,
+) -> Option<String> {
     for m in wanted.maps.values() {
+        if let (Some(now), Some(s)) = (current.and_then(|c| c.get(&m.name)), shapes.get(&m.name)) {
+            let added = m
+                .entries
+                .iter()
+                .filter(|(k, _)| !now.contains_key(k))
+                .count();
+            if now.len() + added > s.max_entries as usize {
+                return Some(format!(
+                    "map {} holds {} entries, the writes in place need {} at once",
+                    m.name,
+                    s.max_entries,
+                    now.len() + added
+                ));
+            }
+        }
         let Some(s) = shapes.get(&m.name) else {
             return Some(format!("map {} is not in place", m.name));
         };
@@ -283,16 +309,18 @@ fn rank(name: &str, key: &[u8]) -> u8 {
         Some((MapId::Services, fam)) => {
             let a = if fam == IpFamily::IPv6 { 16 } else { 4 };
             let slot = u16::from_le_bytes([key[a + 2], key[a + 3]]);
-            if slot == 0 {
-                5
-            } else {
-                1
+            // Masters last; an internal-scope one before the external one whose
+            // `TWO_SCOPES` flag sends connections to it.
+            match (slot, key[a + 5]) {
+                (0, 1) => 5,
+                (0, _) => 6,
+                _ => 1,
             }
         }
         Some((MapId::AffinityMatch, _)) => 2,
         Some((MapId::SourceRange, _)) => 3,
         Some((MapId::RevNat, _)) => 4,
-        _ => 6,
+        _ => 7,
     }
 }
 
