@@ -246,6 +246,10 @@ pub struct Service {
     pub topology_keys: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traffic_distribution: Option<String>,
+    /// The label `service.kubernetes.io/service-proxy-name`: the service belongs to another
+    /// proxy, and kube-proxy's informers do not see it (its DNS names stay).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_name: Option<String>,
     /// In spec order (port order is part of the Service's identity for users).
     pub ports: Vec<ServicePort>,
     /// Field paths whose values svc-compile allocated (not written by the user),

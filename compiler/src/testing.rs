@@ -109,6 +109,7 @@ pub fn service(
         health_check_node_port: None,
         topology_keys: vec![],
         traffic_distribution: None,
+        proxy_name: None,
         ports,
         allocated: vec![],
     }

@@ -91,6 +91,10 @@ pub fn lower(
                 health_check_node_port: a.health_check_node_port,
                 topology_keys: s.topology_keys.iter().map(|k| k.v.clone()).collect(),
                 traffic_distribution: s.traffic_distribution.as_ref().map(|t| t.v.clone()),
+                proxy_name: s
+                    .meta
+                    .label("service.kubernetes.io/service-proxy-name")
+                    .map(str::to_string),
                 ports: s
                     .ports
                     .iter()

@@ -315,7 +315,8 @@ fn node_port_ips(
 /// The cluster IP the proxier of `family` uses, `Some(None)` for a port kept without one
 /// (`--no-allocate`), `None` when the service is not proxied on this family.
 fn proxied_cluster_ip(svc: &Service, family: IpFamily) -> Option<Option<IpAddr>> {
-    if svc.headless || svc.kind == ServiceType::ExternalName {
+    // kube-proxy watches Services without `service.kubernetes.io/service-proxy-name` only.
+    if svc.headless || svc.kind == ServiceType::ExternalName || svc.proxy_name.is_some() {
         return None;
     }
     if let Some(ip) = svc.cluster_ips.iter().find(|ip| IpFamily::of(ip) == family) {
@@ -1388,6 +1389,16 @@ mod tests {
         let p = &node_view(&m, &sel("n3"), IpFamily::IPv4).unwrap().ports[0];
         assert_eq!(addrs(p, &p.local_endpoints), vec!["10.244.3.5"]);
         assert_eq!(p.topology, None);
+    }
+
+    #[test]
+    fn services_of_another_proxy_are_not_proxied() {
+        let mut other = svc("other", ServiceType::NodePort, vec![ep("10.244.2.5", "n2")]);
+        other.proxy_name = Some("other-proxy".into());
+        let ours = svc("ours", ServiceType::ClusterIP, vec![ep("10.244.2.6", "n2")]);
+        let v = view(&module(vec![other, ours], nodes()));
+        let names: Vec<&str> = v.ports.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["ours"]);
     }
 
     #[test]
