@@ -161,8 +161,8 @@ pub struct Pod {
     pub node_name: Option<Sp<String>>,
     /// `spec.hostname` and `spec.subdomain`: the EndpointSlice controller copies the
     /// hostname into the endpoint when the subdomain names the service.
-    pub hostname: Option<String>,
-    pub subdomain: Option<String>,
+    pub hostname: Option<Sp<String>>,
+    pub subdomain: Option<Sp<String>>,
     pub host_network: bool,
     pub pod_ips: Vec<Sp<String>>,
     pub ready: bool,
@@ -991,10 +991,8 @@ fn pod(root: &Node, path: &Path, d: &mut Decoder) -> Option<Pod> {
     let mut container_ports = Vec::new();
     if let Some(s) = f.get("spec").and_then(|n| d.map(n, &sp, "Pod spec", None)) {
         node_name = d.str_(s.get("nodeName"), &sp.key("nodeName"));
-        hostname = d.str_(s.get("hostname"), &sp.key("hostname")).map(|h| h.v);
-        subdomain = d
-            .str_(s.get("subdomain"), &sp.key("subdomain"))
-            .map(|h| h.v);
+        hostname = d.str_(s.get("hostname"), &sp.key("hostname"));
+        subdomain = d.str_(s.get("subdomain"), &sp.key("subdomain"));
         host_network = d
             .bool_(s.get("hostNetwork"), &sp.key("hostNetwork"))
             .is_some_and(|b| b.v);

@@ -301,8 +301,9 @@ fn from_pods(
         let ready = svc.publish_not_ready_addresses || (serving && !terminating);
         let node_name = pod.node_name.as_ref().map(|n| ctx.names.get(&n.v));
         // The controller's ShouldSetHostname: the pod names this service as its subdomain.
-        let hostname = pod.hostname.clone().filter(|h| {
-            !h.is_empty() && pod.subdomain.as_deref() == Some(svc.meta.name.v.as_str())
+        let hostname = pod.hostname.as_ref().map(|h| h.v.clone()).filter(|h| {
+            !h.is_empty()
+                && pod.subdomain.as_ref().map(|d| d.v.as_str()) == Some(svc.meta.name.v.as_str())
         });
         let zone = node_name
             .as_deref()

@@ -90,7 +90,7 @@
 //! | SVC215 | error    | Pod IP is not an IP address |
 //! | SVC216 | error    | Pod IPs: more than one per family, or duplicated |
 //! | SVC217 | error    | endpoint port `appProtocol` is not a qualified name |
-//! | SVC218 | error    | endpoint `hostname` is not a DNS-1123 label |
+//! | SVC218 | error    | endpoint `hostname`, or a Pod's `spec.hostname`/`spec.subdomain`, is not a DNS-1123 label |
 //! | SVC219 | error    | endpoint hints: more than 8, a zone that is no label value, or a repeated one |
 //! | SVC301 | error    | two objects of the same kind, namespace and name |
 //! | SVC302 | error    | node port used by two Services (or as a Service's health-check port too) |

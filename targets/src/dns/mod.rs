@@ -20,7 +20,8 @@
 //!   SRV per (ready endpoint, named port) with the endpoint's port, weight
 //!   `max(1, 100 / records)` as CoreDNS computes it; PTR from the address to the
 //!   hostname name. No ready endpoint: no records, so the name is NXDOMAIN (spec 2.4.1).
-//! - ExternalName: CNAME to the external name (A/AAAA when it is an IP, as CoreDNS answers).
+//! - ExternalName: CNAME to the external name; none when it is an IP (CoreDNS answers
+//!   only names; Kubernetes documents that such an externalName is not resolved).
 //! - the apex: SOA `ns.dns.<domain>. hostmaster.<domain>. <serial> 7200 1800 86400 <ttl>`
 //!   with TTL `min(ttl, 300)` (CoreDNS's); NS is the DNS service's name
 //!   (`kube-dns.kube-system.svc.<domain>.`, whose A records the zone holds) when that
@@ -281,13 +282,12 @@ impl Zones {
             };
             if svc.kind == ServiceType::ExternalName {
                 if let Some(ext) = svc.external_name.as_deref().filter(|e| !e.is_empty()) {
-                    match ext.parse::<IpAddr>() {
-                        Ok(ip) => rrs.push(rr(&base, addr_kind(&ip), ip.to_string())),
-                        Err(_) => rrs.push(rr(
+                    if ext.parse::<IpAddr>().is_err() {
+                        rrs.push(rr(
                             &base,
                             "CNAME",
                             format!("{}.", ext.trim_end_matches('.')),
-                        )),
+                        ));
                     }
                 }
             } else if !svc.cluster_ips.is_empty() {

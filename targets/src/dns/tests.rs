@@ -208,6 +208,15 @@ fn external_name_is_a_cname() {
     ));
 }
 
+/// An externalName that is an IP address gets no record: CoreDNS answers only names, and
+/// Kubernetes documents that such a name is not resolved (the compiler warns, SVC126).
+#[test]
+fn an_external_name_that_is_an_ip_gets_no_record() {
+    let y = "apiVersion: v1\nkind: Service\nmetadata: {name: legacy, namespace: prod}\nspec:\n  type: ExternalName\n  externalName: 192.0.2.7\n";
+    let r = records(&write_zone(&module(y), &Options::default()));
+    assert!(!r.iter().any(|l| l.starts_with("legacy.prod.")), "{r:?}");
+}
+
 #[test]
 fn zones_come_in_a_fixed_set() {
     let m = module(

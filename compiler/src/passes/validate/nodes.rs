@@ -58,6 +58,21 @@ pub(super) fn check_pod(cx: &mut Cx, p: &Pod) {
         }
     }
     one_per_family(cx, &ips, "SVC216", "pod IP", "status.podIPs");
+    // Both become one label of a DNS name (`hostname.subdomain.ns.svc...`); the API
+    // server refuses anything else, and a zone with such a name does not load.
+    for (field, v) in [("hostname", &p.hostname), ("subdomain", &p.subdomain)] {
+        let Some(v) = v.as_ref().filter(|v| !v.v.is_empty()) else {
+            continue;
+        };
+        if let Err(e) = crate::passes::validate::names::dns1123_label(&v.v) {
+            cx.push(
+                Diagnostic::error("SVC218", format!("invalid pod {field} `{}`: {e}", v.v))
+                    .at(v.span)
+                    .path(format!("spec.{field}"))
+                    .hint("one DNS label, e.g. `web-0`"),
+            );
+        }
+    }
 }
 
 /// At most one value per family, no duplicates (dual-stack lists: pod CIDRs, pod IPs).

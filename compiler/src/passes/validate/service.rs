@@ -673,7 +673,7 @@ fn external_name(cx: &mut Cx, s: &Service) {
             )
             .at(n.span)
             .path("spec.externalName")
-            .hint("it is published as a CNAME and resolved as a DNS name, which fails; use a Service without selector and an EndpointSlice for an IP"),
+            .hint("cluster DNS does not resolve it (CoreDNS answers only names; `--target dns` writes no record for it); use a Service without selector and an EndpointSlice for an IP"),
         ),
         Ok(()) => {}
     }
