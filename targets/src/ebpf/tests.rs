@@ -65,6 +65,11 @@ endpoints:
 ";
 
 fn view_of(docs: &[&str]) -> NodeView {
+    view_in(docs, IpFamily::IPv4)
+}
+
+/// The node-1 view of `docs` (compiled without errors) for `family`.
+pub(super) fn view_in(docs: &[&str], family: IpFamily) -> NodeView {
     let mut sources = SourceMap::default();
     let files: Vec<_> = docs
         .iter()
@@ -77,7 +82,7 @@ fn view_of(docs: &[&str]) -> NodeView {
         name: "node-1".into(),
         ips: vec![],
     };
-    node_view(&comp.module, &sel, IpFamily::IPv4).unwrap()
+    node_view(&comp.module, &sel, family).unwrap()
 }
 
 fn find<'a>(l: &'a Layout, map: MapId, key: &str) -> &'a Entry {

@@ -5,8 +5,6 @@ use super::plan::*;
 use super::*;
 use std::collections::BTreeMap;
 use svc_compiler::net::IpFamily;
-use svc_compiler::passes::node::{node_view, NodeSelection};
-use svc_compiler::source::SourceMap;
 
 const NODES: &str = "
 apiVersion: v1
@@ -17,19 +15,7 @@ status: {addresses: [{type: InternalIP, address: 192.0.2.10}]}
 ";
 
 fn view(docs: &[&str], fam: IpFamily) -> NodeView {
-    let mut sources = SourceMap::default();
-    let files: Vec<_> = docs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| sources.add(format!("f{i}.yaml"), t.to_string()))
-        .collect();
-    let comp = svc_compiler::compile(&sources, &files, &svc_compiler::Options::default());
-    assert!(!comp.diags.has_errors(), "{:?}", comp.diags);
-    let sel = NodeSelection {
-        name: "node-1".into(),
-        ips: vec![],
-    };
-    node_view(&comp.module, &sel, fam).unwrap()
+    super::tests::view_in(docs, fam)
 }
 
 fn svc(name: &str, ip: &str, extra: &str, eps: &[&str]) -> String {

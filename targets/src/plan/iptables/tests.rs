@@ -392,16 +392,7 @@ fn a_half_committed_load_is_reverted_table_by_table() {
     let before = sim.clone();
     // B gains an endpoint: filter loses its REJECT, nat gains chains; nat fails.
     let new = doc(&[("A", &["1"]), ("B", &["2"])]);
-    let previous = Previous {
-        document: &rec.0,
-        snapshot: &rec.1,
-    };
-    let prep = Iptables
-        .prepare(&new, Family::V4, Some(previous), &sim.save(), false)
-        .unwrap();
-    let mut scratch = Sim::default();
-    scratch.restore(&prep.scratch).unwrap();
-    let plan = plan2(&prep, &scratch.save()).unwrap();
+    let plan = planned(&sim, &new, &rec);
     let load = plan.load.clone().unwrap();
     assert!(load.contains("*filter") && load.contains("*nat"));
     sim.fail_table = Some("nat".into());
@@ -674,16 +665,7 @@ fn a_revert_puts_removed_jumps_back_in_place() {
         "{}*filter\n:KUBE-X - [0:0]\n:KUBE-Y - [0:0]\nCOMMIT\n",
         doc(&[("A", &["1", "2"])])
     );
-    let previous = Previous {
-        document: &rec.0,
-        snapshot: &rec.1,
-    };
-    let prep = Iptables
-        .prepare(&new, Family::V4, Some(previous), &sim.save(), false)
-        .unwrap();
-    let mut scratch = Sim::default();
-    scratch.restore(&prep.scratch).unwrap();
-    let plan = plan2(&prep, &scratch.save()).unwrap();
+    let plan = planned(&sim, &new, &rec);
     sim.fail_table = Some("nat".into());
     assert!(sim.restore(&plan.load.clone().unwrap()).is_err());
     sim.fail_table = None;
@@ -730,4 +712,19 @@ fn a_bare_foreign_rule_is_read() {
     assert!(Iptables
         .prepare(&bad, Family::V4, None, &kernel, false)
         .is_err());
+}
+
+/// Step one from the record `rec` (the node as `sim` shows it) to `new`, then step two
+/// with a scratch namespace modelled by a fresh [`Sim`].
+fn planned(sim: &Sim, new: &str, rec: &Recorded) -> Plan {
+    let previous = Previous {
+        document: &rec.0,
+        snapshot: &rec.1,
+    };
+    let prep = Iptables
+        .prepare(new, Family::V4, Some(previous), &sim.save(), false)
+        .unwrap();
+    let mut scratch = Sim::default();
+    scratch.restore(&prep.scratch).unwrap();
+    plan2(&prep, &scratch.save()).unwrap()
 }
