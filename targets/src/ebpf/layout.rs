@@ -168,6 +168,9 @@ impl fmt::Display for Error {
     }
 }
 
+/// The first IPv6 backend id (IPv4 backends are below it).
+pub const V6_BACKEND_BASE: u32 = 1 << 31;
+
 /// Ids for `frontends` and `backends`: a key of `previous` keeps its id; the others get
 /// the lowest free ids (from 1) in sorted order, so the result depends only on the sets
 /// and `previous`. An id `previous` gave a key that is gone is not given again in the same
@@ -178,24 +181,30 @@ pub fn assign_ids(
     backends: &BTreeSet<Backend>,
     previous: Option<&Ids>,
 ) -> Result<Ids, Error> {
-    fn assign<K: Ord + Copy, V: Ord + Copy + TryFrom<u64>>(
+    fn assign<K: Ord + Copy, V: Ord + Copy + TryFrom<u64> + Into<u64>>(
         keys: &BTreeSet<K>,
         prev: Option<&BTreeMap<K, V>>,
-        max: u64,
+        (min, max): (u64, u64),
     ) -> Option<BTreeMap<K, V>> {
+        let in_range = |v: &V| (min..=max).contains(&(*v).into());
         let mut out = BTreeMap::new();
         let mut used = BTreeSet::new();
         for k in keys {
-            if let Some(v) = prev.and_then(|p| p.get(k)) {
+            if let Some(v) = prev.and_then(|p| p.get(k)).filter(|v| in_range(v)) {
                 out.insert(*k, *v);
                 used.insert(*v);
             }
         }
         // Freed in this apply: the ids of `previous` no key keeps.
         let freed: BTreeSet<V> = prev
-            .map(|p| p.values().copied().filter(|v| !used.contains(v)).collect())
+            .map(|p| {
+                p.values()
+                    .copied()
+                    .filter(|v| in_range(v) && !used.contains(v))
+                    .collect()
+            })
             .unwrap_or_default();
-        let mut next: u64 = 1;
+        let mut next: u64 = min;
         let mut reuse = false;
         for k in keys {
             if out.contains_key(k) {
@@ -208,7 +217,7 @@ pub fn assign_ids(
                     }
                     // Every fresh id taken: the freed ones after all.
                     reuse = true;
-                    next = 1;
+                    next = min;
                 }
                 let v = V::try_from(next).ok()?;
                 next += 1;
@@ -224,11 +233,19 @@ pub fn assign_ids(
     let services = assign(
         frontends,
         previous.map(|p| &p.services),
-        MAX_FRONTENDS as u64,
+        (1, MAX_FRONTENDS as u64),
     )
     .ok_or(Error::TooManyFrontends(frontends.len()))?;
-    let backends = assign(backends, previous.map(|p| &p.backends), u32::MAX as u64)
-        .expect("fewer backends than u32 ids");
+    // Backend ids are global in Cilium; here each family is laid out alone, so IPv6
+    // backends take the upper half: the affinity-match map both families share is keyed
+    // by (backend id, rev-NAT id), and equal ids would let one family's entry keep the
+    // other's pair wanted after its backend id moved on.
+    let range = match backends.iter().any(|b| b.addr.is_ipv6()) {
+        false => (1, V6_BACKEND_BASE as u64 - 1),
+        true => (V6_BACKEND_BASE as u64, u32::MAX as u64),
+    };
+    let backends = assign(backends, previous.map(|p| &p.backends), range)
+        .expect("fewer backends than 2^31 ids");
     Ok(Ids { services, backends })
 }
 

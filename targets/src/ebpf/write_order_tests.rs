@@ -1,6 +1,7 @@
 //! The writes of an incremental apply, step by step against a model of the maps (each
 //! op applied in order, with each map's capacity): what a datapath reading between two
 //! writes sees, and whether the maps can hold every moment.
+use super::layout::V6_BACKEND_BASE;
 use super::plan::*;
 use super::*;
 use std::collections::BTreeMap;
@@ -317,4 +318,66 @@ fn two_services_on_one_frontend_read_back_as_written() {
     .unwrap();
     assert_eq!(first_mismatch(&w, &now), None);
     assert!(diff(&w, &now).is_empty());
+}
+
+/// The affinity-match map both families share is keyed by (backend id, rev-NAT id): IPv6
+/// backend ids are apart from IPv4 ones, so no IPv6 entry keeps an IPv4 pair wanted after
+/// IPv4 gave that backend id to another service's backend.
+#[test]
+fn affinity_matches_of_the_two_families_never_share_a_key() {
+    let v4 = svc("aff", "10.96.0.40", AFF, &["10.244.1.2", "10.244.1.3"]);
+    let v6 = svc("aff", "fd00::40", AFF, &["fd00:244::2", "fd00:244::3"]);
+    let l4 = layout(
+        &view(&[NODES, &v4], IpFamily::IPv4),
+        None,
+        DEFAULT_MAX_ENTRIES,
+    )
+    .unwrap();
+    let l6 = layout(
+        &view(&[NODES, &v6], IpFamily::IPv6),
+        None,
+        DEFAULT_MAX_ENTRIES,
+    )
+    .unwrap();
+    assert!(l4.ids.backends.values().all(|&id| id < V6_BACKEND_BASE));
+    assert!(l6.ids.backends.values().all(|&id| id >= V6_BACKEND_BASE));
+    // IPv4's aff loses 10.244.1.3; a later apply gives its id to another service's backend.
+    let v4b = svc("aff", "10.96.0.40", AFF, &["10.244.1.2"]);
+    let l4b = layout(
+        &view(&[NODES, &v4b], IpFamily::IPv4),
+        Some(&l4.ids),
+        DEFAULT_MAX_ENTRIES,
+    )
+    .unwrap();
+    let other = svc("zz", "10.96.0.99", "", &["10.244.1.9"]);
+    let l4c = layout(
+        &view(&[NODES, &v4b, &other], IpFamily::IPv4),
+        Some(&l4b.ids),
+        DEFAULT_MAX_ENTRIES,
+    )
+    .unwrap();
+    let w = Wanted::from_layouts(&[&l4c, &l6]).complete(DEFAULT_MAX_ENTRIES);
+    let aff_rev = l4c
+        .ids
+        .services
+        .iter()
+        .find(|(f, _)| f.addr.to_string() == "10.96.0.40:80")
+        .unwrap()
+        .1;
+    let w9 = l4c
+        .ids
+        .backends
+        .iter()
+        .find(|(b, _)| b.addr.ip().to_string() == "10.244.1.9")
+        .unwrap()
+        .1;
+    let mut k = w9.to_le_bytes().to_vec();
+    k.extend(aff_rev.to_be_bytes());
+    k.extend([0, 0]);
+    let wanted = &w.maps["cilium_lb_affinity_match"].entries;
+    assert!(
+        !wanted.iter().any(|(kk, _)| *kk == k),
+        "a stale pair is kept wanted"
+    );
+    assert_eq!(wanted.len(), 1 + 2, "aff's one IPv4 and two IPv6 matches");
 }
