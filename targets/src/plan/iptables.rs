@@ -442,13 +442,33 @@ impl Planner for Iptables {
 
     /// The snapshot holds every owned chain and jump, so it can stand in for the read;
     /// foreign rules it lacks only matter when one jumps to a chain this plan deletes,
-    /// and then the check on the node fails and the CLI plans again from a read.
+    /// and then the check on the node fails and the CLI plans again from a read. A
+    /// document that inserts a jump the last one did not is planned from a read: a
+    /// foreign rule of the same text would already provide it (and be taken for ours),
+    /// which only the node shows.
     fn prepare_unchanged(
         &self,
         new_doc: &str,
         family: Family,
         previous: Previous,
     ) -> Option<Result<Prepared, String>> {
+        let inserts = |doc: &str| -> Option<BTreeSet<(String, String, String)>> {
+            let tables = parse(doc, Source::Document).ok()?;
+            Some(
+                tables
+                    .iter()
+                    .flat_map(|(t, table)| {
+                        table
+                            .inserts
+                            .iter()
+                            .map(move |(c, spec)| (t.clone(), c.clone(), spec.clone()))
+                    })
+                    .collect(),
+            )
+        };
+        if !inserts(new_doc)?.is_subset(&inserts(previous.document)?) {
+            return None;
+        }
         let kernel = kernel_of_snapshot(previous.snapshot).ok()?;
         Some(self.prepare(new_doc, family, Some(previous), &kernel, false))
     }

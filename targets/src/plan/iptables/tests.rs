@@ -728,3 +728,42 @@ fn planned(sim: &Sim, new: &str, rec: &Recorded) -> Plan {
     scratch.restore(&prep.scratch).unwrap();
     plan2(&prep, &scratch.save()).unwrap()
 }
+
+/// A document that inserts a jump the last one did not is planned from the node's read,
+/// not from the record: a user's rule of the same text may already be there (planning
+/// from the record would insert a second copy and expect one).
+#[test]
+fn a_new_jump_is_planned_from_a_read() {
+    let mut sim = with_foreign();
+    let v1 = doc(&[("A", &["1"])]);
+    let (_, rec) = apply(&mut sim, &v1, None, false);
+    let previous = Previous {
+        document: &rec.0,
+        snapshot: &rec.1,
+    };
+    // The same jumps (endpoints changed): the record stands in for the read.
+    let v2 = doc(&[("A", &["2"])]);
+    assert!(Iptables
+        .prepare_unchanged(&v2, Family::V4, previous)
+        .is_some());
+    // One more jump: a read.
+    let v3 = v1.replace(
+        "-I FORWARD -j KUBE-SERVICES\n",
+        "-I FORWARD -j KUBE-SERVICES\n-I INPUT -j KUBE-SERVICES\n",
+    );
+    assert_ne!(v3, v1);
+    assert!(Iptables
+        .prepare_unchanged(&v3, Family::V4, previous)
+        .is_none());
+    // Planned from the read, a jump a user's rule already provides is not inserted again.
+    sim.restore("*filter\n-A INPUT -j KUBE-SERVICES\nCOMMIT\n")
+        .unwrap();
+    let (plan, _) = apply(&mut sim, &v3, Some(&rec), false);
+    let inserted = plan
+        .load
+        .as_deref()
+        .unwrap_or("")
+        .matches("-I INPUT")
+        .count();
+    assert_eq!(inserted, 0, "{:?}", plan.load);
+}
