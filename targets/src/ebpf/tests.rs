@@ -68,6 +68,26 @@ fn view_of(docs: &[&str]) -> NodeView {
     view_in(docs, IpFamily::IPv4)
 }
 
+/// The shapes of the maps `w` wants, as `bpftool map show` would give them.
+pub(super) fn shapes_of(
+    w: &super::plan::Wanted,
+) -> std::collections::BTreeMap<String, super::plan::Shape> {
+    w.maps
+        .values()
+        .map(|m| {
+            (
+                m.name.clone(),
+                super::plan::Shape {
+                    kind: m.kind.clone(),
+                    key_size: m.key_size,
+                    value_size: m.value_size,
+                    max_entries: m.max_entries,
+                },
+            )
+        })
+        .collect()
+}
+
 /// The node-1 view of `docs` (compiled without errors) for `family`.
 pub(super) fn view_in(docs: &[&str], family: IpFamily) -> NodeView {
     let mut sources = SourceMap::default();
@@ -578,21 +598,7 @@ mod plan {
         assert!(parse_dump("[{\"key\": 1}]").is_err());
         let l = layout(&view_of(&[NODES, SERVICES]), None, 4).unwrap();
         let w = Wanted::from_layouts(&[&l]);
-        let mut shapes: BTreeMap<String, Shape> = w
-            .maps
-            .values()
-            .map(|m| {
-                (
-                    m.name.clone(),
-                    Shape {
-                        kind: m.kind.clone(),
-                        key_size: m.key_size,
-                        value_size: m.value_size,
-                        max_entries: m.max_entries,
-                    },
-                )
-            })
-            .collect();
+        let mut shapes = shapes_of(&w);
         assert_eq!(fits(&w, &shapes, None), None);
         shapes
             .get_mut("cilium_lb4_services_v2")

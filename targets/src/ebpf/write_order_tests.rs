@@ -81,22 +81,7 @@ fn run(
     Ok(())
 }
 
-fn shapes_of(w: &Wanted) -> BTreeMap<String, Shape> {
-    w.maps
-        .values()
-        .map(|m| {
-            (
-                m.name.clone(),
-                Shape {
-                    kind: m.kind.clone(),
-                    key_size: m.key_size,
-                    value_size: m.value_size,
-                    max_entries: m.max_entries,
-                },
-            )
-        })
-        .collect()
-}
+use super::tests::shapes_of;
 
 /// The affinity-match map both families share is sized for both families' entries.
 #[test]
