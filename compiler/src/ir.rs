@@ -327,6 +327,11 @@ pub struct Endpoint {
     pub hint_nodes: Vec<String>,
     /// Where it came from: `EndpointSlice ns/name`, `Endpoints ns/name` (mirrored) or `Pod ns/name`.
     pub source: Arc<str>,
+    /// The other copies of this `ip:port` (another slice listing it), merged into this
+    /// one in resolution order. The node pass serves a node its own copy when this one is
+    /// on another node (kube-proxy: a local copy wins, `endpointslicecache.go`).
+    #[serde(skip)]
+    pub copies: Vec<Endpoint>,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -162,6 +162,7 @@ pub fn endpoint(spec: &str, port: u16) -> Endpoint {
         hint_zones: vec![],
         hint_nodes: vec![],
         source: "EndpointSlice fixture".into(),
+        copies: vec![],
     }
 }
 

@@ -386,6 +386,7 @@ fn port_view(
         .endpoints
         .iter()
         .filter(|e| IpFamily::of(&e.ip) == family)
+        .map(|e| own_copy(e, this.name))
         .collect();
     let views: Vec<EndpointView> = endpoints
         .iter()
@@ -710,6 +711,18 @@ fn topology_mode_from_hints(
     } else {
         ignored(format!("none for zone {}", this.zone))
     }
+}
+
+/// The copy of a duplicated endpoint (two slices list one `ip:port`) this node serves:
+/// its own copy when one is on this node, else the one resolution kept. kube-proxy's
+/// endpoint cache lets a local copy replace another (`!exists || isLocal`), so with
+/// `externalTrafficPolicy: Local` both nodes of a moved pod's two copies keep serving it.
+fn own_copy<'a>(e: &'a Endpoint, node: &str) -> &'a Endpoint {
+    let on_node = |c: &Endpoint| !node.is_empty() && c.node_name.as_deref() == Some(node);
+    if on_node(e) {
+        return e;
+    }
+    e.copies.iter().find(|c| on_node(c)).unwrap_or(e)
 }
 
 #[cfg(test)]
@@ -1171,6 +1184,31 @@ mod tests {
         assert_eq!(lb(vec![], true, true), by_mode(false, true));
         assert_eq!(lb(remote(), false, true), by_mode(false, false));
         assert_eq!(lb(remote(), true, false), by_mode(false, false));
+    }
+
+    #[test]
+    fn a_duplicated_endpoint_is_local_on_the_node_of_each_copy() {
+        // Two slices list 10.244.1.5, one on n1 and one on n2 (a moved pod, a mirrored
+        // slice): each node serves its own copy, so with ETP=Local neither drops.
+        let mut kept = ep("10.244.1.5", "n1");
+        kept.copies = vec![ep("10.244.1.5", "n2")];
+        let mut s = svc("s", ServiceType::NodePort, vec![kept]);
+        s.external_traffic_policy = TrafficPolicy::Local;
+        let m = module(vec![s], nodes());
+        for n in ["n1", "n2"] {
+            let p = node_view(&m, &sel(n), IpFamily::IPv4)
+                .unwrap()
+                .ports
+                .remove(0);
+            assert_eq!(addrs(&p, &p.local_endpoints), vec!["10.244.1.5"], "{n}");
+            assert!(p.endpoints[0].is_local, "{n}");
+        }
+        let p = node_view(&m, &sel("n3"), IpFamily::IPv4)
+            .unwrap()
+            .ports
+            .remove(0);
+        assert!(p.local_endpoints.is_empty() && !p.endpoints[0].is_local);
+        assert_eq!(addrs(&p, &p.cluster_endpoints), vec!["10.244.1.5"]);
     }
 
     #[test]

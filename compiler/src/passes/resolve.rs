@@ -207,6 +207,7 @@ fn from_slice(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut Vec<E
             hint_zones: e.hint_zones.clone(),
             hint_nodes: e.hint_nodes.clone(),
             source: source.clone(),
+            copies: Vec::new(),
         });
     }
 }
@@ -249,6 +250,7 @@ fn from_endpoints(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut V
                     hint_zones: vec![],
                     hint_nodes: vec![],
                     source: source.clone(),
+                    copies: Vec::new(),
                 });
             }
         }
@@ -332,6 +334,7 @@ fn from_pods(
                 serving,
                 terminating,
                 source: format!("Pod {}/{}", pod.meta.namespace.v, pod.meta.name.v).into(),
+                copies: Vec::new(),
             });
         }
     }
@@ -348,8 +351,14 @@ fn sort_dedup(eps: Vec<Endpoint>) -> Vec<Endpoint> {
             .then(a.1.terminating.cmp(&b.1.terminating))
             .then(a.1.source.cmp(&b.1.source))
     });
-    keyed.dedup_by(|later, first| later.0 == first.0);
-    keyed.into_iter().map(|(_, e)| e).collect()
+    let mut out: Vec<(HostPort, Endpoint)> = Vec::with_capacity(keyed.len());
+    for (key, e) in keyed {
+        match out.last_mut() {
+            Some((k, first)) if *k == key => first.copies.push(e),
+            _ => out.push((key, e)),
+        }
+    }
+    out.into_iter().map(|(_, e)| e).collect()
 }
 
 #[cfg(test)]
@@ -528,6 +537,24 @@ mod tests {
         let e = eps(&module(&y), 0).into_iter().cloned().collect::<Vec<_>>();
         assert_eq!(e.len(), 1);
         assert!(!e[0].terminating && e[0].ready);
+    }
+
+    #[test]
+    fn duplicate_endpoints_keep_the_other_copies_for_the_node_pass() {
+        let slice = |name: &str, node: &str| {
+            format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n- addresses: [10.0.0.1]\n  nodeName: {node}\n")
+        };
+        let y = format!(
+            "{SVC}  ports: [{{port: 80, targetPort: 8080}}]\n{}{}",
+            slice("b", "n2"),
+            slice("a", "n1")
+        );
+        let e = eps(&module(&y), 0).into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!(e.len(), 1);
+        // The first by source keeps the place; the other copy rides along.
+        assert_eq!(e[0].node_name.as_deref(), Some("n1"));
+        let copies: Vec<_> = e[0].copies.iter().map(|c| c.node_name.as_deref()).collect();
+        assert_eq!(copies, [Some("n2")]);
     }
 
     #[test]
