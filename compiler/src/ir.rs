@@ -252,6 +252,11 @@ pub struct Service {
     pub proxy_name: Option<String>,
     /// In spec order (port order is part of the Service's identity for users).
     pub ports: Vec<ServicePort>,
+    /// A service without ports: its endpoints all the same (port 0), which only DNS
+    /// reads (a headless service's A/AAAA records do not depend on ports). Empty when
+    /// the service has ports.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub portless_endpoints: Vec<Endpoint>,
     /// Field paths whose values svc-compile allocated (not written by the user),
     /// e.g. `spec.clusterIPs(IPv4)`, `spec.ports[1].nodePort`. Sorted.
     #[serde(skip_serializing_if = "Vec::is_empty")]

@@ -112,6 +112,7 @@ pub fn service(
         proxy_name: None,
         ports,
         allocated: vec![],
+        portless_endpoints: vec![],
     }
 }
 

@@ -31,6 +31,10 @@ pub struct Allocation {
     pub health_check_node_port: Option<u16>,
     /// Field paths that svc-compile filled.
     pub allocated: Vec<String>,
+    /// A headless service's families as the API server defaults them (it has no cluster
+    /// IPs to tell): the written `ipFamilies`, else by `ipFamilyPolicy` (selectorless and
+    /// unset: every family of the cluster). Empty without allocation or for other services.
+    pub headless_families: Vec<IpFamily>,
 }
 
 /// The lock file: every allocation, keyed by `namespace/name`.
@@ -88,6 +92,22 @@ fn port_key(p: &crate::k8s::Port) -> (String, String) {
 fn hash64(s: &str) -> u64 {
     let d = Sha256::digest(s.as_bytes());
     u64::from_be_bytes(d[..8].try_into().unwrap())
+}
+
+/// The API server's defaulting of a headless service's families: a selectorless one
+/// without `ipFamilyPolicy` or `ipFamilies` is RequireDualStack; the others as any service.
+fn headless_families(s: &Service, settings: &Settings) -> Vec<IpFamily> {
+    let selectorless = s.selector.as_ref().is_none_or(|m| m.is_empty());
+    if selectorless && s.ip_family_policy.is_none() && s.ip_families.is_empty() {
+        let mut fams: Vec<IpFamily> = Vec::new();
+        for c in &settings.service_cidrs {
+            if !fams.contains(&c.family()) {
+                fams.push(c.family());
+            }
+        }
+        return fams;
+    }
+    wanted_families(s, settings)
 }
 
 /// Families the service gets cluster IPs for, primary first.
@@ -374,11 +394,17 @@ pub fn allocate(
                 .and_then(|n| u16::try_from(n.v).ok())
                 .filter(|n| *n != 0),
             allocated: vec![],
+            headless_families: vec![],
         })
         .collect();
     let mut new_lock = Lock::default();
     if !enabled {
         return (out, new_lock);
+    }
+    for (a, s) in out.iter_mut().zip(svcs) {
+        if is_headless(s) && svc_type(s) != "ExternalName" {
+            a.headless_families = headless_families(s, settings);
+        }
     }
     let mut pools: Vec<IpPool> = settings
         .service_cidrs

@@ -43,12 +43,21 @@ pub fn lower(
                 .collect();
             let mut ip_families: Vec<IpFamily> = a.cluster_ips.iter().map(IpFamily::of).collect();
             if ip_families.is_empty() {
+                ip_families = a.headless_families.clone();
+            }
+            if ip_families.is_empty() {
                 ip_families = s
                     .ip_families
                     .iter()
                     .filter_map(|f| IpFamily::parse(&f.v))
                     .collect();
             }
+            // A service without ports has one list: its endpoints at port 0.
+            let portless_endpoints = if s.ports.is_empty() {
+                of_families(eps.first().cloned().unwrap_or_default(), &ip_families)
+            } else {
+                Vec::new()
+            };
             ir::Service {
                 namespace: s.meta.namespace.v.clone(),
                 name: s.meta.name.v.clone(),
@@ -59,7 +68,7 @@ pub fn lower(
                 } else {
                     a.cluster_ips
                 },
-                ip_families,
+                ip_families: ip_families.clone(),
                 external_name: s.external_name.as_ref().map(|e| e.v.clone()),
                 external_ips: s
                     .external_ips
@@ -99,6 +108,7 @@ pub fn lower(
                     .ports
                     .iter()
                     .zip(eps)
+                    .map(|(p, endpoints)| (p, of_families(endpoints, &ip_families)))
                     .enumerate()
                     .map(|(i, (p, endpoints))| ir::ServicePort {
                         name: p.name.as_ref().map_or(String::new(), |n| n.v.clone()),
@@ -110,6 +120,7 @@ pub fn lower(
                     })
                     .collect(),
                 allocated: a.allocated,
+                portless_endpoints,
             }
         })
         .collect();
@@ -166,6 +177,16 @@ pub fn lower(
 }
 
 /// kube-proxy's configuration with upstream defaults.
+/// The EndpointSlice controller makes slices only for the service's families, so the
+/// endpoints svc-compile selected from Pods keep only addresses of those (a single-stack
+/// service of dual-stack pods). Given slices and Endpoints are kept as they are.
+fn of_families(mut eps: Vec<ir::Endpoint>, families: &[IpFamily]) -> Vec<ir::Endpoint> {
+    if !families.is_empty() {
+        eps.retain(|e| !e.source.starts_with("Pod ") || families.contains(&IpFamily::of(&e.ip)));
+    }
+    eps
+}
+
 pub fn proxy_config(doc: Option<&ProxyConfigDoc>) -> ir::ProxyConfig {
     let d = doc.cloned().unwrap_or_default();
     let cluster_cidrs: Vec<Cidr> = d

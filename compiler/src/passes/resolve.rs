@@ -14,8 +14,13 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Endpoints per service (index into `objects.services`) per port (spec order).
+/// Endpoints per service (index into `objects.services`) per port (spec order). A
+/// service without ports has one list: its endpoints whatever their ports, at port 0.
 pub type Resolved = Vec<Vec<Vec<Endpoint>>>;
+
+/// Which slice or subset port an endpoint list is for: a service port's (name, protocol),
+/// or, for a service without ports, none (every endpoint, at port 0).
+type Want<'a> = Option<(&'a str, Protocol)>;
 
 pub fn protocol_of(s: Option<&str>) -> Protocol {
     match s {
@@ -101,25 +106,31 @@ pub fn resolve(objects: &Objects) -> Resolved {
                     .collect(),
                 _ => Vec::new(),
             };
-            svc.ports
-                .iter()
-                .map(|port| {
+            let one = |port: Option<&crate::k8s::Port>| {
+                let want: Want = port.map(|port| {
                     let pname = port.name.as_ref().map_or("", |n| n.v.as_str());
-                    let proto = protocol_of(port.protocol.as_ref().map(|p| p.v.as_str()));
-                    let mut out = Vec::new();
-                    for &i in slices.into_iter().flatten() {
-                        from_slice(&ctx, i, pname, proto, &mut out);
+                    (
+                        pname,
+                        protocol_of(port.protocol.as_ref().map(|p| p.v.as_str())),
+                    )
+                });
+                let mut out = Vec::new();
+                for &i in slices.into_iter().flatten() {
+                    from_slice(&ctx, i, want, &mut out);
+                }
+                if !has_selector {
+                    if let Some(&i) = eps_by_name.get(&key) {
+                        from_endpoints(&ctx, i, want, &mut out);
                     }
-                    if !has_selector {
-                        if let Some(&i) = eps_by_name.get(&key) {
-                            from_endpoints(&ctx, i, pname, proto, &mut out);
-                        }
-                    } else {
-                        from_pods(&ctx, svc, port, proto, &selected, &mut out);
-                    }
-                    sort_dedup(out)
-                })
-                .collect()
+                } else {
+                    from_pods(&ctx, svc, port, &selected, &mut out);
+                }
+                sort_dedup(out)
+            };
+            if svc.ports.is_empty() {
+                return vec![one(None)];
+            }
+            svc.ports.iter().map(|port| one(Some(port))).collect()
         })
         .collect()
 }
@@ -168,25 +179,31 @@ impl Names {
     }
 }
 
-fn from_slice(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut Vec<Endpoint>) {
+fn from_slice(ctx: &Ctx, i: usize, want: Want, out: &mut Vec<Endpoint>) {
     let s = &ctx.objects.slices[i];
     if s.address_type.as_ref().is_some_and(|t| t.v == "FQDN") {
         return;
     }
     // kube-proxy matches slice ports by (name, protocol); nil name or port is skipped.
-    let Some(sp) = s.ports.iter().find(|p| {
-        p.name.as_ref().map_or("", |n| n.v.as_str()) == pname
-            && protocol_of(p.protocol.as_ref().map(|x| x.v.as_str())) == proto
-    }) else {
-        return;
-    };
-    let Some(port) = sp
-        .port
-        .as_ref()
-        .and_then(|p| u16::try_from(p.v).ok())
-        .filter(|p| *p != 0)
-    else {
-        return;
+    let port = match want {
+        None => 0,
+        Some((pname, proto)) => {
+            let Some(sp) = s.ports.iter().find(|p| {
+                p.name.as_ref().map_or("", |n| n.v.as_str()) == pname
+                    && protocol_of(p.protocol.as_ref().map(|x| x.v.as_str())) == proto
+            }) else {
+                return;
+            };
+            let Some(port) = sp
+                .port
+                .as_ref()
+                .and_then(|p| u16::try_from(p.v).ok())
+                .filter(|p| *p != 0)
+            else {
+                return;
+            };
+            port
+        }
     };
     let source: Arc<str> = format!("EndpointSlice {}/{}", s.meta.namespace.v, s.meta.name.v).into();
     for e in &s.endpoints {
@@ -212,24 +229,27 @@ fn from_slice(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut Vec<E
     }
 }
 
-fn from_endpoints(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut Vec<Endpoint>) {
+fn from_endpoints(ctx: &Ctx, i: usize, want: Want, out: &mut Vec<Endpoint>) {
     let e = &ctx.objects.endpoints[i];
     if e.meta.label(SKIP_MIRROR_LABEL) == Some("true") {
         return;
     }
     let source: Arc<str> = format!("Endpoints {}/{}", e.meta.namespace.v, e.meta.name.v).into();
     for ss in &e.subsets {
-        let Some(port) = ss
-            .ports
-            .iter()
-            .find(|p| {
-                p.name.as_ref().map_or("", |n| n.v.as_str()) == pname
-                    && protocol_of(p.protocol.as_ref().map(|x| x.v.as_str())) == proto
-            })
-            .and_then(|p| p.port.as_ref())
-            .and_then(|p| u16::try_from(p.v).ok())
-            .filter(|p| *p != 0)
-        else {
+        let port = match want {
+            None => Some(0),
+            Some((pname, proto)) => ss
+                .ports
+                .iter()
+                .find(|p| {
+                    p.name.as_ref().map_or("", |n| n.v.as_str()) == pname
+                        && protocol_of(p.protocol.as_ref().map(|x| x.v.as_str())) == proto
+                })
+                .and_then(|p| p.port.as_ref())
+                .and_then(|p| u16::try_from(p.v).ok())
+                .filter(|p| *p != 0),
+        };
+        let Some(port) = port else {
             continue;
         };
         for (addrs, ready) in [(&ss.addresses, true), (&ss.not_ready, false)] {
@@ -260,8 +280,7 @@ fn from_endpoints(ctx: &Ctx, i: usize, pname: &str, proto: Protocol, out: &mut V
 fn from_pods(
     ctx: &Ctx,
     svc: &Service,
-    port: &crate::k8s::Port,
-    proto: Protocol,
+    port: Option<&crate::k8s::Port>,
     pods: &[&Pod],
     out: &mut Vec<Endpoint>,
 ) {
@@ -277,24 +296,33 @@ fn from_pods(
         if matches!(pod.phase.as_deref(), Some("Succeeded" | "Failed")) {
             continue;
         }
-        let target = match &port.target_port {
-            None => port.port.as_ref().map(|p| p.v),
-            Some(t) => match &t.v {
-                IntOrString::Int(n) => Some(*n),
-                IntOrString::Str(name) => pod
-                    .container_ports
-                    .iter()
-                    .find(|c| {
-                        c.name.as_deref() == Some(name) && protocol_of(Some(&c.protocol)) == proto
-                    })
-                    .map(|c| c.port),
-            },
-        };
-        let Some(tp) = target
-            .and_then(|t| u16::try_from(t).ok())
-            .filter(|t| *t != 0)
-        else {
-            continue;
+        let tp = match port {
+            // A service without ports: the pod, whatever it listens on.
+            None => 0,
+            Some(port) => {
+                let proto = protocol_of(port.protocol.as_ref().map(|p| p.v.as_str()));
+                let target = match &port.target_port {
+                    None => port.port.as_ref().map(|p| p.v),
+                    Some(t) => match &t.v {
+                        IntOrString::Int(n) => Some(*n),
+                        IntOrString::Str(name) => pod
+                            .container_ports
+                            .iter()
+                            .find(|c| {
+                                c.name.as_deref() == Some(name)
+                                    && protocol_of(Some(&c.protocol)) == proto
+                            })
+                            .map(|c| c.port),
+                    },
+                };
+                let Some(tp) = target
+                    .and_then(|t| u16::try_from(t).ok())
+                    .filter(|t| *t != 0)
+                else {
+                    continue;
+                };
+                tp
+            }
         };
         // The controller's podToEndpoint: serving is the pod's Ready condition; ready is
         // serving and not terminating, or publishNotReadyAddresses.

@@ -197,8 +197,11 @@ pub fn endpoint_hostname(ip: &IpAddr, hostname: Option<&str>) -> String {
 /// per named port (name, protocol, endpoint port)), sorted by (hostname, address).
 pub fn headless_endpoints(svc: &Service) -> Vec<HeadlessEndpoint> {
     let mut out: Vec<HeadlessEndpoint> = Vec::new();
-    for p in &svc.ports {
-        for e in p.endpoints.iter().filter(|e| e.ready) {
+    // A service without ports still has its endpoints' A/AAAA records (no SRV).
+    let portless = (None, &svc.portless_endpoints);
+    let ports = svc.ports.iter().map(|p| (Some(p), &p.endpoints));
+    for (p, endpoints) in ports.chain([portless]) {
+        for e in endpoints.iter().filter(|e| e.ready) {
             let host = endpoint_hostname(&e.ip, e.hostname.as_deref());
             let i = match out.iter().position(|h| h.ip == e.ip && h.hostname == host) {
                 Some(i) => i,
@@ -211,7 +214,7 @@ pub fn headless_endpoints(svc: &Service) -> Vec<HeadlessEndpoint> {
                     out.len() - 1
                 }
             };
-            if !p.name.is_empty() {
+            if let Some(p) = p.filter(|p| !p.name.is_empty()) {
                 out[i]
                     .ports
                     .push((p.name.clone(), p.protocol.lower(), e.port));

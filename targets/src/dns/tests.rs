@@ -262,3 +262,79 @@ fn the_target_gives_a_file_per_zone() {
         }
     }
 }
+
+#[test]
+fn a_headless_service_publishes_only_its_own_families_of_selected_pods() {
+    // The EndpointSlice controller makes slices only for the service's families: a
+    // headless service the API server defaults to single-stack gets no AAAA from
+    // dual-stack pods; with RequireDualStack it gets both.
+    let pod = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: db-0, namespace: prod, labels: {app: db}}\nspec: {nodeName: n1}\nstatus:\n  podIPs: [{ip: 10.244.1.5}, {ip: \"fd00:244::5\"}]\n  conditions: [{type: Ready, status: \"True\"}]\n";
+    let svc = |policy: &str| {
+        format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: prod}}\nspec:\n  clusterIP: None\n  {policy}selector: {{app: db}}\n  ports: [{{name: pg, port: 5432}}]\n")
+    };
+    let zone = |policy: &str| {
+        records(&write_zone(
+            &module(&format!("{CLUSTER}{}{pod}", svc(policy))),
+            &Options::default(),
+        ))
+    };
+    let single = zone("");
+    assert!(single.contains(&"db.prod.svc.cluster.local. 5 IN A 10.244.1.5".into()));
+    assert!(
+        !single
+            .iter()
+            .any(|l| l.starts_with("db.prod.svc.cluster.local. ") && l.contains(" AAAA ")),
+        "{single:?}"
+    );
+    let dual = zone("ipFamilyPolicy: RequireDualStack\n  ");
+    assert!(
+        dual.contains(&"db.prod.svc.cluster.local. 5 IN AAAA fd00:244::5".into()),
+        "{dual:?}"
+    );
+    let v6 = zone("ipFamilies: [IPv6]\n  ");
+    assert!(
+        !v6.contains(&"db.prod.svc.cluster.local. 5 IN A 10.244.1.5".into()),
+        "{v6:?}"
+    );
+    assert!(
+        v6.contains(&"db.prod.svc.cluster.local. 5 IN AAAA fd00:244::5".into()),
+        "{v6:?}"
+    );
+}
+
+#[test]
+fn a_headless_service_without_ports_still_has_its_endpoints_records() {
+    // A StatefulSet's governing service often has no ports: CoreDNS still serves the
+    // service's and each pod's A records (no SRV). Selected pods and a given slice alike.
+    let pod = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: db-0, namespace: prod, labels: {app: db}}\nspec: {nodeName: n1, hostname: db-0, subdomain: db}\nstatus:\n  podIPs: [{ip: 10.244.1.5}]\n  conditions: [{type: Ready, status: \"True\"}]\n";
+    let svc = "---\napiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: prod}\nspec: {clusterIP: None, selector: {app: db}}\n";
+    let r = records(&write_zone(
+        &module(&format!("{CLUSTER}{svc}{pod}")),
+        &Options::default(),
+    ));
+    assert!(
+        r.contains(&"db.prod.svc.cluster.local. 5 IN A 10.244.1.5".into()),
+        "{r:?}"
+    );
+    assert!(
+        r.contains(&"db-0.db.prod.svc.cluster.local. 5 IN A 10.244.1.5".into()),
+        "{r:?}"
+    );
+    assert!(!r.iter().any(|l| l.contains(" SRV ")), "{r:?}");
+
+    let bare = "---\napiVersion: v1\nkind: Service\nmetadata: {name: ext, namespace: prod}\nspec: {clusterIP: None}\n";
+    let slice = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: ext-1, namespace: prod, labels: {kubernetes.io/service-name: ext}}\naddressType: IPv4\nendpoints:\n- addresses: [192.0.2.7]\n- addresses: [192.0.2.8]\n  conditions: {ready: false}\n";
+    let r = records(&write_zone(
+        &module(&format!("{CLUSTER}{bare}{slice}")),
+        &Options::default(),
+    ));
+    assert!(
+        r.contains(&"ext.prod.svc.cluster.local. 5 IN A 192.0.2.7".into()),
+        "{r:?}"
+    );
+    assert!(
+        r.contains(&"192-0-2-7.ext.prod.svc.cluster.local. 5 IN A 192.0.2.7".into()),
+        "{r:?}"
+    );
+    assert!(!r.iter().any(|l| l.contains("192.0.2.8")), "{r:?}");
+}
