@@ -687,6 +687,12 @@ fn with_rules(def: &str, rules: &[&str]) -> String {
     out
 }
 
+/// Whether a set's lost elements can go by `delete element` (a set without flags);
+/// intervals and timeouts are refilled whole.
+fn deletable(def: &str) -> bool {
+    !def.contains(" flags ")
+}
+
 /// What a set's elements change from `before` to `now` (each sorted by key): the lines
 /// that go (gone, or replaced by another line for their key) and the elements that come.
 fn element_changes<'a>(
@@ -808,7 +814,6 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
             (!gone.is_empty() || !added.is_empty()).then_some((set, def, gone, added))
         })
         .collect();
-    let deletable = |def: &str| !def.contains(" flags ");
     let refill: usize = changed
         .iter()
         .filter(|(_, def, gone, _)| !gone.is_empty() && deletable(def))
@@ -939,7 +944,7 @@ fn scratch_document(old: &Doc, new: &Doc, d: &mut Delta) -> String {
         let def = new.set_at.get(x.as_str()).map(|&i| new.sets[i].1);
         let partial = old.set_at.contains_key(x.as_str())
             && !new.set_at.contains_key(gone_set(x).as_str())
-            && def.is_some_and(|def| !def.contains(" flags "));
+            && def.is_some_and(deletable);
         if !partial {
             lines.extend(new.elements(x).iter().map(|e| e.2));
             continue;
