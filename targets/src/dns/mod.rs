@@ -325,10 +325,13 @@ impl Zones {
                     }
                 }
                 srv.sort();
-                srv.dedup();
-                for (name, port, host) in &srv {
-                    let n = srv.iter().filter(|s| &s.0 == name).count();
-                    let weight = (100 / n).max(1);
+                // CoreDNS's weight: 100 over the records of the name before it drops
+                // duplicate targets, so a dual-stack host counts once per address.
+                let count = |name: &str| srv.iter().filter(|s| s.0 == name).count();
+                let weights: Vec<usize> = srv.iter().map(|s| (100 / count(&s.0)).max(1)).collect();
+                let mut srv: Vec<_> = srv.iter().zip(weights).collect();
+                srv.dedup_by(|a, b| a.0 == b.0);
+                for ((name, port, host), weight) in srv {
                     rrs.push(rr(name, "SRV", format!("0 {weight} {port} {host}")));
                 }
             }

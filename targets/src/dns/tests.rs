@@ -338,3 +338,29 @@ fn a_headless_service_without_ports_still_has_its_endpoints_records() {
     );
     assert!(!r.iter().any(|l| l.contains("192.0.2.8")), "{r:?}");
 }
+
+#[test]
+fn srv_weights_count_each_address_of_a_dual_stack_endpoint() {
+    // CoreDNS weighs an SRV name by its records before dropping duplicate targets: two
+    // dual-stack pods are four records, so each target gets 100/4, whether its two
+    // addresses share a hostname (one SRV) or not (one per dashed address).
+    let slice = |fam: &str, a: &str, b: &str| {
+        format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: db-{}, labels: {{kubernetes.io/service-name: db}}}}\naddressType: {fam}\nports: [{{name: pg, port: 5432}}]\nendpoints:\n- addresses: [\"{a}\"]\n  hostname: db-0\n- addresses: [\"{b}\"]\n", fam.to_lowercase())
+    };
+    let y = format!(
+        "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db}}\nspec:\n  clusterIP: None\n  ipFamilyPolicy: RequireDualStack\n  ports: [{{name: pg, port: 5432}}]\n{}{}",
+        slice("IPv4", "10.244.1.5", "10.244.1.6"),
+        slice("IPv6", "fd00::5", "fd00::6"),
+    );
+    let r = records(&write_zone(&module(&y), &Options::default()));
+    let srv: Vec<&String> = r.iter().filter(|l| l.contains(" SRV ")).collect();
+    let base = "db.default.svc.cluster.local.";
+    assert_eq!(
+        srv,
+        [
+            &format!("_pg._tcp.{base} 5 IN SRV 0 25 5432 10-244-1-6.{base}"),
+            &format!("_pg._tcp.{base} 5 IN SRV 0 25 5432 db-0.{base}"),
+            &format!("_pg._tcp.{base} 5 IN SRV 0 25 5432 fd00--6.{base}"),
+        ]
+    );
+}
