@@ -42,7 +42,7 @@ use crate::cli::Command;
 use crate::compile::Compiled;
 use crate::inputs::read_file;
 use crate::report::Fail;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io;
@@ -204,6 +204,7 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
         mount_bpffs()?;
     }
     let found = Found::read(&inst);
+    found.owned_by(&inst, &cgroup)?;
     let current = found.current(&fingerprint);
     // What the pinned maps hold, where they may be written in place.
     let before = match (&current, args.full) {
@@ -474,6 +475,9 @@ struct Found {
     generations: Vec<PathBuf>,
     /// Per program: the program id its link runs (`None`: no link pinned).
     links: Vec<Option<u32>>,
+    /// The cgroup ids the pinned links are attached to (`bpf_link_info.cgroup.cgroup_id`;
+    /// 0 for a link whose cgroup is gone).
+    cgroups: BTreeSet<u64>,
 }
 
 impl Found {
@@ -486,14 +490,41 @@ impl Found {
             .map(|e| e.path())
             .collect();
         generations.sort();
+        let mut cgroups = BTreeSet::new();
         let links = PROGRAMS
             .iter()
             .map(|(name, _)| {
                 let fd = obj_get(&inst.join(format!("link_{name}"))).ok()?;
-                info(fd.as_raw_fd()).ok().map(|i| i[2])
+                let i = info(fd.as_raw_fd()).ok()?;
+                // bpf_link_info: type, id, prog_id, then (8-aligned) cgroup_id.
+                cgroups.insert(u64::from(i[4]) | u64::from(i[5]) << 32);
+                Some(i[2])
             })
             .collect();
-        Found { generations, links }
+        Found {
+            generations,
+            links,
+            cgroups,
+        }
+    }
+
+    /// An instance directory is named from the cgroup's path, `/` and `.` both as `_`, so
+    /// two cgroups (`a/b`, `a.b`, `a_b`) can share a name. Its links say whose it is: one
+    /// attached to another cgroup is refused, never switched over.
+    fn owned_by(&self, inst: &Path, cgroup: &Path) -> Result<(), Fail> {
+        use std::os::unix::fs::MetadataExt;
+        let id = fs::metadata(cgroup)
+            .map_err(|e| Fail(format!("--cgroup {}: {e}", cgroup.display())))?
+            .ino();
+        match self.cgroups.iter().find(|&&c| c != 0 && c != id) {
+            None => Ok(()),
+            Some(other) => Err(Fail(format!(
+                "{} holds the links of another cgroup (id {other}; {} is id {id}): their names \
+                 collide in the pin directory; give one of them its own --pin-dir",
+                inst.display(),
+                cgroup.display()
+            ))),
+        }
     }
 
     /// The generation every link runs, made by this binary for this namespace.

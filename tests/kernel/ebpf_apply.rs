@@ -765,3 +765,75 @@ fn sigkill_leaves_old_or_new() {
     );
     generation(&inst);
 }
+
+/// Two cgroups whose pin-instance names collide (`X/a.b` and `X/a_b` are both
+/// `cg-X_a_b`): the second apply is refused (exit 2) instead of switching the first
+/// cgroup's links to its maps, and the first cgroup's apply goes on unchanged.
+#[test]
+fn a_pin_instance_of_another_cgroup_is_refused() {
+    let test = "kernel ebpf apply: colliding instance names";
+    let Some(cgroot) = prerequisites(test) else {
+        return;
+    };
+    struct Nested {
+        inst: PathBuf,
+        children: Vec<PathBuf>,
+        _parent: Cgroup,
+    }
+    impl Drop for Nested {
+        fn drop(&mut self) {
+            // The pins first (their links detach), then the cgroups, innermost first.
+            let _ = std::fs::remove_dir_all(&self.inst);
+            for c in &self.children {
+                let _ = std::fs::remove_dir(c);
+            }
+        }
+    }
+    let t = TempDir::new("ebpf-collide");
+    let dir = t.path().join("in");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("cluster.yaml"),
+        manifests(&["10.244.1.2"], &["10.244.1.2"]),
+    )
+    .unwrap();
+    let lab = Lab::new("ebcl", &LabSpec::default()).expect("lab");
+    let parent = Cgroup::new(&cgroot);
+    let (dotted, underscored) = (parent.0.join("a.b"), parent.0.join("a_b"));
+    let inst = Path::new(PIN_ROOT).join(format!(
+        "cg-{}_a_b",
+        parent.0.file_name().unwrap().to_string_lossy()
+    ));
+    let _cleanup = Nested {
+        inst: inst.clone(),
+        children: vec![dotted.clone(), underscored.clone()],
+        _parent: parent,
+    };
+    std::fs::create_dir(&dotted).unwrap();
+    std::fs::create_dir(&underscored).unwrap();
+    let node = lab.netns("node").to_string();
+    let (s1, s2) = (t.path().join("state-1"), t.path().join("state-2"));
+
+    let r = apply(&dir, &s1, &dotted, &node, &[]);
+    if r.code == 2 && r.stderr.contains("built without the socket load balancer") {
+        return skip(test, "svc-compile was built without clang");
+    }
+    r.expect(0);
+    assert!(inst.join("link_sock4_connect").exists(), "{}", r.stdout);
+    let r = apply(&dir, &s2, &underscored, &node, &[]);
+    r.expect(2);
+    assert!(
+        r.stderr.contains("holds the links of another cgroup"),
+        "{}",
+        r.stderr
+    );
+    // The first cgroup's instance is as it was.
+    let r = apply(&dir, &s1, &dotted, &node, &[]);
+    r.expect(0);
+    assert!(
+        r.stdout
+            .contains("unchanged: incremental: 0 entries written, 0 deleted"),
+        "{}",
+        r.stdout
+    );
+}
