@@ -206,9 +206,15 @@ fn service(
     if d.chance(6) {
         out.push_str("  trafficDistribution: PreferClose\n");
     }
-    let nports = 1 + d.below(3);
+    // A headless service may have no ports (a StatefulSet's governing service): DNS only.
+    let nports = match ty == "headless" && d.chance(4) {
+        true => 0,
+        false => 1 + d.below(3),
+    };
     let mut ports = Vec::new();
-    out.push_str("  ports:\n");
+    if nports > 0 {
+        out.push_str("  ports:\n");
+    }
     for p in 0..nports {
         let proto = if d.chance(3) {
             d.pick(&PROTOCOLS)
@@ -255,7 +261,12 @@ fn service(
         out.push_str("endpoints:\n");
         for e in 0..d.below(5) {
             let n = 1 + d.below(nodes as u32);
-            let host = 2 + s * 10 + e;
+            // Now and then the address of the first slice's endpoint (a pod listed twice,
+            // perhaps on another node: each node serves its own copy).
+            let host = match s > 0 && d.chance(6) {
+                true => 2 + e,
+                false => 2 + s * 10 + e,
+            };
             let addr = match fam {
                 "IPv6" => format!("'fd00:10:244:{n}::{host:x}'"),
                 _ => format!("10.244.{n}.{host}"),
@@ -282,7 +293,7 @@ fn service(
             }
         }
     }
-    if ports.iter().any(|p| p.2) && d.chance(2) {
+    if (ports.is_empty() || ports.iter().any(|p| p.2)) && d.chance(2) {
         let n = 1 + d.below(nodes as u32);
         let _ = write!(
             out,
