@@ -32,8 +32,7 @@ pub struct Allocation {
     /// Field paths that svc-compile filled.
     pub allocated: Vec<String>,
     /// A headless service's families as the API server defaults them (it has no cluster
-    /// IPs to tell): the written `ipFamilies`, else by `ipFamilyPolicy` (selectorless and
-    /// unset: every family of the cluster). Empty without allocation or for other services.
+    /// IPs to tell; see `headless_families`). Empty for other services.
     pub headless_families: Vec<IpFamily>,
 }
 
@@ -94,20 +93,42 @@ fn hash64(s: &str) -> u64 {
     u64::from_be_bytes(d[..8].try_into().unwrap())
 }
 
-/// The API server's defaulting of a headless service's families: a selectorless one
-/// without `ipFamilyPolicy` or `ipFamilies` is RequireDualStack; the others as any service.
+/// The API server's defaulting of a headless service's families (`initIPFamilyFields`).
+/// With a selector, as any service. Without one, the policy defaults to RequireDualStack,
+/// which gets the other family even on a single-stack cluster (such a service only names
+/// its endpoints, it allocates nothing); PreferDualStack gets it on a dual-stack cluster.
 fn headless_families(s: &Service, settings: &Settings) -> Vec<IpFamily> {
     let selectorless = s.selector.as_ref().is_none_or(|m| m.is_empty());
-    if selectorless && s.ip_family_policy.is_none() && s.ip_families.is_empty() {
-        let mut fams: Vec<IpFamily> = Vec::new();
-        for c in &settings.service_cidrs {
-            if !fams.contains(&c.family()) {
-                fams.push(c.family());
-            }
-        }
-        return fams;
+    if !selectorless {
+        return wanted_families(s, settings);
     }
-    wanted_families(s, settings)
+    let mut fams: Vec<IpFamily> = Vec::new();
+    for f in s.ip_families.iter().filter_map(|f| IpFamily::parse(&f.v)) {
+        if !fams.contains(&f) {
+            fams.push(f);
+        }
+    }
+    if fams.is_empty() {
+        let primary = settings.service_cidrs.first().map(|c| c.family());
+        fams.push(primary.unwrap_or(IpFamily::IPv4));
+    }
+    let dual_cluster = settings
+        .service_cidrs
+        .iter()
+        .any(|c| Some(c.family()) != settings.service_cidrs.first().map(|f| f.family()));
+    let add_other = match s.ip_family_policy.as_ref().map(|p| p.v.as_str()) {
+        None | Some("RequireDualStack") => true,
+        Some("PreferDualStack") => dual_cluster,
+        _ => false,
+    };
+    if add_other && fams.len() == 1 {
+        fams.push(match fams[0] {
+            IpFamily::IPv4 => IpFamily::IPv6,
+            IpFamily::IPv6 => IpFamily::IPv4,
+        });
+    }
+    fams.truncate(2);
+    fams
 }
 
 /// Families the service gets cluster IPs for, primary first.
@@ -397,14 +418,15 @@ pub fn allocate(
             headless_families: vec![],
         })
         .collect();
-    let mut new_lock = Lock::default();
-    if !enabled {
-        return (out, new_lock);
-    }
+    // Defaulting, not allocation: also under `--no-allocate`.
     for (a, s) in out.iter_mut().zip(svcs) {
         if is_headless(s) && svc_type(s) != "ExternalName" {
             a.headless_families = headless_families(s, settings);
         }
+    }
+    let mut new_lock = Lock::default();
+    if !enabled {
+        return (out, new_lock);
     }
     let mut pools: Vec<IpPool> = settings
         .service_cidrs
@@ -758,6 +780,33 @@ mod tests {
     }
     fn module(yaml: &str) -> Module {
         compile(yaml, None).module
+    }
+
+    #[test]
+    fn headless_families_are_defaulted_as_the_api_server_does() {
+        use crate::net::IpFamily::{IPv4, IPv6};
+        let dual = "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\nserviceClusterIPRange: 10.96.0.0/16,fd00:96::/112\n---\n";
+        let fams = |cluster: &str, spec: &str| {
+            let y = format!("{cluster}apiVersion: v1\nkind: Service\nmetadata: {{name: h}}\nspec:\n  clusterIP: None\n{spec}  ports: [{{port: 80}}]\n");
+            module(&y).services[0].ip_families.clone()
+        };
+        let sel = "  selector: {app: h}\n";
+        // Selectorless: RequireDualStack by default, on any cluster.
+        assert_eq!(fams("", ""), [IPv4, IPv6]);
+        assert_eq!(fams("", "  ipFamilies: [IPv6]\n"), [IPv6, IPv4]);
+        assert_eq!(fams("", "  ipFamilyPolicy: SingleStack\n"), [IPv4]);
+        // PreferDualStack adds the other family only on a dual-stack cluster.
+        assert_eq!(fams("", "  ipFamilyPolicy: PreferDualStack\n"), [IPv4]);
+        assert_eq!(
+            fams(dual, "  ipFamilyPolicy: PreferDualStack\n"),
+            [IPv4, IPv6]
+        );
+        // With a selector: as any service (single-stack unless asked).
+        assert_eq!(fams(dual, sel), [IPv4]);
+        assert_eq!(
+            fams(dual, &format!("{sel}  ipFamilyPolicy: RequireDualStack\n")),
+            [IPv4, IPv6]
+        );
     }
 
     #[test]

@@ -194,14 +194,19 @@ pub fn endpoint_hostname(ip: &IpAddr, hostname: Option<&str>) -> String {
 }
 
 /// The ready endpoints of a headless service as DNS sees them: (hostname, address, and
-/// per named port (name, protocol, endpoint port)), sorted by (hostname, address).
+/// per named port (name, protocol, endpoint port)), sorted by (hostname, address). Every
+/// slice's listing counts, as CoreDNS reads them all: an address two slices list has the
+/// records of each ready copy (its own hostname), and its ports once per copy.
 pub fn headless_endpoints(svc: &Service) -> Vec<HeadlessEndpoint> {
     let mut out: Vec<HeadlessEndpoint> = Vec::new();
     // A service without ports still has its endpoints' A/AAAA records (no SRV).
     let portless = (None, &svc.portless_endpoints);
     let ports = svc.ports.iter().map(|p| (Some(p), &p.endpoints));
     for (p, endpoints) in ports.chain([portless]) {
-        for e in endpoints.iter().filter(|e| e.ready) {
+        let listed = endpoints
+            .iter()
+            .flat_map(|e| std::iter::once(e).chain(&e.copies));
+        for e in listed.filter(|e| e.ready) {
             let host = endpoint_hostname(&e.ip, e.hostname.as_deref());
             let i = match out.iter().position(|h| h.ip == e.ip && h.hostname == host) {
                 Some(i) => i,
@@ -229,7 +234,8 @@ pub fn headless_endpoints(svc: &Service) -> Vec<HeadlessEndpoint> {
 pub struct HeadlessEndpoint {
     pub hostname: String,
     pub ip: IpAddr,
-    /// (port name, lower-case protocol, endpoint port) for each named service port.
+    /// (port name, lower-case protocol, endpoint port) for each named service port, once
+    /// per listing of the address (CoreDNS weighs SRV records by these).
     pub ports: Vec<(String, &'static str, u16)>,
 }
 
@@ -326,7 +332,8 @@ impl Zones {
                 }
                 srv.sort();
                 // CoreDNS's weight: 100 over the records of the name before it drops
-                // duplicate targets, so a dual-stack host counts once per address.
+                // duplicate targets, so a dual-stack host counts once per address and an
+                // address two slices list counts twice.
                 let count = |name: &str| srv.iter().filter(|s| s.0 == name).count();
                 let weights: Vec<usize> = srv.iter().map(|s| (100 / count(&s.0)).max(1)).collect();
                 let mut srv: Vec<_> = srv.iter().zip(weights).collect();

@@ -364,3 +364,44 @@ fn srv_weights_count_each_address_of_a_dual_stack_endpoint() {
         ]
     );
 }
+
+#[test]
+fn every_slice_listing_an_address_counts() {
+    // Slice `a` lists 10.244.1.5 not ready, slice `b` ready with a hostname: CoreDNS reads
+    // both, so the ready copy has its records whichever slice sorts first; and the SRV
+    // weight counts each listing (.5 twice, .6, .7: 100/4).
+    let slice = |name: &str, eps: &str| {
+        format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, labels: {{kubernetes.io/service-name: db}}}}\naddressType: IPv4\nports: [{{name: pg, port: 5432}}]\nendpoints:\n{eps}")
+    };
+    let svc = "---\napiVersion: v1\nkind: Service\nmetadata: {name: db}\nspec:\n  clusterIP: None\n  ports: [{name: pg, port: 5432}]\n";
+    let y = format!(
+        "{CLUSTER}{svc}{}{}",
+        slice(
+            "a",
+            "- addresses: [10.244.1.5]\n  conditions: {ready: false}\n"
+        ),
+        slice("b", "- addresses: [10.244.1.5]\n  hostname: db-0\n")
+    );
+    let r = records(&write_zone(&module(&y), &Options::default()));
+    let base = "db.default.svc.cluster.local.";
+    assert!(r.contains(&format!("{base} 5 IN A 10.244.1.5")), "{r:?}");
+    assert!(
+        r.contains(&format!("db-0.{base} 5 IN A 10.244.1.5")),
+        "{r:?}"
+    );
+    let y = format!(
+        "{CLUSTER}{svc}{}{}",
+        slice(
+            "a",
+            "- addresses: [10.244.1.5]\n- addresses: [10.244.1.6]\n"
+        ),
+        slice(
+            "b",
+            "- addresses: [10.244.1.5]\n- addresses: [10.244.1.7]\n"
+        )
+    );
+    let r = records(&write_zone(&module(&y), &Options::default()));
+    let srv: Vec<&String> = r.iter().filter(|l| l.contains(" SRV ")).collect();
+    assert_eq!(srv.len(), 3, "{srv:?}");
+    assert!(srv.iter().all(|l| l.contains(" SRV 0 25 5432 ")), "{srv:?}");
+}
