@@ -496,8 +496,7 @@ impl Found {
             .map(|(name, _)| {
                 let fd = obj_get(&inst.join(format!("link_{name}"))).ok()?;
                 let i = info(fd.as_raw_fd()).ok()?;
-                // bpf_link_info: type, id, prog_id, then (8-aligned) cgroup_id.
-                cgroups.insert(u64::from(i[4]) | u64::from(i[5]) << 32);
+                cgroups.insert(link_cgroup(&i));
                 Some(i[2])
             })
             .collect();
@@ -520,7 +519,8 @@ impl Found {
             None => Ok(()),
             Some(other) => Err(Fail(format!(
                 "{} holds the links of another cgroup (id {other}; {} is id {id}): their names \
-                 collide in the pin directory; give one of them its own --pin-dir",
+                 collide in the pin directory (or an earlier cgroup at this path is not yet \
+                 released); give one of them its own --pin-dir",
                 inst.display(),
                 cgroup.display()
             ))),
@@ -531,6 +531,11 @@ impl Found {
     fn current(&self, fingerprint: &str) -> Result<PathBuf, String> {
         if self.links.iter().all(Option::is_none) {
             return Err("first apply".into());
+        }
+        if self.cgroups.contains(&0) {
+            // The kernel detached them when their cgroup went (a cgroup made again at the
+            // path is a new one): they run nothing, whatever program they still name.
+            return Err("the cgroup links are detached (their cgroup was removed)".into());
         }
         for g in &self.generations {
             let ids: Vec<Option<u32>> = PROGRAMS
@@ -798,7 +803,11 @@ fn switch(inst: &Path, cgroup: &Path, progs: &[OwnedFd]) -> Result<(), String> {
     for (i, (name, attach)) in PROGRAMS.iter().enumerate() {
         let pin = inst.join(format!("link_{name}"));
         let prog = progs[i].as_raw_fd() as u64;
-        match obj_get(&pin) {
+        // A link its cgroup's removal detached cannot be updated (ENOLINK): made anew.
+        let live = obj_get(&pin)
+            .ok()
+            .filter(|l| info(l.as_raw_fd()).is_ok_and(|i| link_cgroup(&i) != 0));
+        match live.ok_or(()) {
             Ok(link) => {
                 // BPF_LINK_UPDATE { link_fd, new_prog_fd, flags 0, old_prog_fd 0 }
                 calls.push(Call::Update([
@@ -1015,6 +1024,12 @@ fn info(fd: RawFd) -> io::Result<[u32; 8]> {
         };
     }
     Ok(out)
+}
+
+/// A cgroup link's cgroup id from its [`info`] words: `bpf_link_info` is type, id,
+/// prog_id, then (8-aligned) `cgroup.cgroup_id`, 0 once the kernel detached the link.
+fn link_cgroup(i: &[u32; 8]) -> u64 {
+    u64::from(i[4]) | u64::from(i[5]) << 32
 }
 
 /// The cookie of network namespace `name` (`/run/netns/NAME`): that of a socket made in it.

@@ -837,3 +837,90 @@ fn a_pin_instance_of_another_cgroup_is_refused() {
         r.stdout
     );
 }
+
+/// The cgroup id a pinned cgroup link reports (`bpftool link show pinned`; 0 once the
+/// kernel detached it).
+fn link_cgroup_id(pin: &Path) -> Option<u64> {
+    let out = Command::new("bpftool")
+        .args(["-j", "link", "show", "pinned"])
+        .arg(pin)
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v.get("cgroup_id")?.as_u64()
+}
+
+/// A cgroup removed and made again at the same path: the kernel detached the old links
+/// (they still name their programs), so the next apply makes new links for the new
+/// cgroup instead of writing maps nobody runs, or updating a dead link.
+#[test]
+fn links_of_a_removed_cgroup_are_made_anew() {
+    let test = "kernel ebpf apply: a removed cgroup";
+    let Some(cgroot) = prerequisites(test) else {
+        return;
+    };
+    struct Nested {
+        inst: PathBuf,
+        child: PathBuf,
+        _parent: Cgroup,
+    }
+    impl Drop for Nested {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.inst);
+            let _ = std::fs::remove_dir(&self.child);
+        }
+    }
+    let t = TempDir::new("ebpf-regone");
+    let dir = t.path().join("in");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("cluster.yaml"),
+        manifests(&["10.244.1.2"], &["10.244.1.2"]),
+    )
+    .unwrap();
+    let lab = Lab::new("ebrg", &LabSpec::default()).expect("lab");
+    let parent = Cgroup::new(&cgroot);
+    let child = parent.0.join("pods");
+    let inst = Path::new(PIN_ROOT).join(format!(
+        "cg-{}_pods",
+        parent.0.file_name().unwrap().to_string_lossy()
+    ));
+    let _cleanup = Nested {
+        inst: inst.clone(),
+        child: child.clone(),
+        _parent: parent,
+    };
+    std::fs::create_dir(&child).unwrap();
+    let node = lab.netns("node").to_string();
+    let state = t.path().join("state");
+    let r = apply(&dir, &state, &child, &node, &[]);
+    if r.code == 2 && r.stderr.contains("built without the socket load balancer") {
+        return skip(test, "svc-compile was built without clang");
+    }
+    r.expect(0);
+    let pin = inst.join("link_sock4_connect");
+    assert!(link_cgroup_id(&pin).is_some_and(|id| id != 0));
+
+    // Removed (no process in it), the links detach as the cgroup is released.
+    std::fs::remove_dir(&child).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while link_cgroup_id(&pin) != Some(0) {
+        assert!(
+            Instant::now() < deadline,
+            "the link was not detached in 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::create_dir(&child).unwrap();
+    let r = apply(&dir, &state, &child, &node, &[]);
+    r.expect(0);
+    assert!(r.stdout.contains("detached"), "{}", r.stdout);
+    assert!(link_cgroup_id(&pin).is_some_and(|id| id != 0));
+    let shown = Command::new("bpftool")
+        .args(["-j", "cgroup", "show"])
+        .arg(&child)
+        .output()
+        .unwrap();
+    let attached: Vec<serde_json::Value> = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(attached.len(), 8, "{attached:?}");
+}
