@@ -160,6 +160,26 @@ fn endpoint_label(addr: &str, ready: bool, serving: bool, terminating: bool) -> 
     }
 }
 
+/// Every listing of the endpoints (a copy another slice lists too: each node serves its
+/// own), labelled with its state and node: where it runs decides Local policies, so a move
+/// is lost here and gained there. `bare`: the address without its port (port 0).
+fn listed(eps: &[crate::ir::Endpoint], bare: bool) -> BTreeSet<String> {
+    eps.iter()
+        .flat_map(|e| std::iter::once(e).chain(&e.copies))
+        .map(|e| {
+            let addr = match bare {
+                true => e.ip.to_string(),
+                false => e.addr.to_string(),
+            };
+            let label = endpoint_label(&addr, e.ready, e.serving, e.terminating);
+            match &e.node_name {
+                Some(n) => format!("{label} on {n}"),
+                None => label,
+            }
+        })
+        .collect()
+}
+
 fn gained_lost(old: &BTreeSet<String>, new: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
     (
         new.difference(old).cloned().collect(),
@@ -269,20 +289,8 @@ fn diff_service(key: &str, o: &Service, n: &Service) -> ServiceChange {
             target(&a.target_port),
             target(&b.target_port),
         );
-        let set = |p: &crate::ir::ServicePort| -> BTreeSet<String> {
-            p.endpoints
-                .iter()
-                .map(|e| {
-                    let label = endpoint_label(&e.addr, e.ready, e.serving, e.terminating);
-                    // Where it runs decides Local policies: a move is lost here, gained there.
-                    match &e.node_name {
-                        Some(n) => format!("{label} on {n}"),
-                        None => label,
-                    }
-                })
-                .collect()
-        };
-        let (gained, lost) = gained_lost(&set(a), &set(b));
+        let (gained, lost) =
+            gained_lost(&listed(&a.endpoints, false), &listed(&b.endpoints, false));
         if !gained.is_empty() || !lost.is_empty() {
             endpoints.push(EndpointChange {
                 port: name.clone(),
@@ -290,6 +298,18 @@ fn diff_service(key: &str, o: &Service, n: &Service) -> ServiceChange {
                 lost,
             });
         }
+    }
+    // A service without ports (headless: its DNS records) has its endpoints all the same.
+    let (gained, lost) = gained_lost(
+        &listed(&o.portless_endpoints, true),
+        &listed(&n.portless_endpoints, true),
+    );
+    if !gained.is_empty() || !lost.is_empty() {
+        endpoints.push(EndpointChange {
+            port: "(no ports)".into(),
+            gained,
+            lost,
+        });
     }
     ServiceChange {
         service: key.to_string(),
