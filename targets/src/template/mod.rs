@@ -67,6 +67,9 @@ pub struct ServiceV<'a> {
     pub session_affinity_timeout: Option<u32>,
     /// In spec order.
     pub ports: Vec<PortV<'a>>,
+    /// A service without ports (headless: DNS only): its endpoints, port 0. Empty when
+    /// the service has ports.
+    pub portless_endpoints: Vec<EndpointV<'a>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -115,6 +118,20 @@ pub struct FlatPort<'a> {
     pub port: PortV<'a>,
 }
 
+fn endpoint_v(e: &svc_compiler::ir::Endpoint) -> EndpointV<'_> {
+    EndpointV {
+        ip: e.ip,
+        port: e.port,
+        addr: &e.addr,
+        ready: e.ready,
+        serving: e.serving,
+        terminating: e.terminating,
+        node_name: e.node_name.as_deref(),
+        zone: e.zone.as_deref(),
+        hostname: e.hostname.as_deref(),
+    }
+}
+
 /// Builds the view. `views` are the node's views (empty for none).
 pub fn view<'a>(module: &'a Module, views: &'a [NodeView]) -> View<'a> {
     let domain = module.cluster.cluster_domain.trim_end_matches('.');
@@ -148,23 +165,10 @@ pub fn view<'a>(module: &'a Module, views: &'a [NodeView]) -> View<'a> {
                         TargetPort::Number(n) => n.to_string(),
                         TargetPort::Name(n) => n.clone(),
                     },
-                    endpoints: p
-                        .endpoints
-                        .iter()
-                        .map(|e| EndpointV {
-                            ip: e.ip,
-                            port: e.port,
-                            addr: &e.addr,
-                            ready: e.ready,
-                            serving: e.serving,
-                            terminating: e.terminating,
-                            node_name: e.node_name.as_deref(),
-                            zone: e.zone.as_deref(),
-                            hostname: e.hostname.as_deref(),
-                        })
-                        .collect(),
+                    endpoints: p.endpoints.iter().map(endpoint_v).collect(),
                 })
                 .collect(),
+            portless_endpoints: s.portless_endpoints.iter().map(endpoint_v).collect(),
         })
         .collect();
     let service_ports = services

@@ -258,3 +258,10 @@ fn the_code_is_documented() {
     let codes = include_str!("../../../compiler/src/codes.rs");
     assert!(codes.contains(&format!("//! - {TEMPLATE_ERROR_CODE}, error:")));
 }
+
+#[test]
+fn a_service_without_ports_shows_its_endpoints() {
+    let y = "apiVersion: v1\nkind: Service\nmetadata: {name: db}\nspec: {clusterIP: None}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: db-1, labels: {kubernetes.io/service-name: db}}\naddressType: IPv4\nendpoints:\n- {addresses: [10.244.1.7], hostname: db-0}\n";
+    let t = "{% for s in services %}{{ s.ports|length }}{% for e in s.portlessEndpoints %} {{ e.ip }} {{ e.hostname }}{% endfor %}{% endfor %}";
+    assert_eq!(render_ok(&module(y), t), "0 10.244.1.7 db-0");
+}
