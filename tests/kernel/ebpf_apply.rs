@@ -766,6 +766,54 @@ fn sigkill_leaves_old_or_new() {
     generation(&inst);
 }
 
+/// Cgroups made inside a fresh test cgroup, and the pin instance `cg-<parent>_<slug>`; on
+/// drop the pins go first (their links detach), then the cgroups, innermost first.
+struct Nested {
+    inst: PathBuf,
+    children: Vec<PathBuf>,
+    _parent: Cgroup,
+}
+
+impl Nested {
+    fn new(cgroot: &Path, children: &[&str], slug: &str) -> Nested {
+        let parent = Cgroup::new(cgroot);
+        let inst = Path::new(PIN_ROOT).join(format!(
+            "cg-{}_{slug}",
+            parent.0.file_name().unwrap().to_string_lossy()
+        ));
+        let nested = Nested {
+            inst,
+            children: children.iter().map(|c| parent.0.join(c)).collect(),
+            _parent: parent,
+        };
+        for c in &nested.children {
+            std::fs::create_dir(c).expect("create cgroup");
+        }
+        nested
+    }
+}
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.inst);
+        for c in &self.children {
+            let _ = std::fs::remove_dir(c);
+        }
+    }
+}
+
+/// A manifests directory in `t` with the node and one endpoint per service.
+fn one_service(t: &TempDir) -> PathBuf {
+    let dir = t.path().join("in");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("cluster.yaml"),
+        manifests(&["10.244.1.2"], &["10.244.1.2"]),
+    )
+    .unwrap();
+    dir
+}
+
 /// Two cgroups whose pin-instance names collide (`X/a.b` and `X/a_b` are both
 /// `cg-X_a_b`): the second apply is refused (exit 2) instead of switching the first
 /// cgroup's links to its maps, and the first cgroup's apply goes on unchanged.
@@ -775,42 +823,12 @@ fn a_pin_instance_of_another_cgroup_is_refused() {
     let Some(cgroot) = prerequisites(test) else {
         return;
     };
-    struct Nested {
-        inst: PathBuf,
-        children: Vec<PathBuf>,
-        _parent: Cgroup,
-    }
-    impl Drop for Nested {
-        fn drop(&mut self) {
-            // The pins first (their links detach), then the cgroups, innermost first.
-            let _ = std::fs::remove_dir_all(&self.inst);
-            for c in &self.children {
-                let _ = std::fs::remove_dir(c);
-            }
-        }
-    }
     let t = TempDir::new("ebpf-collide");
-    let dir = t.path().join("in");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("cluster.yaml"),
-        manifests(&["10.244.1.2"], &["10.244.1.2"]),
-    )
-    .unwrap();
+    let dir = one_service(&t);
     let lab = Lab::new("ebcl", &LabSpec::default()).expect("lab");
-    let parent = Cgroup::new(&cgroot);
-    let (dotted, underscored) = (parent.0.join("a.b"), parent.0.join("a_b"));
-    let inst = Path::new(PIN_ROOT).join(format!(
-        "cg-{}_a_b",
-        parent.0.file_name().unwrap().to_string_lossy()
-    ));
-    let _cleanup = Nested {
-        inst: inst.clone(),
-        children: vec![dotted.clone(), underscored.clone()],
-        _parent: parent,
-    };
-    std::fs::create_dir(&dotted).unwrap();
-    std::fs::create_dir(&underscored).unwrap();
+    let nested = Nested::new(&cgroot, &["a.b", "a_b"], "a_b");
+    let (dotted, underscored) = (nested.children[0].clone(), nested.children[1].clone());
+    let inst = nested.inst.clone();
     let node = lab.netns("node").to_string();
     let (s1, s2) = (t.path().join("state-1"), t.path().join("state-2"));
 
@@ -859,38 +877,11 @@ fn links_of_a_removed_cgroup_are_made_anew() {
     let Some(cgroot) = prerequisites(test) else {
         return;
     };
-    struct Nested {
-        inst: PathBuf,
-        child: PathBuf,
-        _parent: Cgroup,
-    }
-    impl Drop for Nested {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.inst);
-            let _ = std::fs::remove_dir(&self.child);
-        }
-    }
     let t = TempDir::new("ebpf-regone");
-    let dir = t.path().join("in");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("cluster.yaml"),
-        manifests(&["10.244.1.2"], &["10.244.1.2"]),
-    )
-    .unwrap();
+    let dir = one_service(&t);
     let lab = Lab::new("ebrg", &LabSpec::default()).expect("lab");
-    let parent = Cgroup::new(&cgroot);
-    let child = parent.0.join("pods");
-    let inst = Path::new(PIN_ROOT).join(format!(
-        "cg-{}_pods",
-        parent.0.file_name().unwrap().to_string_lossy()
-    ));
-    let _cleanup = Nested {
-        inst: inst.clone(),
-        child: child.clone(),
-        _parent: parent,
-    };
-    std::fs::create_dir(&child).unwrap();
+    let nested = Nested::new(&cgroot, &["pods"], "pods");
+    let (child, inst) = (nested.children[0].clone(), nested.inst.clone());
     let node = lab.netns("node").to_string();
     let state = t.path().join("state");
     let r = apply(&dir, &state, &child, &node, &[]);
