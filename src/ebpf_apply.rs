@@ -807,8 +807,8 @@ fn switch(inst: &Path, cgroup: &Path, progs: &[OwnedFd]) -> Result<(), String> {
         let live = obj_get(&pin)
             .ok()
             .filter(|l| info(l.as_raw_fd()).is_ok_and(|i| link_cgroup(&i) != 0));
-        match live.ok_or(()) {
-            Ok(link) => {
+        match live {
+            Some(link) => {
                 // BPF_LINK_UPDATE { link_fd, new_prog_fd, flags 0, old_prog_fd 0 }
                 calls.push(Call::Update([
                     link.as_raw_fd() as u64 | prog << 32,
@@ -818,7 +818,7 @@ fn switch(inst: &Path, cgroup: &Path, progs: &[OwnedFd]) -> Result<(), String> {
                 ]));
                 links.push(link);
             }
-            Err(_) => {
+            None => {
                 let _ = fs::remove_file(&pin);
                 paths.push(
                     CString::new(pin.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?,

@@ -165,7 +165,7 @@ fn endpoint_label(addr: &str, ready: bool, serving: bool, terminating: bool) -> 
 /// is lost here and gained there. `bare`: the address without its port (port 0).
 fn listed(eps: &[crate::ir::Endpoint], bare: bool) -> BTreeSet<String> {
     eps.iter()
-        .flat_map(|e| std::iter::once(e).chain(&e.copies))
+        .flat_map(crate::ir::Endpoint::listings)
         .map(|e| {
             let addr = match bare {
                 true => e.ip.to_string(),

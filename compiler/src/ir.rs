@@ -339,6 +339,14 @@ pub struct Endpoint {
     pub copies: Vec<Endpoint>,
 }
 
+impl Endpoint {
+    /// This endpoint and its [`copies`](Endpoint::copies): every slice's listing of the
+    /// `ip:port` (what CoreDNS and a diff of the slices see).
+    pub fn listings(&self) -> impl Iterator<Item = &Endpoint> {
+        std::iter::once(self).chain(&self.copies)
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Node {

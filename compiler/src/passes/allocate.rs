@@ -108,14 +108,14 @@ fn headless_families(s: &Service, settings: &Settings) -> Vec<IpFamily> {
             fams.push(f);
         }
     }
+    let primary = settings.service_cidrs.first().map(|c| c.family());
     if fams.is_empty() {
-        let primary = settings.service_cidrs.first().map(|c| c.family());
         fams.push(primary.unwrap_or(IpFamily::IPv4));
     }
     let dual_cluster = settings
         .service_cidrs
         .iter()
-        .any(|c| Some(c.family()) != settings.service_cidrs.first().map(|f| f.family()));
+        .any(|c| Some(c.family()) != primary);
     let add_other = match s.ip_family_policy.as_ref().map(|p| p.v.as_str()) {
         None | Some("RequireDualStack") => true,
         Some("PreferDualStack") => dual_cluster,

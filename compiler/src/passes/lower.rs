@@ -22,7 +22,7 @@ pub fn lower(
         .par_iter()
         .zip(resolved)
         .zip(allocs)
-        .map(|((s, eps), a)| {
+        .map(|((s, mut eps), a)| {
             let kind = match s.type_.as_ref().map(|t| t.v.as_str()) {
                 Some("NodePort") => ir::ServiceType::NodePort,
                 Some("LoadBalancer") => ir::ServiceType::LoadBalancer,
@@ -54,7 +54,7 @@ pub fn lower(
             }
             // A service without ports has one list: its endpoints at port 0.
             let portless_endpoints = if s.ports.is_empty() {
-                of_families(eps.first().cloned().unwrap_or_default(), &ip_families)
+                of_families(eps.pop().unwrap_or_default(), &ip_families)
             } else {
                 Vec::new()
             };
@@ -176,7 +176,6 @@ pub fn lower(
     }
 }
 
-/// kube-proxy's configuration with upstream defaults.
 /// The EndpointSlice controller makes slices only for the service's families, so the
 /// endpoints svc-compile selected from Pods keep only addresses of those (a single-stack
 /// service of dual-stack pods). Given slices and Endpoints are kept as they are.
@@ -187,6 +186,7 @@ fn of_families(mut eps: Vec<ir::Endpoint>, families: &[IpFamily]) -> Vec<ir::End
     eps
 }
 
+/// kube-proxy's configuration with upstream defaults.
 pub fn proxy_config(doc: Option<&ProxyConfigDoc>) -> ir::ProxyConfig {
     let d = doc.cloned().unwrap_or_default();
     let cluster_cidrs: Vec<Cidr> = d

@@ -8,7 +8,7 @@
 
 use crate::decode::IntOrString;
 use crate::ir::{Endpoint, Protocol};
-use crate::k8s::{Objects, Pod, Service};
+use crate::k8s::{Objects, Pod, Service, SlicePort};
 use crate::net::{join_host_port, parse_ip, HostPort};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -179,31 +179,31 @@ impl Names {
     }
 }
 
+/// The port a slice's (or an Endpoints subset's) endpoints serve `want` on: kube-proxy
+/// matches by (name, protocol), and a port without a number is skipped (`None`). A
+/// service without ports takes every endpoint, at port 0.
+fn port_for(ports: &[SlicePort], want: Want) -> Option<u16> {
+    let Some((pname, proto)) = want else {
+        return Some(0);
+    };
+    ports
+        .iter()
+        .find(|p| {
+            p.name.as_ref().map_or("", |n| n.v.as_str()) == pname
+                && protocol_of(p.protocol.as_ref().map(|x| x.v.as_str())) == proto
+        })
+        .and_then(|p| p.port.as_ref())
+        .and_then(|p| u16::try_from(p.v).ok())
+        .filter(|p| *p != 0)
+}
+
 fn from_slice(ctx: &Ctx, i: usize, want: Want, out: &mut Vec<Endpoint>) {
     let s = &ctx.objects.slices[i];
     if s.address_type.as_ref().is_some_and(|t| t.v == "FQDN") {
         return;
     }
-    // kube-proxy matches slice ports by (name, protocol); nil name or port is skipped.
-    let port = match want {
-        None => 0,
-        Some((pname, proto)) => {
-            let Some(sp) = s.ports.iter().find(|p| {
-                p.name.as_ref().map_or("", |n| n.v.as_str()) == pname
-                    && protocol_of(p.protocol.as_ref().map(|x| x.v.as_str())) == proto
-            }) else {
-                return;
-            };
-            let Some(port) = sp
-                .port
-                .as_ref()
-                .and_then(|p| u16::try_from(p.v).ok())
-                .filter(|p| *p != 0)
-            else {
-                return;
-            };
-            port
-        }
+    let Some(port) = port_for(&s.ports, want) else {
+        return;
     };
     let source: Arc<str> = format!("EndpointSlice {}/{}", s.meta.namespace.v, s.meta.name.v).into();
     for e in &s.endpoints {
@@ -236,20 +236,7 @@ fn from_endpoints(ctx: &Ctx, i: usize, want: Want, out: &mut Vec<Endpoint>) {
     }
     let source: Arc<str> = format!("Endpoints {}/{}", e.meta.namespace.v, e.meta.name.v).into();
     for ss in &e.subsets {
-        let port = match want {
-            None => Some(0),
-            Some((pname, proto)) => ss
-                .ports
-                .iter()
-                .find(|p| {
-                    p.name.as_ref().map_or("", |n| n.v.as_str()) == pname
-                        && protocol_of(p.protocol.as_ref().map(|x| x.v.as_str())) == proto
-                })
-                .and_then(|p| p.port.as_ref())
-                .and_then(|p| u16::try_from(p.v).ok())
-                .filter(|p| *p != 0),
-        };
-        let Some(port) = port else {
+        let Some(port) = port_for(&ss.ports, want) else {
             continue;
         };
         for (addrs, ready) in [(&ss.addresses, true), (&ss.not_ready, false)] {

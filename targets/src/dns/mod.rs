@@ -42,7 +42,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use std::net::IpAddr;
-use svc_compiler::ir::{Module, Service, ServiceType};
+use svc_compiler::ir::{Endpoint, Module, Service, ServiceType};
 use svc_compiler::net::IpFamily;
 
 /// CoreDNS's `DNSSchemaVersion` (plugin/kubernetes), served as `dns-version.<domain>.`.
@@ -203,9 +203,7 @@ pub fn headless_endpoints(svc: &Service) -> Vec<HeadlessEndpoint> {
     let portless = (None, &svc.portless_endpoints);
     let ports = svc.ports.iter().map(|p| (Some(p), &p.endpoints));
     for (p, endpoints) in ports.chain([portless]) {
-        let listed = endpoints
-            .iter()
-            .flat_map(|e| std::iter::once(e).chain(&e.copies));
+        let listed = endpoints.iter().flat_map(Endpoint::listings);
         for e in listed.filter(|e| e.ready) {
             let host = endpoint_hostname(&e.ip, e.hostname.as_deref());
             let i = match out.iter().position(|h| h.ip == e.ip && h.hostname == host) {
@@ -334,12 +332,13 @@ impl Zones {
                 // CoreDNS's weight: 100 over the records of the name before it drops
                 // duplicate targets, so a dual-stack host counts once per address and an
                 // address two slices list counts twice.
-                let count = |name: &str| srv.iter().filter(|s| s.0 == name).count();
-                let weights: Vec<usize> = srv.iter().map(|s| (100 / count(&s.0)).max(1)).collect();
-                let mut srv: Vec<_> = srv.iter().zip(weights).collect();
-                srv.dedup_by(|a, b| a.0 == b.0);
-                for ((name, port, host), weight) in srv {
-                    rrs.push(rr(name, "SRV", format!("0 {weight} {port} {host}")));
+                for records in srv.chunk_by(|a, b| a.0 == b.0) {
+                    let weight = (100 / records.len()).max(1);
+                    let mut targets = records.to_vec();
+                    targets.dedup();
+                    for (name, port, host) in &targets {
+                        rrs.push(rr(name, "SRV", format!("0 {weight} {port} {host}")));
+                    }
                 }
             }
             // Same (name, type, data) twice is one record; keep first-seen order.
