@@ -35,6 +35,7 @@ use crate::cli::{ApplyArgs, Command};
 use crate::compile::{compile_read, node_jobs, read_all, Compiled, Read};
 use crate::inputs::read_file;
 use crate::nfgen::{self, Generation};
+use crate::nftdigest::{self, Digest};
 use crate::report::{exit_code, print_diagnostics, Fail};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -54,6 +55,9 @@ pub(crate) const DEFAULT_STATE_ROOT: &str = "/var/lib/svc-compile";
 pub(crate) const DEFAULT_LOCK_TIMEOUT: f64 = 30.0;
 /// The report's words for the fast path (tests look for them).
 const BY_GENERATION: &str = "node state known by its nf_tables generation, not read";
+/// The report's words when nf_tables changed but our table's fingerprint is the record's.
+const BY_FINGERPRINT: &str =
+    "node state known by its fingerprint, not read: nf_tables changed elsewhere";
 
 pub fn run(cmd: &Command) -> u8 {
     exit_code(apply(cmd))
@@ -592,6 +596,31 @@ impl Ctx<'_> {
     }
 
     /// The node's current state (`Commands::read`).
+    /// The fingerprint of `family`'s owned table, taken at generation `at`: `None` when the
+    /// back end has none, it cannot be read, or nf_tables is no longer at `at` after it
+    /// (then the caller reads the node, as without one).
+    fn fingerprint(&self, family: Family, at: Option<&Generation>) -> Option<Digest> {
+        let (proto, table) = self.planner.fingerprint(family)?;
+        let netns = self.args.netns.as_deref();
+        let d = nftdigest::digest(netns, proto, table).ok()?;
+        (at.is_some() && nfgen::generation(netns).as_ref() == at).then_some(d)
+    }
+
+    /// [`Ctx::fingerprint`] after a load that wrote only `touched`, from the fingerprint
+    /// `before` it (see [`nftdigest::update`]).
+    fn fingerprint_after(
+        &self,
+        family: Family,
+        at: Option<&Generation>,
+        before: &Digest,
+        touched: &plan::Touched,
+    ) -> Option<Digest> {
+        let (proto, table) = self.planner.fingerprint(family)?;
+        let netns = self.args.netns.as_deref();
+        let d = nftdigest::update(netns, proto, table, before, touched).ok()?;
+        (at.is_some() && nfgen::generation(netns).as_ref() == at).then_some(d)
+    }
+
     fn read_node(&self, cmds: &Commands) -> Result<String, Fail> {
         let argv = self.on_node(cmds.read.clone(), None);
         let out = run_captured(&argv)?;
@@ -662,19 +691,57 @@ impl Ctx<'_> {
         let mut known = !self.args.full && recorded_gen.is_some() && recorded_gen == gen_start;
         let mut kernel: Option<String> = None;
         times.mark("start");
+        // A record that is not a read ([`plan::UNREAD`]) comes with the fingerprint of our
+        // table at that moment. nf_tables moved since: the same fingerprint now means the
+        // writes were elsewhere, and the record still holds, at the generation of now.
+        let unread = previous.is_some_and(|p| plan::is_unread(p.snapshot));
+        let recorded_digest = match (unread, &applied_header) {
+            (true, Some(h)) => fs::read_to_string(dir.join("applied.digest"))
+                .ok()
+                .and_then(|t| t.strip_prefix(h.as_str()).and_then(Digest::from_text)),
+            _ => None,
+        };
+        // The generation at which the record is known to be the node's state.
+        let mut base_gen = recorded_gen.clone();
+        let mut by_fingerprint = false;
+        if let (false, false, Some(rec)) = (known, self.args.full, &recorded_digest) {
+            match self.fingerprint(family, gen_start.as_ref()) {
+                Some(now) if &now == rec => {
+                    known = true;
+                    by_fingerprint = true;
+                    base_gen = gen_start.clone();
+                }
+                Some(now) => {
+                    if let Some(changed) = rec.first_difference(&now) {
+                        eprintln!("svc-compile: note: {what}: {changed} since the last apply");
+                    }
+                }
+                None => {}
+            }
+            times.mark("fingerprint the node");
+        }
         // Known and the same document: nothing to plan, load or record.
         if known && !self.args.dry_run && previous.is_some_and(|p| p.document == doc) {
+            if by_fingerprint {
+                if let (Some(g), Some(h)) = (&base_gen, &applied_header) {
+                    write_atomic(&dir.join("applied.gen"), &format!("{h}{}\n", g.to_line()))?;
+                }
+            }
             println!(
                 "svc-compile: {what} unchanged in {}: {}: {}; verified in {} ms ({})",
                 self.where_(),
                 Mode::Unchanged,
                 plan::Summary::default(),
                 start.elapsed().as_millis(),
-                BY_GENERATION
+                if by_fingerprint {
+                    BY_FINGERPRINT
+                } else {
+                    BY_GENERATION
+                }
             );
             times.mark("compare with the record");
             times.print(&what);
-            return Ok(recorded_gen);
+            return Ok(base_gen);
         }
 
         // Plan; an incremental nftables transaction a pre-6.2 kernel refuses is retried
@@ -684,6 +751,8 @@ impl Ctx<'_> {
         let mut note = None;
         // The generation right after a direct first load (see `load_direct`).
         let mut direct: Option<Generation> = None;
+        // The node's fingerprint once this apply's load is in, for an unread record.
+        let mut digest_now: Option<Digest> = None;
         // A direct first load went in but could not be proven: tried once, planned again
         // from the node, and said in every message after it.
         let mut reread = false;
@@ -717,10 +786,14 @@ impl Ctx<'_> {
                 false => self.load_direct(&prep, kernel.as_deref(), &cmds, &dir)?,
             };
             match tried {
-                Direct::Done(plan, path, g) => {
-                    times.mark("load and read back");
+                Direct::Done(plan, path, g, digest) => {
+                    times.mark(match digest {
+                        Some(_) => "load and fingerprint",
+                        None => "load and read back",
+                    });
                     loaded = true;
                     direct = Some(g);
+                    digest_now = digest;
                     break (*plan, Some(path));
                 }
                 // Loaded, but not provably alone, or not as planned: plan again from
@@ -858,7 +931,7 @@ impl Ctx<'_> {
         // advanced by exactly this load's transactions (nobody else committed), and what
         // it wrote was read back in the scratch namespace. Otherwise a read: the one
         // before when nothing was loaded, else a fresh one.
-        let loaded_only = match (known, &plan.load, &recorded_gen) {
+        let loaded_only = match (known, &plan.load, &base_gen) {
             (true, None, _) => true,
             (true, Some(load), Some(g)) => self
                 .planner
@@ -867,12 +940,39 @@ impl Ctx<'_> {
             _ => false,
         };
         // `None`: the expectation itself (nothing to copy or compare).
+        let unread_plan = plan::is_unread(&plan.expected);
+        if unread_plan && !loaded_only && direct.is_none() {
+            // Loaded from an unread record, but someone else committed too: nothing to
+            // compare a read with. The record goes, and everything is loaded (the usual
+            // way, which reads the node) now.
+            for f in ["applied.state", "applied.digest"] {
+                let _ = fs::remove_file(dir.join(f));
+            }
+            eprintln!(
+                "svc-compile: note: {what}: nf_tables changed during the load and the last apply's state was not read back; loading everything"
+            );
+            return self.apply_one(family, doc, source);
+        }
         let (owned, gen_end, how) = if loaded_only {
             let g = match plan.load {
                 Some(_) => nfgen::generation(netns),
-                None => recorded_gen.clone(),
+                None => base_gen.clone(),
             };
+            if unread_plan {
+                // The record's fingerprint still holds for what the load did not touch.
+                digest_now = match (&plan.load, &recorded_digest, &plan.touched) {
+                    (None, d, _) => d.clone(),
+                    (Some(_), Some(before), Some(touched)) => {
+                        self.fingerprint_after(family, g.as_ref(), before, touched)
+                    }
+                    (Some(_), ..) => self.fingerprint(family, g.as_ref()),
+                };
+                times.mark("fingerprint the node");
+            }
             (None, g, "generation")
+        } else if let (Some(g), true) = (&direct, unread_plan) {
+            // A direct first load the generation proved, fingerprinted instead of read.
+            (None, Some(g.clone()), "generation")
         } else if let Some(g) = direct {
             // A direct first load was planned from the read taken right after it, with the
             // generation as proof that nothing else was in it: the plan's expectation is
@@ -909,6 +1009,20 @@ impl Ctx<'_> {
         // After a reread the record was removed (the direct load made it stale): written
         // again even when this apply found the node as it says.
         let same_record = !reread && same_doc && previous.is_some_and(|p| p.snapshot == owned);
+        // An unread record needs its fingerprint, written first: a kill between the two
+        // leaves the old state (a read one ignores it) or one of the same document.
+        let digest_file = dir.join("applied.digest");
+        match (&digest_now, unread_plan) {
+            (Some(d), true) if !same_record || recorded_digest.as_ref() != Some(d) => {
+                fs::create_dir_all(&dir)
+                    .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
+                write_atomic_parts(&digest_file, &[&header, &d.to_text()])?
+            }
+            (Some(_), true) => {}
+            _ => {
+                let _ = fs::remove_file(&digest_file);
+            }
+        }
         if !same_record {
             self.record(&dir, ext, doc, &header, owned, applied_doc.as_deref())?;
         }
@@ -933,6 +1047,7 @@ impl Ctx<'_> {
             "unchanged"
         };
         let path = match how {
+            "generation" if by_fingerprint => BY_FINGERPRINT,
             "generation" => BY_GENERATION,
             _ => "node state read",
         };
@@ -1012,6 +1127,16 @@ impl Ctx<'_> {
             }
             return Ok(Direct::Skipped);
         }
+        // Proven by the generation alone (nobody else committed): a fingerprint of our table
+        // instead of a read, which `nft` does in time growing with the square of the rules.
+        let g = before.after(n);
+        if !self.args.read_back && nfgen::generation(netns).as_ref() == Some(&g) {
+            if let Some(plan) = prep.unread_plan() {
+                if let Some(d) = self.fingerprint(prep.family, Some(&g)) {
+                    return Ok(Direct::Done(Box::new(plan), path, g, Some(d)));
+                }
+            }
+        }
         let after = self.read_node(cmds)?;
         let proven = nfgen::generation(netns) == Some(before.after(n))
             && self.planner.tracked_by_generation(prep.family, &after);
@@ -1026,7 +1151,7 @@ impl Ctx<'_> {
         if plan.load.as_deref() != Some(prep.scratch.as_str()) {
             return Ok(Direct::Reread(after));
         }
-        Ok(Direct::Done(Box::new(plan), path, before.after(n)))
+        Ok(Direct::Done(Box::new(plan), path, before.after(n), None))
     }
 
     /// Loads the scratch document into an empty namespace; returns its read-back. A
@@ -1224,8 +1349,9 @@ impl Ctx<'_> {
 enum Direct {
     /// Nothing loaded (or a failed load taken off again): take the usual way.
     Skipped,
-    /// Loaded and proven: the plan, the load's path, and the generation after it.
-    Done(Box<Plan>, PathBuf, Generation),
+    /// Loaded and proven: the plan, the load's path, the generation after it, and the
+    /// node's fingerprint when the plan is not a read ([`plan::UNREAD`]).
+    Done(Box<Plan>, PathBuf, Generation, Option<Digest>),
     /// Loaded, not proven: the node's read after it, to plan from.
     Reread(String),
 }

@@ -201,6 +201,10 @@ struct ApplyFlags {
     /// Rewrite everything owned, not only what changed
     #[arg(long)]
     full: bool,
+    /// nftables: read the node back after a load the nf_tables generation proves, and
+    /// keep the kernel's listing in the record (instead of a fingerprint)
+    #[arg(long)]
+    read_back: bool,
     /// [default: /var/lib/svc-compile/<netns or host>]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<String>,
@@ -340,6 +344,8 @@ pub struct ApplyArgs {
     pub from: Option<String>,
     pub rollback: bool,
     pub full: bool,
+    /// `--read-back`.
+    pub read_back: bool,
     pub state_dir: Option<String>,
     pub lock_timeout: Option<f64>,
     /// `--cgroup` (ebpf only).
@@ -584,6 +590,7 @@ const APPLY_FLAGS: &[&str] = &[
     "--from",
     "--rollback",
     "--full",
+    "--read-back",
     "--state-dir",
     "--lock-timeout",
 ];
@@ -794,6 +801,7 @@ fn apply_args(a: ApplyFlags) -> Result<ApplyArgs, String> {
         from: a.from,
         rollback: a.rollback,
         full: a.full,
+        read_back: a.read_back,
         state_dir: a.state_dir,
         lock_timeout,
         cgroup: a.cgroup,

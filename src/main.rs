@@ -11,6 +11,8 @@ mod ebpf_apply;
 mod inputs;
 mod netns;
 mod nfgen;
+mod nfnl;
+mod nftdigest;
 mod report;
 mod run;
 mod trace;

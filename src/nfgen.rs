@@ -10,18 +10,14 @@
 //! a reboot starts it again), so a [`Generation`] also holds the namespace's cookie
 //! (`SO_NETNS_COOKIE`, never reused while the machine runs) and the boot id.
 
+use crate::nfnl::{u16_at, u32_attr, Socket, NFNL_SUBSYS_NFTABLES};
 use std::fs::File;
 use std::io;
-use std::mem::size_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-const NETLINK_NETFILTER: libc::c_int = 12;
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWGEN: u16 = 15;
 const NFT_MSG_GETGEN: u16 = 16;
 const NFTA_GEN_ID: u16 = 1;
-const NLMSG_ERROR: u16 = 2;
 
 /// Where a namespace's nf_tables state stands: equal values mean nothing was committed in
 /// between.
@@ -73,120 +69,28 @@ pub(crate) fn generation(netns: Option<&str>) -> Option<Generation> {
 
 /// (namespace cookie, generation id) of the calling thread's network namespace.
 fn query() -> io::Result<(u64, u32)> {
-    // SAFETY: plain socket call; the descriptor is owned below.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            NETLINK_NETFILTER,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor just returned by socket.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let cookie = crate::netns::cookie_of(&sock)?;
-    // struct timeval: a bounded wait for the answer.
-    let tv = libc::timeval {
-        tv_sec: 5,
-        tv_usec: 0,
-    };
-    // SAFETY: setsockopt with a timeval of its size.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        );
-    }
-
-    // nlmsghdr (16 bytes) + nfgenmsg (family AF_UNSPEC, version 0, res_id 0).
-    let seq: u32 = 1;
-    let mut req = Vec::with_capacity(20);
-    req.extend_from_slice(&20u32.to_ne_bytes());
-    req.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());
-    req.extend_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    req.extend_from_slice(&seq.to_ne_bytes());
-    req.extend_from_slice(&0u32.to_ne_bytes());
-    req.extend_from_slice(&[libc::AF_UNSPEC as u8, 0, 0, 0]);
-    // SAFETY: sending a buffer we own to the kernel (nl_pid 0).
-    let sent = unsafe {
-        let mut addr: libc::sockaddr_nl = std::mem::zeroed();
-        addr.nl_family = libc::AF_NETLINK as u16;
-        libc::sendto(
-            sock.as_raw_fd(),
-            req.as_ptr().cast(),
-            req.len(),
-            0,
-            (&addr as *const libc::sockaddr_nl).cast(),
-            size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut buf = vec![0u8; 8192];
-    loop {
-        // SAFETY: receiving into a buffer we own.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let msgs = &buf[..n as usize];
-        if let Some(id) = parse_reply(msgs, seq)? {
-            return Ok((cookie, id));
-        }
-    }
+    let mut nl = Socket::open()?;
+    let cookie = crate::netns::cookie_of(&nl)?;
+    let mut id = None;
+    nl.request(
+        NFT_MSG_GETGEN,
+        libc::AF_UNSPEC as u8,
+        libc::NLM_F_ACK as u16,
+        &[],
+        |msg| {
+            id = id.or(gen_id(msg));
+            Ok(())
+        },
+    )?;
+    let id = id.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no generation id"))?;
+    Ok((cookie, id))
 }
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-/// The generation id in one datagram of answers; `None` when it holds none of ours.
-fn parse_reply(mut msgs: &[u8], seq: u32) -> io::Result<Option<u32>> {
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed netlink answer");
-    while msgs.len() >= 16 {
-        let len = u32_at(msgs, 0).ok_or_else(bad)? as usize;
-        let kind = u16_at(msgs, 4).ok_or_else(bad)?;
-        if len < 16 || len > msgs.len() {
-            return Err(bad());
-        }
-        let msg = &msgs[..len];
-        if u32_at(msg, 8) == Some(seq) {
-            if kind == NLMSG_ERROR {
-                let errno = u32_at(msg, 16).map_or(0, |e| e as i32);
-                return Err(io::Error::from_raw_os_error(-errno));
-            }
-            if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
-                // Attributes after the 4-byte nfgenmsg, each 4-byte aligned.
-                let mut at = 20;
-                while at + 4 <= len {
-                    let alen = u16_at(msg, at).ok_or_else(bad)? as usize;
-                    let atype = u16_at(msg, at + 2).ok_or_else(bad)? & 0x3fff;
-                    if alen < 4 {
-                        return Err(bad());
-                    }
-                    if atype == NFTA_GEN_ID && alen >= 8 {
-                        let v = msg.get(at + 4..at + 8).ok_or_else(bad)?;
-                        return Ok(Some(u32::from_be_bytes(v.try_into().map_err(|_| bad())?)));
-                    }
-                    at += (alen + 3) & !3;
-                }
-                return Err(bad());
-            }
-        }
-        let next = ((len + 3) & !3).min(msgs.len());
-        msgs = &msgs[next..];
-    }
-    Ok(None)
+/// The generation id of a `NFT_MSG_NEWGEN` answer.
+fn gen_id(msg: &[u8]) -> Option<u32> {
+    (u16_at(msg, 4)? == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN)
+        .then(|| u32_attr(msg, NFTA_GEN_ID))
+        .flatten()
 }
 
 #[cfg(test)]
@@ -222,7 +126,8 @@ mod tests {
         m.extend_from_slice(&8u16.to_ne_bytes());
         m.extend_from_slice(&NFTA_GEN_ID.to_ne_bytes());
         m.extend_from_slice(&4242u32.to_be_bytes());
-        assert_eq!(parse_reply(&m, 7).unwrap(), Some(4242));
-        assert_eq!(parse_reply(&m, 8).unwrap(), None);
+        assert_eq!(gen_id(&m), Some(4242));
+        m[4] = 0;
+        assert_eq!(gen_id(&m), None);
     }
 }

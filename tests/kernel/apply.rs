@@ -425,7 +425,9 @@ fn apply_changes_only_what_changed_and_leaves_foreign_rules() {
             let v1 = node.version("v1", V1_API, CHAT);
             let v2 = node.version("v2", V2_API, CHAT);
 
-            let r = node.apply(&v1, &[]);
+            // Read back (nftables would otherwise keep a fingerprint): the incremental
+            // records below are that snapshot edited by each change.
+            let r = node.apply(&v1, &["--read-back"]);
             r.expect(0).says("full (no previous apply recorded)");
             // A node that shows nothing of ours takes the first load directly, once: no
             // scratch namespace (iptables-nft and nftables alike: the generation proves it).
@@ -1414,6 +1416,9 @@ fn apply_command_line() {
 /// nf_tables generation id (the fast path).
 const READ: &str = "(node state read)";
 const BY_GENERATION: &str = "(node state known by its nf_tables generation, not read)";
+/// nftables: nf_tables moved, but the fingerprint of our table is the record's.
+const BY_FINGERPRINT: &str =
+    "(node state known by its fingerprint, not read: nf_tables changed elsewhere)";
 /// ... and the inputs are byte for byte the last apply's: not even compiled.
 const NOT_COMPILED: &str = "the inputs are the last apply's: not compiled";
 
@@ -1444,9 +1449,11 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
             );
         };
 
+        // nftables: a first load the generation proves is fingerprinted, not read.
+        let nft = target == "nftables";
         let r = node.apply(&v1, &[]);
         r.expect(0);
-        path(&r, READ);
+        path(&r, if nft { BY_GENERATION } else { READ });
         compiled(&r, true);
         let r = node.apply(&v1, &[]);
         r.expect(0);
@@ -1465,7 +1472,8 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         let good = node.owned();
         let recorded = node.recorded();
 
-        // Someone else writes, not to our state: the next apply reads and finds it intact.
+        // Someone else writes, not to our state: the next apply finds it intact (nftables:
+        // by the fingerprint of our table; iptables: by a read).
         lab.exec_ok(
             "node",
             "nft",
@@ -1482,7 +1490,7 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         .unwrap();
         let r = node.apply(&v2, &[]);
         r.expect(0);
-        path(&r, READ);
+        path(&r, if nft { BY_FINGERPRINT } else { READ });
         compiled(&r, true);
         r.says(" unchanged");
         let r = node.apply(&v2, &[]);
@@ -1533,7 +1541,19 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
             r.stdout
         );
         assert_eq!(node.owned(), good, "[{target}] not repaired");
-        assert_eq!(node.recorded(), recorded);
+        if nft {
+            // The fingerprint named what changed; the full load's record is a read.
+            assert!(
+                r.stderr.contains("note: nftables ipv4: chain service-")
+                    && r.stderr.contains("changed since the last apply"),
+                "{}",
+                r.stderr
+            );
+            assert!(recorded.starts_with("# not read back"), "{recorded}");
+            assert_eq!(node.recorded(), good);
+        } else {
+            assert_eq!(node.recorded(), recorded);
+        }
         node.flows(FLOWS_V2);
         // And the repaired state is known again without a read.
         let r = node.apply(&v2, &[]);
@@ -1541,6 +1561,83 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         path(&r, if fast { BY_GENERATION } else { READ });
         compiled(&r, !fast);
     });
+}
+
+/// nftables keeps no read of a load the generation proves: the record names the stale
+/// chains it leaves (the lines after the marker), and a load that someone else's commit
+/// followed cannot be checked against it, so the apply loads everything the usual way.
+#[test]
+fn an_unread_record_keeps_its_stale_chains_and_a_load_it_cannot_prove_loads_everything() {
+    if !require_root("kernel apply: unread records") {
+        return;
+    }
+    let lab = lab("unread");
+    let mut node = Node::new(&lab, "nftables");
+    let v1 = node.version("v1", V1_API, CHAT);
+    let v2 = node.version("v2", V2_API, CHAT);
+    node.apply(&v1, &[]).expect(0).says(BY_GENERATION);
+    let r = node.apply(&v2, &[]);
+    r.expect(0)
+        .says(": incremental:")
+        .says(" emptied (deleted later)");
+    r.says(BY_GENERATION);
+    // The stale chains the node shows are the ones the record names.
+    let record = node.recorded();
+    let mut recorded: Vec<&str> = record
+        .lines()
+        .filter_map(|l| l.strip_prefix("chain "))
+        .collect();
+    recorded.sort_unstable();
+    let raw = node.owned_raw();
+    let settled = settled(&raw);
+    let mut stale: Vec<&str> = raw
+        .lines()
+        .filter(|l| !settled.lines().any(|s| s == *l))
+        .filter_map(|l| l.split(' ').nth(1))
+        .collect();
+    stale.sort_unstable();
+    assert!(record.starts_with("# not read back"), "{record}");
+    assert!(!stale.is_empty());
+    assert_eq!(recorded, stale);
+    node.flows(FLOWS_V2);
+    // The fingerprint the incremental apply updated (reading only what it wrote) is the one
+    // a whole read gives: after a write elsewhere, the next apply knows our table by it.
+    node.exec("nft", &["add", "table", "inet", "elsewhere"]);
+    let r = node.apply(&v2, &[]);
+    r.expect(0).says(" unchanged").says(BY_FINGERPRINT);
+
+    // Someone else commits right before our load (an `nft` first in PATH does it).
+    let bin = TempDir::new("apply-nft");
+    let nft = bin.path().join("nft");
+    std::fs::write(
+        &nft,
+        "#!/bin/sh\ncase \"$*\" in *load.nft*) /usr/sbin/nft add table inet sneaky ;; esac\nexec /usr/sbin/nft \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&nft, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    node.env.push(("PATH".into(), path));
+    let r = node.apply(&v1, &[]);
+    r.expect(0);
+    assert!(
+        r.stderr.contains("nf_tables changed during the load")
+            && r.stdout.contains("full (no previous apply recorded)"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    node.env.clear();
+    // Loaded and read back: the record is the node, as a full load's.
+    let owned = node.owned();
+    assert_eq!(node.recorded(), owned);
+    node.flows(FLOWS_V1);
+    node.apply(&v1, &["--full"]).expect(0);
+    assert_eq!(node.owned(), owned);
+    assert!(node.exec("nft", &["list", "tables"]).contains("sneaky"));
 }
 
 #[path = "apply_fast.rs"]

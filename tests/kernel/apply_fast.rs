@@ -29,7 +29,9 @@ fn apply_fast_layout_incremental_and_switching_layouts() {
     }
     let listing = || nft_objects(&node.exec("nft", &["-a", "list", "table", "ip", "kube-proxy"]));
 
-    let r = node.apply(&v1, FAST);
+    // Read back (not only fingerprinted), so that the incremental record below is the
+    // snapshot edited by the change, compared with a full load's read.
+    let r = node.apply(&v1, &["--nft-layout", "fast", "--read-back"]);
     r.expect(0);
     assert!(
         r.stdout.contains("full (no previous apply recorded)"),
@@ -131,7 +133,9 @@ fn affinity_sets_made_by_an_incremental_apply_are_recorded() {
     let v2 = affinity("v2", CHAT_MORE);
     for layout in [&[][..], FAST] {
         let full: Vec<&str> = ["--full"].iter().chain(layout).copied().collect();
-        node.apply(&v1, &full).expect(0);
+        // Read back: the incremental record below edits a read snapshot.
+        let first: Vec<&str> = full.iter().chain(&["--read-back"]).copied().collect();
+        node.apply(&v1, &first).expect(0);
         let r = node.apply(&v2, layout);
         r.expect(0).says(": incremental:");
         let load = node.loaded();

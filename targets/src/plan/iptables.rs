@@ -974,6 +974,7 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
         expected: format_owned(&expected),
         summary,
         warnings,
+        touched: None,
         owner: Arc::new(owner),
     })
 }

@@ -841,6 +841,7 @@ impl Step for Prep {
             expected,
             summary,
             warnings: ipt.warnings.clone(),
+            touched: None,
             owner: Arc::new(Owner {
                 own,
                 before: self.now.clone(),

@@ -90,6 +90,11 @@ pub trait Planner: Sync {
     ) -> Option<Result<Prepared, String>> {
         None
     }
+    /// The nf_tables table that holds everything this back end owns, as (nfproto family,
+    /// name), when the CLI may know it by a fingerprint instead of a read ([`UNREAD`]).
+    fn fingerprint(&self, _family: Family) -> Option<(u8, &'static str)> {
+        None
+    }
     /// Whether the nf_tables generation id tracks every change of this back end's state
     /// as the read `kernel` shows it (nftables; iptables-nft but not iptables-legacy).
     /// `false` (the default): the CLI always reads the node.
@@ -133,6 +138,22 @@ pub(crate) trait Step: fmt::Debug + Send + Sync {
     fn direct_revert(&self, _after: &str) -> Result<Option<String>, String> {
         Ok(None)
     }
+    /// See [`Prepared::unread_plan`]. Default: none (the node is read back).
+    fn unread_plan(&self, _prepared: &Prepared) -> Option<Plan> {
+        None
+    }
+}
+
+/// The first line of a snapshot that is not a read of the node: the load it follows was
+/// proven by the nf_tables generation alone (nobody else committed), and the node's state
+/// is known by the fingerprint recorded beside it ([`Planner::fingerprint`]) rather than in
+/// the kernel's spelling. The lines after it name the stale chains the node still holds
+/// (`chain NAME`), as a read snapshot's chain lines do.
+pub const UNREAD: &str = "# not read back: the load was proven by the nf_tables generation";
+
+/// Whether `snapshot` is an [`UNREAD`] one.
+pub fn is_unread(snapshot: &str) -> bool {
+    snapshot.starts_with(UNREAD)
 }
 
 /// How a back end cuts its owned part out of a kernel read, kept in [`Plan`].
@@ -282,7 +303,18 @@ pub struct Plan {
     /// Things the operator should know (e.g. a stale chain kept because a foreign rule
     /// still jumps to it).
     pub warnings: Vec<String>,
+    /// What the load writes when that is only part of the owned state (an incremental
+    /// nftables load), for the CLI's fingerprint ([`Planner::fingerprint`]): it reads again
+    /// only these objects. `None`: everything.
+    pub touched: Option<Touched>,
     pub(crate) owner: Arc<dyn Owned>,
+}
+
+/// The nftables chains and sets a load creates, changes or deletes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Touched {
+    pub chains: Vec<String>,
+    pub sets: Vec<String>,
 }
 
 impl Plan {
@@ -343,6 +375,13 @@ impl Prepared {
     /// nothing of it is there.
     pub fn direct_revert(&self, after: &str) -> Result<Option<String>, String> {
         self.step.direct_revert(after)
+    }
+
+    /// After a direct load (see [`Prepared::direct`]) that the nf_tables generation proved
+    /// (it advanced by exactly the load's transactions): the plan without a read of the
+    /// node, whose expectation is [`UNREAD`]. `None`: this back end reads the node back.
+    pub fn unread_plan(&self) -> Option<Plan> {
+        self.step.unread_plan(self)
     }
 }
 

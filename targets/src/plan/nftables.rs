@@ -36,7 +36,7 @@
 //! sorted, and the elements of dynamic sets left out (traffic fills them).
 
 use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
-use super::{Previous, Step, Summary, Tool};
+use super::{is_unread, Previous, Step, Summary, Tool, Touched, UNREAD};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -538,6 +538,12 @@ impl Planner for Nftables {
         Some(prepare(new_doc, family, Some(previous), None, false))
     }
 
+    /// Everything owned is the table `kube-proxy` of the family.
+    fn fingerprint(&self, family: Family) -> Option<(u8, &'static str)> {
+        // NFPROTO_IPV4, NFPROTO_IPV6
+        Some((if family == Family::V6 { 10 } else { 2 }, TABLE))
+    }
+
     /// Everything owned is in one nf_tables table.
     fn tracked_by_generation(&self, _family: Family, _kernel: &str) -> bool {
         true
@@ -580,10 +586,18 @@ fn prepare(
         Some(p) => {
             // Without a read the kernel is known to show the snapshot: nothing to compare.
             let drift = match kernel {
+                // An unread snapshot cannot be compared with a read: the CLI read the
+                // node because its fingerprint differs from the record's (or could not
+                // be taken).
+                Some(_) if is_unread(p.snapshot) => Some(String::new()),
                 Some(k) => Some(normalize(k)?).filter(|now| now != p.snapshot),
                 None => None,
             };
-            if let Some(now) = drift {
+            if drift.as_ref().is_some_and(|_| is_unread(p.snapshot)) {
+                Mode::Full(
+                    "the kernel differs from what the last apply left (by its fingerprint)".into(),
+                )
+            } else if let Some(now) = drift {
                 Mode::Full(format!(
                     "the kernel differs from what the last apply left: {}",
                     Plan::first_difference(p.snapshot, &now)
@@ -1277,6 +1291,48 @@ impl Step for Prep {
     fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
         plan(prepared, self, scratch_output)
     }
+
+    /// A full load needs no read to be planned: the expectation is [`UNREAD`].
+    fn unread_plan(&self, prepared: &Prepared) -> Option<Plan> {
+        if self.delta.is_some() || prepared.scratch.is_empty() {
+            return None;
+        }
+        Some(Plan {
+            mode: prepared.mode.clone(),
+            load: Some(prepared.scratch.clone()),
+            expected: format!("{UNREAD}\n"),
+            summary: self.summary.clone(),
+            warnings: Vec::new(),
+            touched: None,
+            owner: Arc::new(Owner),
+        })
+    }
+}
+
+/// The [`UNREAD`] snapshot after an incremental load from an unread one: the stale chains
+/// the node holds are those it held, less the ones deleted or declared again, plus the
+/// ones emptied now.
+fn unread_after(d: &Delta) -> String {
+    let gone: HashSet<&str> = d
+        .stale_chains
+        .iter()
+        .chain(&d.chains)
+        .map(String::as_str)
+        .collect();
+    let mut stale: Vec<&str> = d
+        .snapshot
+        .lines()
+        .filter_map(|l| l.strip_prefix("chain "))
+        .filter(|c| !gone.contains(c))
+        .chain(d.emptied.iter().map(String::as_str))
+        .collect();
+    stale.sort_unstable();
+    stale.dedup();
+    let mut out = format!("{UNREAD}\n");
+    for c in stale {
+        let _ = writeln!(out, "chain {c}");
+    }
+    out
 }
 
 /// Step two (see the module docs of [`super`]).
@@ -1292,7 +1348,10 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
         (Mode::Incremental, Some(d)) => (
             Mode::Incremental,
             Some(d.text.clone()),
-            merge(d, &scratch)?,
+            match is_unread(&d.snapshot) {
+                true => unread_after(d),
+                false => merge(d, &scratch)?,
+            },
             p.summary.clone(),
         ),
         (m, _) => {
@@ -1306,12 +1365,29 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
             (m.clone(), Some(load), scratch, p.summary.clone())
         }
     };
+    let touched = p
+        .delta
+        .as_ref()
+        .filter(|_| mode == Mode::Incremental)
+        .map(|d| {
+            let all = |lists: &[&Vec<String>]| {
+                let mut v: Vec<String> = lists.iter().flat_map(|l| l.iter().cloned()).collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            };
+            Touched {
+                chains: all(&[&d.chains, &d.stale_chains, &d.emptied]),
+                sets: all(&[&d.sets, &d.stale_sets, &d.partial_sets]),
+            }
+        });
     Ok(Plan {
         mode,
         load,
         expected,
         summary,
         warnings: Vec::new(),
+        touched,
         owner: Arc::new(Owner),
     })
 }
