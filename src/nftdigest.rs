@@ -201,7 +201,7 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
         return Ok(Digest::default());
     }
     let mut chains = Vec::new();
-    nl.dump(NFT_MSG_GETCHAIN, family, &by_table(), |msg| {
+    let mut chain = |msg: &[u8]| {
         if str_attr(msg, ATTR_TABLE) == Some(table) {
             let name = str_attr(msg, NFTA_CHAIN_NAME)
                 .unwrap_or_default()
@@ -209,7 +209,30 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
             chains.push((name, object_hash(NFT_MSG_GETCHAIN, msg)));
         }
         Ok(())
-    })?;
+    };
+    match reuse {
+        // All of the table's chains: a dump (which the kernel also restarts from the
+        // first chain for every message, but chains are few next to rules).
+        None => nl.dump(NFT_MSG_GETCHAIN, family, &by_table(), chain)?,
+        // Only the touched ones, each by name (at 112k chains the dump is ~1.5 s); the
+        // others are as `before` has them. A touched chain that is gone was deleted.
+        Some((before, touched)) => {
+            for ((kind, name), &(h, listing)) in &before.objects {
+                if kind == "chain" && !touched.chains.contains(name) {
+                    d.add("chain", name, h, listing);
+                }
+            }
+            for name in &touched.chains {
+                let mut req = by_table();
+                req.extend(nla(NFTA_CHAIN_NAME, &cstr(name)));
+                let flags = libc::NLM_F_ACK as u16;
+                match nl.request(NFT_MSG_GETCHAIN, family, flags, &req, &mut chain) {
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    r => r?,
+                }
+            }
+        }
+    }
     for (name, chain_hash) in chains {
         if let Some(h) = kept("chain", &name, chain_hash) {
             d.add("chain", &name, h, chain_hash);
