@@ -716,7 +716,9 @@ impl Ctx<'_> {
                         eprintln!("svc-compile: note: {what}: {changed} since the last apply");
                     }
                 }
-                None => {}
+                None => eprintln!(
+                    "svc-compile: note: {what}: the node's fingerprint could not be taken (nf_tables changed while it was read, or netlink refused); reading the node"
+                ),
             }
             times.mark("fingerprint the node");
         }
@@ -931,14 +933,19 @@ impl Ctx<'_> {
         // advanced by exactly this load's transactions (nobody else committed), and what
         // it wrote was read back in the scratch namespace. Otherwise a read: the one
         // before when nothing was loaded, else a fresh one.
-        let loaded_only = match (known, &plan.load, &base_gen) {
-            (true, None, _) => true,
+        // `Some(generation)`: proven so, taken once. A commit after this check must not be
+        // recorded as ours (what is recorded and fingerprinted is checked against it).
+        let proven: Option<Option<Generation>> = match (known, &plan.load, &base_gen) {
+            (true, None, g) => Some(g.clone()),
             (true, Some(load), Some(g)) => self
                 .planner
                 .transactions(load)
-                .is_some_and(|n| nfgen::generation(netns) == Some(g.after(n))),
-            _ => false,
+                .map(|n| g.after(n))
+                .filter(|after| nfgen::generation(netns).as_ref() == Some(after))
+                .map(Some),
+            _ => None,
         };
+        let loaded_only = proven.is_some();
         // `None`: the expectation itself (nothing to copy or compare).
         let unread_plan = plan::is_unread(&plan.expected);
         if unread_plan && !loaded_only && direct.is_none() {
@@ -953,11 +960,7 @@ impl Ctx<'_> {
             );
             return self.apply_one(family, doc, source);
         }
-        let (owned, gen_end, how) = if loaded_only {
-            let g = match plan.load {
-                Some(_) => nfgen::generation(netns),
-                None => base_gen.clone(),
-            };
+        let (owned, gen_end, how) = if let Some(g) = proven {
             if unread_plan {
                 // The record's fingerprint still holds for what the load did not touch.
                 digest_now = match (&plan.load, &recorded_digest, &plan.touched) {

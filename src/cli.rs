@@ -201,8 +201,8 @@ struct ApplyFlags {
     /// Rewrite everything owned, not only what changed
     #[arg(long)]
     full: bool,
-    /// nftables: read the node back after a load the nf_tables generation proves, and
-    /// keep the kernel's listing in the record (instead of a fingerprint)
+    /// nftables: read a first load back and record the kernel's listing, even when the
+    /// nf_tables generation proves it (default: a fingerprint of the table)
     #[arg(long)]
     read_back: bool,
     /// [default: /var/lib/svc-compile/<netns or host>]

@@ -204,7 +204,14 @@ impl Socket {
                     ));
                 }
                 match t {
-                    NLMSG_DONE => return Ok(()),
+                    // The end of a dump carries the dump's own error, if it ended in one
+                    // (what came before it is then not all there is).
+                    NLMSG_DONE => {
+                        return match u32_at(msg, 16).map_or(0, |e| e as i32) {
+                            0 => Ok(()),
+                            e => Err(io::Error::from_raw_os_error(-e)),
+                        }
+                    }
                     NLMSG_ERROR => {
                         let errno = u32_at(msg, 16).map_or(0, |e| e as i32);
                         if errno == 0 {

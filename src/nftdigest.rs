@@ -7,10 +7,13 @@
 //! rules at a time keeps each walk to that chain: reading every object of the table this
 //! way is linear. What is kept of it is not the kernel's spelling (that is `nft`'s to
 //! print) but a hash per object of the attributes the kernel returns, without the ones
-//! that change without anyone writing: handles, use counts, element counts, counters and
-//! other stateful expressions' data, and the elements of sets that traffic fills (dynamic
-//! or timeout sets). Two fingerprints of the same table are equal exactly when nobody
-//! wrote to it in between (or wrote back exactly what was there).
+//! that change without anyone writing: handles (but a set's, see [`Digest`]), use counts,
+//! element counts, counters' and `last`'s state and a quota's consumption, and the elements
+//! of sets that traffic fills (dynamic or timeout sets). Two fingerprints of the same table
+//! are equal when nobody wrote to it in between; a write that puts back exactly what was
+//! there (a set with its handle aside) leaves it equal too. The hashes are std's SipHash:
+//! a toolchain that changed it would make every recorded fingerprint differ once (one full
+//! load), never equal by mistake.
 //!
 //! `apply` records one beside a document it did not read back (a first load proven by the
 //! nf_tables generation), and compares it with the node's when the generation has moved:
@@ -49,6 +52,9 @@ const NFTA_OBJ_NAME: u16 = 2;
 const NFTA_FLOWTABLE_NAME: u16 = 2;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_OBJ_TYPE: u16 = 3;
+const NFTA_OBJ_DATA: u16 = 4;
 const NFTA_SET_ELEM_EXPR: u16 = 7;
 const NFTA_SET_ELEM_EXPRESSIONS: u16 = 11;
 
@@ -59,26 +65,46 @@ const NFT_SET_EVAL: u32 = 0x20;
 /// Attributes that change without a write: per message kind, the types left out.
 /// Tables: use, handle. Chains: handle, use, counters, id. Rules: handle, position (the
 /// previous rule's handle), id. Sets: id, handle, count (elements present). Set elements:
-/// expiration. Objects: data (a counter's or quota's state), use, handle. Flowtables: use,
-/// handle.
+/// expiration. Objects: use, handle (and their data as [`state_free`] says). Flowtables:
+/// use, handle.
 fn volatile(msg: u16, attr: u16) -> bool {
     match msg {
         NFT_MSG_GETTABLE => matches!(attr, 3 | 4),
         NFT_MSG_GETCHAIN => matches!(attr, 2 | 6 | 8 | 11),
         NFT_MSG_GETRULE => matches!(attr, 3 | 6 | 9),
         NFT_MSG_GETSET => matches!(attr, 10 | 16 | 20),
-        NFT_MSG_GETOBJ => matches!(attr, 4..=6),
+        NFT_MSG_GETOBJ => matches!(attr, 5 | 6),
         NFT_MSG_GETFLOWTABLE => matches!(attr, 4 | 5),
         _ => false,
     }
 }
 
-/// Expressions whose data is state rather than configuration: hashed by name only.
-fn stateful(expr: &[u8]) -> bool {
-    matches!(
-        expr,
-        b"counter" | b"quota" | b"last" | b"connlimit" | b"limit"
-    )
+/// The configuration in a stateful expression's (or object's) data, without the state
+/// traffic changes: a counter's packets and bytes and `last`'s time are all state; a quota
+/// keeps its bytes and flags, without what it consumed and its depleted bit. Everything
+/// else (`limit`, `connlimit`: rate, burst, count, flags) is configuration, hashed whole.
+fn state_free(h: &mut DefaultHasher, name: &[u8], data: &[u8]) {
+    const NFTA_QUOTA_BYTES: u16 = 1;
+    const NFTA_QUOTA_FLAGS: u16 = 2;
+    const NFT_QUOTA_F_DEPLETED: u32 = 2;
+    match name {
+        b"counter" | b"last" => {}
+        b"quota" => nested(data, |t, v| match (t, <[u8; 4]>::try_from(v)) {
+            (NFTA_QUOTA_FLAGS, Ok(f)) => {
+                h.write_u16(t);
+                h.write_u32(u32::from_be_bytes(f) & !NFT_QUOTA_F_DEPLETED);
+            }
+            (NFTA_QUOTA_BYTES, _) => {
+                h.write_u16(t);
+                h.write(v);
+            }
+            _ => {}
+        }),
+        _ => {
+            h.write_usize(data.len());
+            h.write(data);
+        }
+    }
 }
 
 /// The fingerprint of a table: one hash per object, by (kind, name). Rules count in
@@ -143,8 +169,9 @@ pub(crate) fn digest(netns: Option<&str>, family: u8, table: &str) -> io::Result
 /// The fingerprint after a load that wrote only the chains and sets `touched` names, when
 /// `before` was the table's fingerprint and nobody else wrote since (the generation says
 /// so): the contents of untouched chains and sets are taken from `before` rather than read
-/// again. Chains and sets are still listed (cheap: no rules, no elements), so new ones
-/// (an anonymous set of a rewritten rule) are read and deleted ones go.
+/// again. The touched chains are asked for by name (gone: deleted); sets are all listed
+/// (no elements), so new ones (an anonymous set of a rewritten rule) are read and deleted
+/// ones go.
 pub(crate) fn update(
     netns: Option<&str>,
     family: u8,
@@ -211,8 +238,9 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
         Ok(())
     };
     match reuse {
-        // All of the table's chains: a dump (which the kernel also restarts from the
-        // first chain for every message, but chains are few next to rules).
+        // All chains of the family (the kernel does not filter the chain dump by table;
+        // the name check above does), in one dump, which the kernel also restarts from
+        // the first chain for every message, but chains are few next to rules.
         None => nl.dump(NFT_MSG_GETCHAIN, family, &by_table(), chain)?,
         // Only the touched ones, each by name (at 112k chains the dump is ~1.5 s); the
         // others are as `before` has them. A touched chain that is gone was deleted.
@@ -233,20 +261,26 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
             }
         }
     }
+    let mut read_chains = Vec::new();
     for (name, chain_hash) in chains {
-        if let Some(h) = kept("chain", &name, chain_hash) {
-            d.add("chain", &name, h, chain_hash);
-            continue;
+        match kept("chain", &name, chain_hash) {
+            Some(h) => d.add("chain", &name, h, chain_hash),
+            None => read_chains.push((name, chain_hash)),
         }
+    }
+    let rules = |nl: &mut Socket, (name, chain_hash): &(String, u64)| {
         let mut h = DefaultHasher::new();
-        h.write_u64(chain_hash);
+        h.write_u64(*chain_hash);
         let mut req = by_table();
-        req.extend(nla(NFTA_RULE_CHAIN, &cstr(&name)));
+        req.extend(nla(NFTA_RULE_CHAIN, &cstr(name)));
         nl.dump(NFT_MSG_GETRULE, family, &req, |msg| {
             h.write_u64(object_hash(NFT_MSG_GETRULE, msg));
             Ok(())
         })?;
-        d.add("chain", &name, h.finish(), chain_hash);
+        Ok(h.finish())
+    };
+    for ((name, chain_hash), h) in read_chains.iter().zip(on_two_threads(&read_chains, rules)?) {
+        d.add("chain", name, h, *chain_hash);
     }
     let mut sets = Vec::new();
     nl.dump(NFT_MSG_GETSET, family, &by_table(), |msg| {
@@ -266,16 +300,19 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
         }
         Ok(())
     })?;
+    let mut read_sets = Vec::new();
     for (name, set_hash, dynamic) in sets {
-        if let Some(h) = kept("set", &name, set_hash) {
-            d.add("set", &name, h, set_hash);
-            continue;
+        match kept("set", &name, set_hash) {
+            Some(h) => d.add("set", &name, h, set_hash),
+            None => read_sets.push((name, set_hash, dynamic)),
         }
+    }
+    let elements = |nl: &mut Socket, (name, set_hash, dynamic): &(String, u64, bool)| {
         let mut elements = 0u64;
         let mut count = 0u64;
         if !dynamic {
             let mut req = by_table();
-            req.extend(nla(NFTA_SET_ELEM_LIST_SET, &cstr(&name)));
+            req.extend(nla(NFTA_SET_ELEM_LIST_SET, &cstr(name)));
             nl.dump(NFT_MSG_GETSETELEM, family, &req, |msg| {
                 for_each_attr(msg, |t, v| {
                     if t == NFTA_SET_ELEM_LIST_ELEMENTS {
@@ -293,10 +330,13 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
             })?;
         }
         let mut h = DefaultHasher::new();
-        h.write_u64(set_hash);
+        h.write_u64(*set_hash);
         h.write_u64(elements);
         h.write_u64(count);
-        d.add("set", &name, h.finish(), set_hash);
+        Ok(h.finish())
+    };
+    for ((name, set_hash, _), h) in read_sets.iter().zip(on_two_threads(&read_sets, elements)?) {
+        d.add("set", name, h, *set_hash);
     }
     for (kind, msg_kind, name_attr) in [
         ("object", NFT_MSG_GETOBJ, NFTA_OBJ_NAME),
@@ -304,7 +344,11 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
     ] {
         nl.dump(msg_kind, family, &by_table(), |msg| {
             if str_attr(msg, ATTR_TABLE) == Some(table) {
-                let name = str_attr(msg, name_attr).unwrap_or_default().to_string();
+                let mut name = str_attr(msg, name_attr).unwrap_or_default().to_string();
+                // Objects of different types may share a name.
+                if msg_kind == NFT_MSG_GETOBJ {
+                    name = format!("{} {name}", u32_attr(msg, NFTA_OBJ_TYPE).unwrap_or(0));
+                }
                 let h = object_hash(msg_kind, msg);
                 d.add(kind, &name, h, h);
             }
@@ -312,6 +356,33 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
         })?;
     }
     Ok(d)
+}
+
+/// `f` over `items`, in order, on two threads when there are many (each with a socket of
+/// its own: a netlink socket runs one dump at a time, and the kernel's work of a dump is
+/// done in the reading thread's system call). Threads started here stay in the caller's
+/// network namespace.
+fn on_two_threads<T: Sync, R: Send>(
+    items: &[T],
+    f: impl Fn(&mut Socket, &T) -> io::Result<R> + Sync,
+) -> io::Result<Vec<R>> {
+    let part = |part: &[T]| -> io::Result<Vec<R>> {
+        let mut nl = Socket::open()?;
+        part.iter().map(|x| f(&mut nl, x)).collect()
+    };
+    if items.len() < 256 {
+        return part(items);
+    }
+    let (a, b) = items.split_at(items.len() / 2);
+    std::thread::scope(|s| {
+        let second = s.spawn(|| part(b));
+        let mut out = part(a)?;
+        let rest = second
+            .join()
+            .map_err(|_| io::Error::other("a fingerprint thread panicked"))??;
+        out.extend(rest);
+        Ok(out)
+    })
 }
 
 impl Digest {
@@ -333,6 +404,8 @@ fn object_hash(kind: u16, msg: &[u8]) -> u64 {
         h.write_u16(t);
         if kind == NFT_MSG_GETRULE && t == NFTA_RULE_EXPRESSIONS {
             expressions_hash(&mut h, v);
+        } else if kind == NFT_MSG_GETOBJ && t == NFTA_OBJ_DATA {
+            state_free(&mut h, object_type_name(u32_attr(msg, NFTA_OBJ_TYPE)), v);
         } else {
             h.write_usize(v.len());
             h.write(v);
@@ -344,19 +417,26 @@ fn object_hash(kind: u16, msg: &[u8]) -> u64 {
 /// A list of expressions (`NFTA_LIST_ELEM` of `NFTA_EXPR_NAME` and `NFTA_EXPR_DATA`).
 fn expressions_hash(h: &mut DefaultHasher, list: &[u8]) {
     nested(list, |_, expr| {
-        let mut name: &[u8] = &[];
-        nested(expr, |t, v| {
-            if t == NFTA_EXPR_NAME {
-                name = v.strip_suffix(&[0]).unwrap_or(v);
-            }
+        let (mut name, mut data): (&[u8], &[u8]) = (&[], &[]);
+        nested(expr, |t, v| match t {
+            NFTA_EXPR_NAME => name = v.strip_suffix(&[0]).unwrap_or(v),
+            NFTA_EXPR_DATA => data = v,
+            _ => {}
         });
         h.write_u8(0xee);
         h.write(name);
-        if !stateful(name) {
-            h.write_usize(expr.len());
-            h.write(expr);
-        }
+        state_free(h, name, data);
     });
+}
+
+/// The expression name that a stateful object type shares (`NFT_OBJECT_COUNTER`,
+/// `NFT_OBJECT_QUOTA`), for [`state_free`]; other types are configuration only.
+fn object_type_name(t: Option<u32>) -> &'static [u8] {
+    match t {
+        Some(1) => b"counter",
+        Some(2) => b"quota",
+        _ => b"",
+    }
 }
 
 /// One set element: its attributes, without its expiration, and its stateful expressions
@@ -423,6 +503,32 @@ mod tests {
         let a = object_hash(NFT_MSG_GETRULE, &rule(10, 0, b"jump a"));
         assert_eq!(a, object_hash(NFT_MSG_GETRULE, &rule(99, 12345, b"jump a")));
         assert_ne!(a, object_hash(NFT_MSG_GETRULE, &rule(10, 0, b"jump b")));
+    }
+
+    #[test]
+    fn stateful_expressions_keep_their_configuration() {
+        let hash = |name: &str, data: &[u8]| {
+            let mut h = DefaultHasher::new();
+            expressions_hash(&mut h, &expr(name, data));
+            h.finish()
+        };
+        // limit: rate 10 against 1000, both configuration.
+        let limit = |rate: u64| [nla(1, &rate.to_be_bytes()), nla(2, &1u64.to_be_bytes())].concat();
+        assert_ne!(hash("limit", &limit(10)), hash("limit", &limit(1000)));
+        // quota: bytes and the invert flag count; consumed and the depleted bit do not.
+        let quota = |bytes: u64, flags: u32, consumed: u64| {
+            [
+                nla(1, &bytes.to_be_bytes()),
+                nla(2, &flags.to_be_bytes()),
+                nla(4, &consumed.to_be_bytes()),
+            ]
+            .concat()
+        };
+        let q = hash("quota", &quota(100, 0, 0));
+        assert_eq!(q, hash("quota", &quota(100, 2, 99)));
+        assert_ne!(q, hash("quota", &quota(200, 0, 0)));
+        assert_ne!(q, hash("quota", &quota(100, 1, 0)));
+        assert_eq!(hash("counter", b"1"), hash("counter", b"2"));
     }
 
     #[test]
