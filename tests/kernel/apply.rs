@@ -1640,5 +1640,71 @@ fn an_unread_record_keeps_its_stale_chains_and_a_load_it_cannot_prove_loads_ever
     assert!(node.exec("nft", &["list", "tables"]).contains("sneaky"));
 }
 
+/// The fingerprint of an unread record leaves out what traffic changes (affinity entries,
+/// counters) and sees what a writer changes (an element added to one of our sets).
+#[test]
+fn the_fingerprint_sees_a_foreign_element_and_not_traffic() {
+    if !require_root("kernel apply: fingerprint against traffic and a foreign element") {
+        return;
+    }
+    let lab = lab("fpelem");
+    install_foreign(&lab);
+    let node = Node::new(&lab, "nftables");
+    let v1 = node.version("v1", V1_API, CHAT);
+    let file = std::path::Path::new(&v1).join("svc.yaml");
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        "metadata: {name: api, namespace: shop}\nspec:\n",
+        "metadata: {name: api, namespace: shop}\nspec:\n  sessionAffinity: ClientIP\n",
+    );
+    assert!(text.contains("sessionAffinity"));
+    std::fs::write(&file, text).unwrap();
+    node.apply(&v1, &[]).expect(0).says(BY_GENERATION);
+    let good = node.owned();
+
+    // Traffic fills api's affinity set; then someone writes elsewhere.
+    node.flows("client1  tcp 192.0.2.10:30080 sticky pod-b,pod-r2\n");
+    let listing = node.exec("nft", &["list", "table", "ip", "kube-proxy"]);
+    assert!(
+        listing.contains(" expires "),
+        "no affinity entry: {listing}"
+    );
+    node.exec(
+        "nft",
+        &[
+            "add",
+            "element",
+            "inet",
+            "user",
+            "blocked",
+            "{ 203.0.113.23 }",
+        ],
+    );
+    let r = node.apply(&v1, &[]);
+    r.expect(0).says(" unchanged").says(BY_FINGERPRINT);
+
+    // An element added to our cluster-ips set: named, and repaired by a full load.
+    node.exec(
+        "nft",
+        &[
+            "add",
+            "element",
+            "ip",
+            "kube-proxy",
+            "cluster-ips",
+            "{ 10.96.99.99 }",
+        ],
+    );
+    let r = node.apply(&v1, &[]);
+    r.expect(0)
+        .says("full (the kernel differs from what the last apply left");
+    assert!(
+        r.stderr
+            .contains("note: nftables ipv4: set cluster-ips changed since the last apply"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(node.owned(), good);
+}
+
 #[path = "apply_fast.rs"]
 mod fast;
