@@ -6,7 +6,11 @@
 //! `--out` with many nodes: mimalloc's default delay. Every node's view is made and
 //! dropped on the same threads; giving those pages back each time would fault them in
 //! again for the next node (10k services × 100 nodes, nftables: 7–11 s -> 5–6 s).
-//! `MIMALLOC_PURGE_DELAY` in the environment still wins over both.
+//! `apply`: never. It compiles, then plans and loads in the same process; what the compile
+//! frees is what planning and recording allocate next, and giving it back only makes the
+//! kernel zero those pages again (10k services: 0.3–0.6 s of system time of a ~1.3 s
+//! compile, for ~50 MB more peak RSS; apply's budget is 2× compile's peak).
+//! `MIMALLOC_PURGE_DELAY` in the environment still wins over all three.
 
 /// `mi_option_purge_delay`: its place in `mi_option_e` of the mimalloc sources that
 /// libmimalloc-sys 0.1.49 (pinned in Cargo.toml) builds; the crate exports no constant.
@@ -20,6 +24,10 @@ pub fn purge_at_once() {
 
 pub fn purge_later() {
     set_delay(DEFAULT_DELAY_MS);
+}
+
+pub fn purge_never() {
+    set_delay(-1);
 }
 
 fn set_delay(ms: i64) {

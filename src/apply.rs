@@ -60,6 +60,7 @@ const BY_FINGERPRINT: &str =
     "node state known by its fingerprint, not read: nf_tables changed elsewhere";
 
 pub fn run(cmd: &Command) -> u8 {
+    crate::alloc::purge_never();
     exit_code(apply(cmd))
 }
 
