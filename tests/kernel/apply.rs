@@ -1474,20 +1474,7 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
 
         // Someone else writes, not to our state: the next apply finds it intact (nftables:
         // by the fingerprint of our table; iptables: by a read).
-        lab.exec_ok(
-            "node",
-            "nft",
-            &[
-                "add",
-                "element",
-                "inet",
-                "user",
-                "blocked",
-                "{ 203.0.113.22 }",
-            ],
-            None,
-        )
-        .unwrap();
+        write_elsewhere(&lab, "203.0.113.22");
         let r = node.apply(&v2, &[]);
         r.expect(0);
         path(&r, if nft { BY_FINGERPRINT } else { READ });
@@ -1640,6 +1627,14 @@ fn an_unread_record_keeps_its_stale_chains_and_a_load_it_cannot_prove_loads_ever
     assert!(node.exec("nft", &["list", "tables"]).contains("sneaky"));
 }
 
+/// Someone else's nf_tables write that is not to our table: `addr` added to the user's own
+/// set ([`install_foreign`]).
+fn write_elsewhere(lab: &Lab, addr: &str) {
+    let element = format!("{{ {addr} }}");
+    let args = ["add", "element", "inet", "user", "blocked", &element];
+    lab.exec_ok("node", "nft", &args, None).unwrap();
+}
+
 /// The fingerprint of an unread record leaves out what traffic changes (affinity entries,
 /// counters) and sees what a writer changes (an element added to one of our sets).
 #[test]
@@ -1668,17 +1663,7 @@ fn the_fingerprint_sees_a_foreign_element_and_not_traffic() {
         listing.contains(" expires "),
         "no affinity entry: {listing}"
     );
-    node.exec(
-        "nft",
-        &[
-            "add",
-            "element",
-            "inet",
-            "user",
-            "blocked",
-            "{ 203.0.113.23 }",
-        ],
-    );
+    write_elsewhere(&lab, "203.0.113.23");
     let r = node.apply(&v1, &[]);
     r.expect(0).says(" unchanged").says(BY_FINGERPRINT);
 
