@@ -596,32 +596,23 @@ impl Ctx<'_> {
         }
     }
 
-    /// The node's current state (`Commands::read`).
-    /// The fingerprint of `family`'s owned table, taken at generation `at`: `None` when the
-    /// back end has none, it cannot be read, or nf_tables is no longer at `at` after it
-    /// (then the caller reads the node, as without one).
-    fn fingerprint(&self, family: Family, at: Option<&Generation>) -> Option<Digest> {
-        let (proto, table) = self.planner.fingerprint(family)?;
-        let netns = self.args.netns.as_deref();
-        let d = nftdigest::digest(netns, proto, table).ok()?;
-        (at.is_some() && nfgen::generation(netns).as_ref() == at).then_some(d)
-    }
-
-    /// [`Ctx::fingerprint`] after a load that wrote only `touched`, from the fingerprint
-    /// `before` it (see [`nftdigest::update`]).
-    fn fingerprint_after(
+    /// The fingerprint of `family`'s owned table, taken at generation `at` (`reuse`: after
+    /// a load that wrote only part of it, see [`nftdigest::digest`]): `None` when the back
+    /// end has none, it cannot be read, or nf_tables is no longer at `at` after it (then
+    /// the caller reads the node, as without one).
+    fn fingerprint(
         &self,
         family: Family,
         at: Option<&Generation>,
-        before: &Digest,
-        touched: &plan::Touched,
+        reuse: Option<(&Digest, &plan::Touched)>,
     ) -> Option<Digest> {
         let (proto, table) = self.planner.fingerprint(family)?;
         let netns = self.args.netns.as_deref();
-        let d = nftdigest::update(netns, proto, table, before, touched).ok()?;
+        let d = nftdigest::digest(netns, proto, table, reuse).ok()?;
         (at.is_some() && nfgen::generation(netns).as_ref() == at).then_some(d)
     }
 
+    /// The node's current state (`Commands::read`).
     fn read_node(&self, cmds: &Commands) -> Result<String, Fail> {
         let argv = self.on_node(cmds.read.clone(), None);
         let out = run_captured(&argv)?;
@@ -706,7 +697,7 @@ impl Ctx<'_> {
         let mut base_gen = recorded_gen.clone();
         let mut by_fingerprint = false;
         if let (false, false, Some(rec)) = (known, self.args.full, &recorded_digest) {
-            match self.fingerprint(family, gen_start.as_ref()) {
+            match self.fingerprint(family, gen_start.as_ref(), None) {
                 Some(now) if &now == rec => {
                     known = true;
                     by_fingerprint = true;
@@ -964,12 +955,12 @@ impl Ctx<'_> {
         let (owned, gen_end, how) = if let Some(g) = proven {
             if unread_plan {
                 // The record's fingerprint still holds for what the load did not touch.
-                digest_now = match (&plan.load, &recorded_digest, &plan.touched) {
-                    (None, d, _) => d.clone(),
-                    (Some(_), Some(before), Some(touched)) => {
-                        self.fingerprint_after(family, g.as_ref(), before, touched)
+                digest_now = match &plan.load {
+                    None => recorded_digest.clone(),
+                    Some(_) => {
+                        let reuse = recorded_digest.as_ref().zip(plan.touched.as_ref());
+                        self.fingerprint(family, g.as_ref(), reuse)
                     }
-                    (Some(_), ..) => self.fingerprint(family, g.as_ref()),
                 };
                 times.mark("fingerprint the node");
             }
@@ -1136,13 +1127,13 @@ impl Ctx<'_> {
         let g = before.after(n);
         if !self.args.read_back && nfgen::generation(netns).as_ref() == Some(&g) {
             if let Some(plan) = prep.unread_plan() {
-                if let Some(d) = self.fingerprint(prep.family, Some(&g)) {
+                if let Some(d) = self.fingerprint(prep.family, Some(&g), None) {
                     return Ok(Direct::Done(Box::new(plan), path, g, Some(d)));
                 }
             }
         }
         let after = self.read_node(cmds)?;
-        let proven = nfgen::generation(netns) == Some(before.after(n))
+        let proven = nfgen::generation(netns).as_ref() == Some(&g)
             && self.planner.tracked_by_generation(prep.family, &after);
         if !proven {
             return Ok(Direct::Reread(after));
@@ -1155,7 +1146,7 @@ impl Ctx<'_> {
         if plan.load.as_deref() != Some(prep.scratch.as_str()) {
             return Ok(Direct::Reread(after));
         }
-        Ok(Direct::Done(Box::new(plan), path, before.after(n), None))
+        Ok(Direct::Done(Box::new(plan), path, g, None))
     }
 
     /// Loads the scratch document into an empty namespace; returns its read-back. A

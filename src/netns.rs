@@ -24,6 +24,21 @@ pub(crate) fn in_netns<T: Send>(ns: &File, f: impl FnOnce() -> T + Send) -> io::
     })
 }
 
+/// Runs `f` in the network namespace `/run/netns/NAME` (on a thread of its own, see
+/// [`in_netns`]), or on this thread when `netns` is `None`.
+pub(crate) fn in_named<T: Send>(
+    netns: Option<&str>,
+    f: impl FnOnce() -> io::Result<T> + Send,
+) -> io::Result<T> {
+    match netns {
+        None => f(),
+        Some(name) => {
+            let ns = File::open(std::path::Path::new("/run/netns").join(name))?;
+            in_netns(&ns, f)?
+        }
+    }
+}
+
 /// The cookie of the network namespace socket `sock` lives in (`SO_NETNS_COOKIE`, never
 /// reused while the machine runs).
 pub(crate) fn cookie_of(sock: &impl AsRawFd) -> io::Result<u64> {

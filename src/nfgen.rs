@@ -11,9 +11,7 @@
 //! (`SO_NETNS_COOKIE`, never reused while the machine runs) and the boot id.
 
 use crate::nfnl::{u16_at, u32_attr, Socket, NFNL_SUBSYS_NFTABLES};
-use std::fs::File;
 use std::io;
-use std::path::Path;
 
 const NFT_MSG_NEWGEN: u16 = 15;
 const NFT_MSG_GETGEN: u16 = 16;
@@ -57,13 +55,7 @@ impl Generation {
 /// when it cannot be read (no nf_tables, an old kernel): callers then read the rules.
 pub(crate) fn generation(netns: Option<&str>) -> Option<Generation> {
     let boot = crate::netns::boot_id()?;
-    let (netns, id) = match netns {
-        None => query().ok()?,
-        Some(name) => {
-            let ns = File::open(Path::new("/run/netns").join(name)).ok()?;
-            crate::netns::in_netns(&ns, query).ok()?.ok()?
-        }
-    };
+    let (netns, id) = crate::netns::in_named(netns, query).ok()?;
     Some(Generation { boot, netns, id })
 }
 

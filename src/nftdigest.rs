@@ -22,10 +22,8 @@
 use crate::nfnl::{cstr, for_each_attr, nested, nla, str_attr, u32_attr, Socket};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::fs::File;
 use std::hash::{DefaultHasher, Hasher};
 use std::io;
-use std::path::Path;
 use svc_targets::plan::Touched;
 
 const NFT_MSG_GETTABLE: u16 = 1;
@@ -162,52 +160,30 @@ impl Digest {
 /// The fingerprint of table `table` of nf_tables family `family` (`libc::NFPROTO_IPV4`,
 /// …) in the namespace `/run/netns/NAME` (`None`: this process's). A missing table is an
 /// empty fingerprint.
-pub(crate) fn digest(netns: Option<&str>, family: u8, table: &str) -> io::Result<Digest> {
-    in_netns(netns, || read(family, table, None))
-}
-
-/// The fingerprint after a load that wrote only the chains and sets `touched` names, when
-/// `before` was the table's fingerprint and nobody else wrote since (the generation says
-/// so): the contents of untouched chains and sets are taken from `before` rather than read
-/// again. The touched chains are asked for by name (gone: deleted); sets are all listed
-/// (no elements), so new ones (an anonymous set of a rewritten rule) are read and deleted
-/// ones go.
-pub(crate) fn update(
+///
+/// `reuse`: `Some((before, touched))` after a load that wrote only the chains and sets
+/// `touched` names, when `before` was the table's fingerprint and nobody else wrote since
+/// (the generation says so). The contents of untouched chains and sets are then taken from
+/// `before` rather than read again: the touched chains are asked for by name (gone:
+/// deleted); sets are all listed (no elements), so new ones (an anonymous set of a
+/// rewritten rule) are read and deleted ones go.
+pub(crate) fn digest(
     netns: Option<&str>,
     family: u8,
     table: &str,
-    before: &Digest,
-    touched: &Touched,
+    reuse: Option<(&Digest, &Touched)>,
 ) -> io::Result<Digest> {
-    in_netns(netns, || read(family, table, Some((before, touched))))
-}
-
-fn in_netns(
-    netns: Option<&str>,
-    f: impl FnOnce() -> io::Result<Digest> + Send,
-) -> io::Result<Digest> {
-    match netns {
-        None => f(),
-        Some(name) => {
-            let ns = File::open(Path::new("/run/netns").join(name))?;
-            crate::netns::in_netns(&ns, f)?
-        }
-    }
+    crate::netns::in_named(netns, || read(family, table, reuse))
 }
 
 fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Result<Digest> {
-    // The hash `before` holds for an object the load did not touch, listed as then.
-    let kept = |kind: &str, name: &str, listing: u64| {
+    // The hash `before` holds for a set the load did not touch, listed as then.
+    let kept = |name: &str, listing: u64| {
         let (before, touched) = reuse?;
-        let list = if kind == "chain" {
-            &touched.chains
-        } else {
-            &touched.sets
-        };
-        if list.iter().any(|n| n == name) {
+        if touched.sets.iter().any(|n| n == name) {
             return None;
         }
-        let (h, then) = *before.objects.get(&(kind.to_string(), name.to_string()))?;
+        let (h, then) = *before.objects.get(&("set".to_string(), name.to_string()))?;
         (then == listing).then_some(h)
     };
     let mut nl = Socket::open()?;
@@ -261,13 +237,8 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
             }
         }
     }
-    let mut read_chains = Vec::new();
-    for (name, chain_hash) in chains {
-        match kept("chain", &name, chain_hash) {
-            Some(h) => d.add("chain", &name, h, chain_hash),
-            None => read_chains.push((name, chain_hash)),
-        }
-    }
+    // Every chain listed above is read: untouched ones were taken from `before` instead of
+    // being listed.
     let rules = |nl: &mut Socket, (name, chain_hash): &(String, u64)| {
         let mut h = DefaultHasher::new();
         h.write_u64(*chain_hash);
@@ -279,7 +250,7 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
         })?;
         Ok(h.finish())
     };
-    for ((name, chain_hash), h) in read_chains.iter().zip(on_two_threads(&read_chains, rules)?) {
+    for ((name, chain_hash), h) in chains.iter().zip(on_two_threads(&chains, rules)?) {
         d.add("chain", name, h, *chain_hash);
     }
     let mut sets = Vec::new();
@@ -302,7 +273,7 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
     })?;
     let mut read_sets = Vec::new();
     for (name, set_hash, dynamic) in sets {
-        match kept("set", &name, set_hash) {
+        match kept(&name, set_hash) {
             Some(h) => d.add("set", &name, h, set_hash),
             None => read_sets.push((name, set_hash, dynamic)),
         }
@@ -358,6 +329,13 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
     Ok(d)
 }
 
+impl Digest {
+    fn add(&mut self, kind: &str, name: &str, h: u64, listing: u64) {
+        self.objects
+            .insert((kind.into(), name.into()), (h, listing));
+    }
+}
+
 /// `f` over `items`, in order, on two threads when there are many (each with a socket of
 /// its own: a netlink socket runs one dump at a time, and the kernel's work of a dump is
 /// done in the reading thread's system call). Threads started here stay in the caller's
@@ -383,13 +361,6 @@ fn on_two_threads<T: Sync, R: Send>(
         out.extend(rest);
         Ok(out)
     })
-}
-
-impl Digest {
-    fn add(&mut self, kind: &str, name: &str, h: u64, listing: u64) {
-        self.objects
-            .insert((kind.into(), name.into()), (h, listing));
-    }
 }
 
 /// The hash of one object's message: its attributes in order, the volatile ones left out,

@@ -1627,6 +1627,17 @@ fn an_unread_record_keeps_its_stale_chains_and_a_load_it_cannot_prove_loads_ever
     assert!(node.exec("nft", &["list", "tables"]).contains("sneaky"));
 }
 
+/// Gives service `name` of a [`Node::version`] directory ClientIP session affinity.
+fn with_affinity(dir: &str, name: &str) {
+    let file = std::path::Path::new(dir).join("svc.yaml");
+    let head = format!("metadata: {{name: {name}, namespace: shop}}\nspec:\n");
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace(&head, &format!("{head}  sessionAffinity: ClientIP\n"));
+    assert!(text.contains("sessionAffinity"));
+    std::fs::write(file, text).unwrap();
+}
+
 /// Someone else's nf_tables write that is not to our table: `addr` added to the user's own
 /// set ([`install_foreign`]).
 fn write_elsewhere(lab: &Lab, addr: &str) {
@@ -1646,13 +1657,7 @@ fn the_fingerprint_sees_a_foreign_element_and_not_traffic() {
     install_foreign(&lab);
     let node = Node::new(&lab, "nftables");
     let v1 = node.version("v1", V1_API, CHAT);
-    let file = std::path::Path::new(&v1).join("svc.yaml");
-    let text = std::fs::read_to_string(&file).unwrap().replace(
-        "metadata: {name: api, namespace: shop}\nspec:\n",
-        "metadata: {name: api, namespace: shop}\nspec:\n  sessionAffinity: ClientIP\n",
-    );
-    assert!(text.contains("sessionAffinity"));
-    std::fs::write(&file, text).unwrap();
+    with_affinity(&v1, "api");
     node.apply(&v1, &[]).expect(0).says(BY_GENERATION);
     let good = node.owned();
 

@@ -120,13 +120,7 @@ fn affinity_sets_made_by_an_incremental_apply_are_recorded() {
     let node = Node::new(&lab, "nftables");
     let affinity = |name: &str, chat: &[&str]| {
         let dir = node.version(name, V1_API, chat);
-        let file = std::path::Path::new(&dir).join("svc.yaml");
-        let text = std::fs::read_to_string(&file).unwrap().replace(
-            "metadata: {name: chat, namespace: shop}\nspec:\n",
-            "metadata: {name: chat, namespace: shop}\nspec:\n  sessionAffinity: ClientIP\n",
-        );
-        assert!(text.contains("sessionAffinity"));
-        std::fs::write(file, text).unwrap();
+        with_affinity(&dir, "chat");
         dir
     };
     let v1 = affinity("v1", CHAT);

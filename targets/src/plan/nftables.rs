@@ -591,22 +591,20 @@ fn prepare(
         None => Mode::Full("no previous apply recorded".into()),
         Some(p) => {
             // Without a read the kernel is known to show the snapshot: nothing to compare.
+            // How the kernel differs, if it does.
             let drift = match kernel {
+                None => None,
                 // An unread snapshot cannot be compared with a read: the CLI read the
                 // node because its fingerprint differs from the record's (or could not
                 // be taken).
-                Some(_) if is_unread(p.snapshot) => Some(String::new()),
-                Some(k) => Some(normalize(k)?).filter(|now| now != p.snapshot),
-                None => None,
+                Some(_) if is_unread(p.snapshot) => Some(" (by its fingerprint)".to_string()),
+                Some(k) => Some(normalize(k)?)
+                    .filter(|now| now != p.snapshot)
+                    .map(|now| format!(": {}", Plan::first_difference(p.snapshot, &now))),
             };
-            if drift.as_ref().is_some_and(|_| is_unread(p.snapshot)) {
-                Mode::Full(
-                    "the kernel differs from what the last apply left (by its fingerprint)".into(),
-                )
-            } else if let Some(now) = drift {
+            if let Some(how) = drift {
                 Mode::Full(format!(
-                    "the kernel differs from what the last apply left: {}",
-                    Plan::first_difference(p.snapshot, &now)
+                    "the kernel differs from what the last apply left{how}"
                 ))
             } else {
                 match old.unwrap_or_else(|| parse(p.document)) {
