@@ -58,6 +58,10 @@ const BY_GENERATION: &str = "node state known by its nf_tables generation, not r
 /// The report's words when nf_tables changed but our table's fingerprint is the record's.
 const BY_FINGERPRINT: &str =
     "node state known by its fingerprint, not read: nf_tables changed elsewhere";
+/// The report's words when our table's fingerprint differed in some chains and sets only,
+/// and those were written again (with the rest of the plan) instead of everything.
+const BY_REPAIR: &str =
+    "node state known by its fingerprint, not read: what differed from the record was rewritten";
 
 pub fn run(cmd: &Command) -> u8 {
     crate::alloc::purge_never();
@@ -696,6 +700,11 @@ impl Ctx<'_> {
         // The generation at which the record is known to be the node's state.
         let mut base_gen = recorded_gen.clone();
         let mut by_fingerprint = false;
+        // The fingerprint the record's objects are known by (after a load, what it did not
+        // touch keeps its hash from here), and how the node differs from the record when
+        // it does in chains and sets only: those are rewritten, not everything.
+        let mut base_digest = recorded_digest.clone();
+        let mut repair: Option<plan::Drift> = None;
         if let (false, false, Some(rec)) = (known, self.args.full, &recorded_digest) {
             match self.fingerprint(family, gen_start.as_ref(), None) {
                 Some(now) if &now == rec => {
@@ -707,6 +716,8 @@ impl Ctx<'_> {
                     if let Some(changed) = rec.first_difference(&now) {
                         eprintln!("svc-compile: note: {what}: {changed} since the last apply");
                     }
+                    repair = rec.drift(&now);
+                    base_digest = Some(now);
                 }
                 None => eprintln!(
                     "svc-compile: note: {what}: the node's fingerprint could not be taken (nf_tables changed while it was read, or netlink refused); reading the node"
@@ -737,6 +748,11 @@ impl Ctx<'_> {
             times.print(&what);
             return Ok(base_gen);
         }
+        // A repair plans from the record and the drift, both as of the generation of now.
+        if repair.is_some() {
+            known = true;
+            base_gen = gen_start.clone();
+        }
 
         // Plan; an incremental nftables transaction a pre-6.2 kernel refuses is retried
         // as a full load.
@@ -757,8 +773,9 @@ impl Ctx<'_> {
         }
         };
         let (plan, load_path) = loop {
-            let prepared = match (known, previous) {
-                (true, Some(p)) => self.planner.prepare_unchanged(doc, family, p),
+            let prepared = match (known, previous, &repair) {
+                (true, Some(p), Some(drift)) => self.planner.prepare_repair(doc, family, p, drift),
+                (true, Some(p), None) => self.planner.prepare_unchanged(doc, family, p),
                 _ => None,
             };
             let prep = match prepared {
@@ -849,6 +866,12 @@ impl Ctx<'_> {
                 }
                 if known {
                     known = false;
+                    if repair.take().is_some() {
+                        eprintln!(
+                            "svc-compile: note: {what}: rewriting what differs was refused ({}); reading the node",
+                            first_line(&out.stderr)
+                        );
+                    }
                     continue;
                 }
                 if plan.mode == Mode::Incremental && !full {
@@ -879,6 +902,7 @@ impl Ctx<'_> {
             if known {
                 // Planned from the record: plan again from what the node shows.
                 known = false;
+                repair = None;
                 continue;
             }
             if plan.mode == Mode::Incremental && !full {
@@ -956,9 +980,9 @@ impl Ctx<'_> {
             if unread_plan {
                 // The record's fingerprint still holds for what the load did not touch.
                 digest_now = match &plan.load {
-                    None => recorded_digest.clone(),
+                    None => base_digest.clone(),
                     Some(_) => {
-                        let reuse = recorded_digest.as_ref().zip(plan.touched.as_ref());
+                        let reuse = base_digest.as_ref().zip(plan.touched.as_ref());
                         self.fingerprint(family, g.as_ref(), reuse)
                     }
                 };
@@ -1042,6 +1066,7 @@ impl Ctx<'_> {
             "unchanged"
         };
         let path = match how {
+            "generation" if repair.is_some() => BY_REPAIR,
             "generation" if by_fingerprint => BY_FINGERPRINT,
             "generation" => BY_GENERATION,
             _ => "node state read",

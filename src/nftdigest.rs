@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hasher};
 use std::io;
-use svc_targets::plan::Touched;
+use svc_targets::plan::{Drift, Touched};
 
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_GETCHAIN: u16 = 4;
@@ -138,6 +138,38 @@ impl Digest {
             );
         }
         Some(Digest { objects })
+    }
+
+    /// How `now` differs from `self` (the record), chain by chain and set by set; `None`
+    /// when anything else differs (the table itself, a named object, a flowtable), which
+    /// only a full load puts back.
+    pub(crate) fn drift(&self, now: &Digest) -> Option<Drift> {
+        let mut drift = Drift::default();
+        for key in self.objects.keys().chain(now.objects.keys()) {
+            let (was, is) = (self.objects.get(key), now.objects.get(key));
+            if was == is {
+                continue;
+            }
+            let into = match is {
+                Some(_) => &mut drift.changed,
+                None => &mut drift.gone,
+            };
+            match key.0.as_str() {
+                "chain" => into.chains.push(key.1.clone()),
+                "set" => into.sets.push(key.1.clone()),
+                _ => return None,
+            }
+        }
+        for list in [
+            &mut drift.changed.chains,
+            &mut drift.changed.sets,
+            &mut drift.gone.chains,
+            &mut drift.gone.sets,
+        ] {
+            list.sort_unstable();
+            list.dedup();
+        }
+        Some(drift)
     }
 
     /// The first object in which `self` (the record) and `now` differ, for messages.
@@ -532,5 +564,36 @@ mod tests {
             Some("chain extra is gone")
         );
         assert_eq!(a.first_difference(&a), None);
+    }
+
+    #[test]
+    fn a_drift_names_changed_and_gone_chains_and_sets_and_nothing_else() {
+        let mut rec = Digest::default();
+        rec.add("table", "kube-proxy", 9, 9);
+        rec.add("chain", "services", 1, 1);
+        rec.add("chain", "endpoint-a", 2, 2);
+        rec.add("set", "cluster-ips", 3, 3);
+        rec.add("set", "hairpin", 4, 4);
+        let mut now = rec.clone();
+        assert_eq!(rec.drift(&now), Some(Drift::default()));
+        now.add("chain", "services", 5, 1);
+        now.add("chain", "theirs", 6, 6);
+        now.add("set", "cluster-ips", 3, 7);
+        now.objects
+            .remove(&("chain".to_string(), "endpoint-a".to_string()));
+        now.objects
+            .remove(&("set".to_string(), "hairpin".to_string()));
+        let d = rec.drift(&now).unwrap();
+        assert_eq!(d.changed.chains, ["services", "theirs"]);
+        assert_eq!(d.changed.sets, ["cluster-ips"]);
+        assert_eq!(d.gone.chains, ["endpoint-a"]);
+        assert_eq!(d.gone.sets, ["hairpin"]);
+        // The table itself, or an object of another kind: only a full load mends it.
+        let mut t = rec.clone();
+        t.add("table", "kube-proxy", 8, 8);
+        assert_eq!(rec.drift(&t), None);
+        let mut o = rec.clone();
+        o.add("object", "1 theirs", 8, 8);
+        assert_eq!(rec.drift(&o), None);
     }
 }

@@ -1419,6 +1419,10 @@ const BY_GENERATION: &str = "(node state known by its nf_tables generation, not 
 /// nftables: nf_tables moved, but the fingerprint of our table is the record's.
 const BY_FINGERPRINT: &str =
     "(node state known by its fingerprint, not read: nf_tables changed elsewhere)";
+/// nftables: our table's fingerprint differs from the record's in chains and sets only,
+/// and those were written again.
+const BY_REPAIR: &str =
+    "(node state known by its fingerprint, not read: what differed from the record was rewritten)";
 /// ... and the inputs are byte for byte the last apply's: not even compiled.
 const NOT_COMPILED: &str = "the inputs are the last apply's: not compiled";
 
@@ -1519,26 +1523,29 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         );
         let r = node.apply(&v2, &[]);
         r.expect(0);
-        path(&r, READ);
         compiled(&r, true);
-        assert!(
-            r.stdout
-                .contains("full (the kernel differs from what the last apply left"),
-            "[{target}] {}",
-            r.stdout
-        );
         assert_eq!(node.owned(), good, "[{target}] not repaired");
         if nft {
-            // The fingerprint named what changed; the full load's record is a read.
+            // The fingerprint named what changed, and that chain alone was written again:
+            // the node is still known without a read.
             assert!(
                 r.stderr.contains("note: nftables ipv4: chain service-")
                     && r.stderr.contains("changed since the last apply"),
                 "{}",
                 r.stderr
             );
+            r.says(": incremental: 1 chain(s) written, 0 deleted, 0 jump(s), 0 element(s), 1 repaired;");
+            path(&r, BY_REPAIR);
             assert!(recorded.starts_with("# not read back"), "{recorded}");
-            assert_eq!(node.recorded(), good);
+            assert_eq!(node.recorded(), recorded);
         } else {
+            path(&r, READ);
+            assert!(
+                r.stdout
+                    .contains("full (the kernel differs from what the last apply left"),
+                "[{target}] {}",
+                r.stdout
+            );
             assert_eq!(node.recorded(), recorded);
         }
         node.flows(FLOWS_V2);
@@ -1672,7 +1679,7 @@ fn the_fingerprint_sees_a_foreign_element_and_not_traffic() {
     let r = node.apply(&v1, &[]);
     r.expect(0).says(" unchanged").says(BY_FINGERPRINT);
 
-    // An element added to our cluster-ips set: named, and repaired by a full load.
+    // An element added to our cluster-ips set: named, and the set refilled.
     node.exec(
         "nft",
         &[
@@ -1686,7 +1693,9 @@ fn the_fingerprint_sees_a_foreign_element_and_not_traffic() {
     );
     let r = node.apply(&v1, &[]);
     r.expect(0)
-        .says("full (the kernel differs from what the last apply left");
+        .says(": incremental: 0 chain(s) written")
+        .says(", 1 repaired;")
+        .says(BY_REPAIR);
     assert!(
         r.stderr
             .contains("note: nftables ipv4: set cluster-ips changed since the last apply"),
@@ -1694,6 +1703,121 @@ fn the_fingerprint_sees_a_foreign_element_and_not_traffic() {
         r.stderr
     );
     assert_eq!(node.owned(), good);
+    let load = node.loaded();
+    assert!(
+        load.contains("flush set ip kube-proxy cluster-ips\n") && !load.contains(" chain "),
+        "{load}"
+    );
+}
+
+/// Foreign writes of every kind to our table, put back object by object from an unread
+/// record: a rule added to one of our chains, an element deleted from a map, a base chain
+/// (policy drop) and a set of someone else's added to our table, and a stale chain the last
+/// apply emptied deleted. The node is then as the record says, traffic flows again, and the
+/// next apply knows it by the generation.
+#[test]
+fn foreign_writes_to_our_table_are_rewritten_object_by_object() {
+    if !require_root("kernel apply: repair by the fingerprint") {
+        return;
+    }
+    let lab = lab("repair");
+    install_foreign(&lab);
+    let node = Node::new(&lab, "nftables");
+    let v1 = node.version("v1", V1_API, CHAT);
+    let v2 = node.version("v2", V2_API, CHAT);
+    node.apply(&v1, &[]).expect(0).says(BY_GENERATION);
+    node.apply(&v2, &[])
+        .expect(0)
+        .says(" emptied (deleted later)")
+        .says(BY_GENERATION);
+    let good = node.owned();
+    let raw = node.owned_raw();
+    let stale: Vec<String> = raw
+        .lines()
+        .filter(|l| !good.lines().any(|g| g == *l))
+        .filter_map(|l| l.strip_prefix("chain "))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_string)
+        .collect();
+    assert!(!stale.is_empty(), "{raw}");
+    let listing = node.exec("nft", &["list", "table", "ip", "kube-proxy"]);
+    let service = nft_objects(&listing)
+        .into_keys()
+        .filter_map(|k| k.strip_prefix("chain ").map(str::to_string))
+        .find(|n| n.starts_with("service-") && n.contains("shop/api"))
+        .expect("api's service chain");
+    let foreign = format!(
+        "add rule ip kube-proxy {service} counter\n\
+         delete chain ip kube-proxy {}\n\
+         delete element ip kube-proxy service-ips {{ 10.96.0.11 . tcp . 80 }}\n\
+         add chain ip kube-proxy theirs {{ type filter hook forward priority 0 ; policy drop ; }}\n\
+         add set ip kube-proxy their-set {{ type ipv4_addr ; elements = {{ 203.0.113.77 }} ; }}\n\
+         add rule ip kube-proxy theirs ip saddr @their-set accept\n",
+        stale[0]
+    );
+    lab.exec_ok("node", "nft", &["-f", "-"], Some(&foreign))
+        .unwrap();
+    assert_ne!(node.owned(), good);
+
+    let r = node.apply(&v2, &[]);
+    r.expect(0)
+        .says(": incremental: ")
+        .says(", 5 repaired;")
+        .says(BY_REPAIR);
+    assert!(r.stderr.contains("since the last apply"), "{}", r.stderr);
+    assert_eq!(node.owned(), good);
+    let listing = node.exec("nft", &["list", "table", "ip", "kube-proxy"]);
+    assert!(
+        !listing.contains("theirs") && !listing.contains("their-set"),
+        "{listing}"
+    );
+    node.flows(FLOWS_V2);
+    // The record is still unread and names no stale chain the node lacks.
+    let dir = node.state.path().join("nftables-ipv4");
+    let state = std::fs::read_to_string(dir.join("applied.state")).unwrap();
+    assert!(state.contains("# not read back"), "{state}");
+    for c in state.lines().filter_map(|l| l.strip_prefix("chain ")) {
+        assert!(
+            node.owned_raw().contains(&format!("chain {c} ")),
+            "{c}: {state}"
+        );
+    }
+    // Its fingerprint is the node's: nothing else to do, and the same after a write
+    // elsewhere.
+    node.apply(&v2, &[])
+        .expect(0)
+        .says(" unchanged")
+        .says(BY_GENERATION);
+    write_elsewhere(&lab, "203.0.113.24");
+    node.apply(&v2, &[])
+        .expect(0)
+        .says(" unchanged")
+        .says(BY_FINGERPRINT);
+    // A change to the table itself is not mended object by object: a full load.
+    node.exec(
+        "nft",
+        &[
+            "add",
+            "table",
+            "ip",
+            "kube-proxy",
+            "{",
+            "flags",
+            "dormant",
+            ";",
+            "}",
+        ],
+    );
+    let r = node.apply(&v2, &[]);
+    r.expect(0)
+        .says("full (the kernel differs from what the last apply left");
+    assert!(
+        r.stderr.contains("table kube-proxy changed"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(node.owned(), good);
+    node.flows(FLOWS_V2);
 }
 
 #[path = "apply_fast.rs"]

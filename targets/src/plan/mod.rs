@@ -90,6 +90,20 @@ pub trait Planner: Sync {
     ) -> Option<Result<Prepared, String>> {
         None
     }
+    /// Step one for an [`UNREAD`] record whose fingerprint the node no longer matches in
+    /// the objects `drift` names only: the kernel shows `previous` but for those. The plan
+    /// rewrites them whole (and deletes those the new document does not declare) along
+    /// with what the new document changes, in one transaction. `None` (the default, or a
+    /// drift it cannot mend this way): the CLI reads the node and loads everything.
+    fn prepare_repair(
+        &self,
+        _new_doc: &str,
+        _family: Family,
+        _previous: Previous,
+        _drift: &Drift,
+    ) -> Option<Result<Prepared, String>> {
+        None
+    }
     /// The nf_tables table that holds everything this back end owns, as (nfproto family,
     /// name), when the CLI may know it by a fingerprint instead of a read ([`UNREAD`]).
     fn fingerprint(&self, _family: Family) -> Option<(u8, &'static str)> {
@@ -274,6 +288,9 @@ pub struct Summary {
     /// nftables chains no longer wanted, emptied now and deleted by a later apply (a
     /// delete costs `nft` a listing of every chain; see `plan::nftables`).
     pub emptied: usize,
+    /// Objects someone else changed, added or deleted, put back as the document has them
+    /// ([`Planner::prepare_repair`]); also counted above.
+    pub repaired: usize,
 }
 
 impl fmt::Display for Summary {
@@ -285,6 +302,9 @@ impl fmt::Display for Summary {
         )?;
         if self.emptied > 0 {
             write!(f, ", {} emptied (deleted later)", self.emptied)?;
+        }
+        if self.repaired > 0 {
+            write!(f, ", {} repaired", self.repaired)?;
         }
         Ok(())
     }
@@ -315,6 +335,16 @@ pub struct Plan {
 pub struct Touched {
     pub chains: Vec<String>,
     pub sets: Vec<String>,
+}
+
+/// How an nftables table differs from what the last apply left, object by object (the
+/// CLI's fingerprint against the recorded one; [`Planner::prepare_repair`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Drift {
+    /// Objects the node has, but not as recorded: changed, or added by someone else.
+    pub changed: Touched,
+    /// Objects the record has and the node no longer does.
+    pub gone: Touched,
 }
 
 impl Plan {

@@ -36,7 +36,7 @@
 //! sorted, and the elements of dynamic sets left out (traffic fills them).
 
 use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
-use super::{is_unread, Previous, Step, Summary, Tool, Touched, UNREAD};
+use super::{is_unread, Drift, Previous, Step, Summary, Tool, Touched, UNREAD};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -476,6 +476,8 @@ struct Delta {
     /// Changed sets whose scratch copy holds only the elements added, with the elements
     /// that go in a set of their own ([`gone_set`]): see [`scratch_document`].
     partial_sets: Vec<String>,
+    /// Chains someone else deleted ([`Planner::prepare_repair`]).
+    gone: Vec<String>,
 }
 
 impl Planner for Nftables {
@@ -536,6 +538,16 @@ impl Planner for Nftables {
         previous: Previous,
     ) -> Option<Result<Prepared, String>> {
         Some(prepare(new_doc, family, Some(previous), None, false))
+    }
+
+    fn prepare_repair(
+        &self,
+        new_doc: &str,
+        family: Family,
+        previous: Previous,
+        drift: &Drift,
+    ) -> Option<Result<Prepared, String>> {
+        repair(new_doc, family, previous, drift)
     }
 
     /// Everything owned is the table `kube-proxy` of the family.
@@ -640,6 +652,47 @@ fn prepare(
     })
 }
 
+/// [`Planner::prepare_repair`]: the incremental plan from an unread record that also puts
+/// back what `drift` names; `None` when the record cannot be read or the drift is not one
+/// that rewriting objects mends ([`diff_repairing`]).
+fn repair(
+    new_doc: &str,
+    family: Family,
+    p: Previous,
+    drift: &Drift,
+) -> Option<Result<Prepared, String>> {
+    if !is_unread(p.snapshot) {
+        return None;
+    }
+    let (new, old) = rayon::join(|| parse(new_doc), || parse(p.document));
+    let new = match new {
+        Ok(new) if new.family == nft_family(family) => new,
+        Ok(new) => {
+            return Some(Err(format!(
+                "the document is for family {}, not {}",
+                new.family,
+                nft_family(family)
+            )))
+        }
+        Err(e) => return Some(Err(format!("the document: {e}"))),
+    };
+    let old = old.ok()?;
+    let (mut d, summary) =
+        diff_repairing(&old, &new, &leftover_chains(p.snapshot, &old), drift).ok()?;
+    d.snapshot = p.snapshot.to_string();
+    let scratch = scratch_document(&old, &new, &mut d);
+    Some(Ok(Prepared {
+        mode: Mode::Incremental,
+        scratch,
+        family,
+        direct: false,
+        step: Arc::new(Prep {
+            delta: Some(d),
+            summary,
+        }),
+    }))
+}
+
 /// Stale chains (see the module docs) are deleted once this many wait, or with anything
 /// else that makes the transaction delete.
 const DELETE_STALE_AT: usize = 1000;
@@ -739,6 +792,19 @@ fn set_kind(def: &str) -> &str {
 /// The incremental transaction from `old` to `new` (see the module docs), or why there
 /// cannot be one. `leftover` are the emptied stale chains the kernel still has.
 fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), String> {
+    diff_repairing(old, new, leftover, &Drift::default())
+}
+
+/// [`diff`] on a kernel that shows `old` but for the objects `drift` names (someone else
+/// changed, added or deleted them): those are written whole as `new` has them, or flushed
+/// and deleted when `new` has no such object. An anonymous set (`__set0`) belongs to a
+/// rule and goes and comes with its chain's rules: a drift of those alone is refused.
+fn diff_repairing(
+    old: &Doc,
+    new: &Doc,
+    leftover: &[&str],
+    drift: &Drift,
+) -> Result<(Delta, Summary), String> {
     if old.family != new.family || old.table != new.table {
         return Err("the table definition changed".into());
     }
@@ -756,6 +822,31 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
             return Err(format!("the definition of {kind} {name} changed"));
         }
     }
+    let names = |v: &[String]| -> HashSet<String> { v.iter().cloned().collect() };
+    let (changed_chains, gone_chains) = (names(&drift.changed.chains), names(&drift.gone.chains));
+    let anonymous = |x: &String| x.starts_with("__");
+    let changed_sets: HashSet<String> = drift
+        .changed
+        .sets
+        .iter()
+        .filter(|x| !anonymous(x))
+        .cloned()
+        .collect();
+    let gone_sets: HashSet<String> = drift
+        .gone
+        .sets
+        .iter()
+        .filter(|x| !anonymous(x))
+        .cloned()
+        .collect();
+    if changed_chains.is_empty()
+        && gone_chains.is_empty()
+        && changed_sets.len() + gone_sets.len() < drift.changed.sets.len() + drift.gone.sets.len()
+    {
+        return Err("an anonymous set changed without its chain".into());
+    }
+    let drifted_chain = |c: &str| changed_chains.contains(c) || gone_chains.contains(c);
+    let drifted_set = |x: &str| changed_sets.contains(x) || gone_sets.contains(x);
     let (f, t) = (new.family, TABLE);
     let mut d = Delta::default();
     let mut s = Summary::default();
@@ -769,20 +860,27 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
         .chains
         .iter()
         .map(|(c, _)| *c)
-        .filter(|c| !old.chain_at.contains_key(c) || old.rules(c) != new.rules(c))
+        .filter(|c| {
+            !old.chain_at.contains_key(c) || old.rules(c) != new.rules(c) || drifted_chain(c)
+        })
         .collect();
     // Objects first: everything after may refer to them. New chains (a leftover one is
     // there, empty: `add` leaves it as it is), new sets, and the existing sets the
-    // rewritten rules name, declared again (a no-op), which spares nft the listing.
+    // rewritten rules name, declared again (a no-op), which spares nft the listing. A
+    // deleted one of ours is new again.
     for (_, def) in new
         .chains
         .iter()
-        .filter(|(c, _)| !old.chain_at.contains_key(c))
+        .filter(|(c, _)| !old.chain_at.contains_key(c) || gone_chains.contains(*c))
     {
         line(&mut out, def);
     }
     let mut declared: HashSet<&str> = HashSet::new();
-    for (x, def) in new.sets.iter().filter(|(x, _)| !old.set_at.contains_key(x)) {
+    for (x, def) in new
+        .sets
+        .iter()
+        .filter(|(x, _)| !old.set_at.contains_key(x) || drifted_set(x))
+    {
         line(&mut out, def);
         declared.insert(x);
         // In the expectation even without elements (an affinity set, an empty one).
@@ -798,24 +896,53 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
         }
     }
     // What is no longer wanted (written last, below), found first: whether this
-    // transaction deletes anyway decides how sets lose elements.
+    // transaction deletes anyway decides how sets lose elements. What someone else
+    // deleted is not there to delete; what someone else added to our table goes now (an
+    // emptied base chain would still apply its policy).
     let stale: Vec<&str> = old
         .chains
         .iter()
         .map(|(c, _)| *c)
-        .filter(|c| !new.chain_at.contains_key(c))
+        .filter(|c| !new.chain_at.contains_key(c) && !gone_chains.contains(*c))
         .collect();
-    let stale_sets: Vec<&(&str, &str)> = old
+    let stale_sets: Vec<(&str, &str)> = old
         .sets
         .iter()
-        .filter(|(x, _)| !new.set_at.contains_key(x))
+        .filter(|(x, _)| !new.set_at.contains_key(x) && !gone_sets.contains(*x))
+        .map(|&(x, def)| (x, set_kind(def)))
+        .chain(
+            drift
+                .changed
+                .sets
+                .iter()
+                .filter(|x| changed_sets.contains(*x))
+                .filter(|x| {
+                    !new.set_at.contains_key(x.as_str()) && !old.set_at.contains_key(x.as_str())
+                })
+                .map(|x| (x.as_str(), "set")),
+        )
         .collect();
     let waiting: Vec<&str> = leftover
         .iter()
         .copied()
-        .filter(|c| !new.chain_at.contains_key(c))
+        .filter(|c| !new.chain_at.contains_key(c) && !gone_chains.contains(*c))
         .collect();
-    let delete_stale = !stale_sets.is_empty() || stale.len() + waiting.len() >= DELETE_STALE_AT;
+    let foreign: Vec<&str> = drift
+        .changed
+        .chains
+        .iter()
+        .map(String::as_str)
+        .filter(|c| {
+            !new.chain_at.contains_key(c) && !old.chain_at.contains_key(c) && !leftover.contains(c)
+        })
+        .collect();
+    let delete_stale = !stale_sets.is_empty()
+        || !foreign.is_empty()
+        || stale
+            .iter()
+            .chain(&waiting)
+            .any(|c| changed_chains.contains(*c))
+        || stale.len() + waiting.len() >= DELETE_STALE_AT;
     // Elements. A set that loses or changes any is flushed and refilled whole, unless
     // deleting is cheaper: nft lists every chain of the table once for a transaction with
     // any `delete` (~15 µs a chain: 1.75 s at 112k chains), and a refill costs ~7–11 µs
@@ -823,10 +950,11 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
     // the transaction deletes anyway or the refills would write more elements than the
     // kernel has chains of ours (the fast layout's hairpin set: 100k elements, 17k chains).
     // Sets with flags (intervals, timeouts) are always refilled. New elements go in the
-    // set's own statement either way.
+    // set's own statement either way. A set someone else changed is refilled whole.
     let changed: Vec<(&str, &str, Vec<&str>, Vec<Element>)> = new
         .sets
         .iter()
+        .filter(|(set, _)| !drifted_set(set))
         .filter_map(|&(set, def)| {
             let (gone, added) = element_changes(old.elements(set), new.elements(set));
             (!gone.is_empty() || !added.is_empty()).then_some((set, def, gone, added))
@@ -877,8 +1005,26 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
             d.sets.push(set.to_string());
         }
     }
+    // Sets someone else changed or deleted: declared above, emptied, and refilled whole.
+    for &(set, def) in new.sets.iter().filter(|(x, _)| drifted_set(x)) {
+        if changed_sets.contains(set) {
+            let _ = writeln!(out, "flush {} {f} {t} {set}", set_kind(def));
+        }
+        let load = new.elements(set);
+        if !load.is_empty() {
+            match with_elements(def, load) {
+                Some(l) => line(&mut out, &l),
+                None => load.iter().for_each(|e| line(&mut out, e.2)),
+            }
+        }
+        s.elements += load.len();
+        s.repaired += 1;
+    }
     for c in &rewrite {
-        if old.chain_at.contains_key(c) && !old.rules(c).is_empty() {
+        let flush =
+            (old.chain_at.contains_key(c) && !old.rules(c).is_empty() && !gone_chains.contains(*c))
+                || changed_chains.contains(*c);
+        if flush {
             let _ = writeln!(out, "flush chain {f} {t} {c}");
         }
         let rules = new.rules(c);
@@ -887,6 +1033,9 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
         }
         d.chains.push(c.to_string());
         s.rewritten += 1;
+        if drifted_chain(c) {
+            s.repaired += 1;
+        }
     }
     // Then what is no longer wanted. Stale chains are emptied now; deleting them waits
     // until enough have gathered or the transaction deletes anyway. When they go, every
@@ -894,25 +1043,50 @@ fn diff(old: &Doc, new: &Doc, leftover: &[&str]) -> Result<(Delta, Summary), Str
     // after the flushes (stale chains' rules may use them) and before the chains (a
     // stale map's elements may go to them: nft refuses deleting a chain still in use).
     for c in &stale {
-        if !old.rules(c).is_empty() {
+        if !old.rules(c).is_empty() || changed_chains.contains(*c) {
             let _ = writeln!(out, "flush chain {f} {t} {c}");
         }
     }
-    for (x, def) in stale_sets {
-        let _ = writeln!(out, "delete {} {f} {t} {x}", set_kind(def));
+    for c in waiting
+        .iter()
+        .chain(&foreign)
+        .filter(|c| changed_chains.contains(**c))
+    {
+        let _ = writeln!(out, "flush chain {f} {t} {c}");
+    }
+    for (x, kind) in stale_sets {
+        let _ = writeln!(out, "delete {kind} {f} {t} {x}");
         d.stale_sets.push(x.to_string());
         s.deleted += 1;
+        if drifted_set(x) {
+            s.repaired += 1;
+        }
     }
     if delete_stale {
-        for c in stale.iter().chain(&waiting) {
+        for c in stale.iter().chain(&waiting).chain(&foreign) {
             let _ = writeln!(out, "delete chain {f} {t} {c}");
             d.stale_chains.push(c.to_string());
             s.deleted += 1;
+            if changed_chains.contains(*c) {
+                s.repaired += 1;
+            }
         }
     } else {
         s.emptied = stale.len();
         d.emptied = stale.iter().map(|c| c.to_string()).collect();
     }
+    // Gone stale chains (someone deleted an emptied chain of ours) and sets: no longer
+    // in the node, nothing to write.
+    s.repaired += gone_chains
+        .iter()
+        .filter(|c| !new.chain_at.contains_key(c.as_str()))
+        .count()
+        + gone_sets
+            .iter()
+            .filter(|x| !new.set_at.contains_key(x.as_str()))
+            .count();
+    d.gone = gone_chains.into_iter().collect();
+    d.gone.sort_unstable();
     d.text = out;
     Ok((d, s))
 }
@@ -1321,6 +1495,7 @@ fn unread_after(d: &Delta) -> String {
         .stale_chains
         .iter()
         .chain(&d.chains)
+        .chain(&d.gone)
         .map(String::as_str)
         .collect();
     let mut stale: Vec<&str> = d
@@ -1343,11 +1518,15 @@ fn unread_after(d: &Delta) -> String {
 fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
     let scratch = normalize(scratch_output)?;
     let (mode, load, expected, summary) = match (&prepared.mode, &p.delta) {
+        // (An unread snapshot loses the stale chains someone else deleted.)
         (Mode::Incremental, Some(d)) if d.text.is_empty() => (
             Mode::Unchanged,
             None,
-            d.snapshot.clone(),
-            Summary::default(),
+            match d.gone.is_empty() {
+                true => d.snapshot.clone(),
+                false => unread_after(d),
+            },
+            p.summary.clone(),
         ),
         (Mode::Incremental, Some(d)) => (
             Mode::Incremental,

@@ -133,6 +133,7 @@ fn one_service_change_touches_only_its_chains_and_elements() {
             jumps: 0,
             elements: 0,
             emptied: 1,
+            repaired: 0,
         }
     );
     assert_eq!(
@@ -750,6 +751,161 @@ fn a_stale_map_goes_before_the_chains_its_elements_go_to() {
              delete map ip kube-proxy m\n\
              delete chain ip kube-proxy x\n"
         ),
+        "{load}"
+    );
+}
+
+fn drift(changed: (&[&str], &[&str]), gone: (&[&str], &[&str])) -> Drift {
+    let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+    Drift {
+        changed: Touched {
+            chains: v(changed.0),
+            sets: v(changed.1),
+        },
+        gone: Touched {
+            chains: v(gone.0),
+            sets: v(gone.1),
+        },
+    }
+}
+
+/// An unread record's snapshot (the marker and the stale chains it names).
+fn unread(stale: &[&str]) -> String {
+    let mut s = format!("{UNREAD}\n");
+    for c in stale {
+        let _ = writeln!(s, "chain {c}");
+    }
+    s
+}
+
+#[test]
+fn a_repair_rewrites_what_differs_with_what_changed_and_nothing_else() {
+    let v1 = doc(&[("a", &["1", "2"]), ("b", &["3"]), ("c", &["5"])]);
+    let v2 = doc(&[("a", &["1", "4"]), ("b", &["3"]), ("c", &["5"])]);
+    let snap = unread(&[]);
+    // Someone put a rule in service-b, an element in service-ips, deleted endpoint-c-5
+    // (after flushing service-c, which jumped to it) and added a chain and a set of their
+    // own to our table.
+    let d = drift(
+        (
+            &["service-b", "service-c", "theirs"],
+            &["service-ips", "their-set"],
+        ),
+        (&["endpoint-c-5"], &[]),
+    );
+    let prep = Nftables
+        .prepare_repair(&v2, Family::V4, previous(&v1, &snap).unwrap(), &d)
+        .unwrap()
+        .unwrap();
+    assert_eq!(prep.mode, Mode::Incremental);
+    let plan = plan2(&prep, "").unwrap();
+    let load = plan.load.clone().unwrap();
+    let lines: Vec<&str> = load.lines().collect();
+    let at = |l: &str| {
+        lines
+            .iter()
+            .position(|x| *x == l)
+            .unwrap_or_else(|| panic!("no `{l}` in\n{load}"))
+    };
+    // The deleted chain is declared first, then filled; changed chains are flushed and
+    // refilled; the changed map is flushed and refilled whole.
+    let created = at("add chain ip kube-proxy endpoint-c-5");
+    assert!(created < at("add chain ip kube-proxy endpoint-c-5 {"));
+    assert!(at("flush chain ip kube-proxy service-b") < at("add chain ip kube-proxy service-b {"));
+    assert!(at("flush chain ip kube-proxy service-c") < at("add chain ip kube-proxy service-c {"));
+    assert!(
+        load.contains("flush map ip kube-proxy service-ips\n"),
+        "{load}"
+    );
+    let refill = lines
+        .iter()
+        .find(|l| l.starts_with("add map ip kube-proxy service-ips {") && l.contains("elements"))
+        .unwrap();
+    assert_eq!(refill.matches("goto service-").count(), 3, "{refill}");
+    // Theirs go last, after every flush: the chain emptied first, both deleted.
+    let last_flush = lines.iter().rposition(|l| l.starts_with("flush ")).unwrap();
+    assert!(last_flush < at("delete set ip kube-proxy their-set"));
+    assert!(at("flush chain ip kube-proxy theirs") <= last_flush);
+    assert!(at("delete set ip kube-proxy their-set") < at("delete chain ip kube-proxy theirs"));
+    // The change itself is there too: endpoint-a-4 in, endpoint-a-2 deleted (this
+    // transaction deletes anyway) rather than left emptied.
+    assert!(
+        load.contains("add chain ip kube-proxy endpoint-a-4\n"),
+        "{load}"
+    );
+    assert!(
+        load.contains("delete chain ip kube-proxy endpoint-a-2\n"),
+        "{load}"
+    );
+    // Untouched: the chains nobody changed.
+    assert!(!load.contains("endpoint-b-3 {"), "{load}");
+    assert!(!load.contains("chain ip kube-proxy services"), "{load}");
+    assert!(!load.contains("nat-prerouting"), "{load}");
+    assert_eq!(plan.summary.repaired, 6, "{}", plan.summary);
+    assert!(plan.summary.to_string().ends_with(", 6 repaired"));
+    let touched = plan.touched.unwrap();
+    for c in [
+        "service-b",
+        "service-c",
+        "endpoint-c-5",
+        "theirs",
+        "endpoint-a-2",
+    ] {
+        assert!(touched.chains.iter().any(|t| t == c), "{c}: {touched:?}");
+    }
+    for x in ["service-ips", "their-set"] {
+        assert!(touched.sets.iter().any(|t| t == x), "{x}: {touched:?}");
+    }
+    // The record stays unread, naming no stale chain (the one left went now).
+    assert_eq!(plan.expected, unread(&[]));
+}
+
+#[test]
+fn a_repair_forgets_deleted_stale_chains_and_refuses_what_objects_cannot_mend() {
+    let v1 = doc(&[("a", &["1"])]);
+    let snap = unread(&["endpoint-a-9", "endpoint-a-8"]);
+    // Someone deleted one of the emptied stale chains: nothing to write, one fewer named.
+    let d = drift((&[], &[]), (&["endpoint-a-9"], &[]));
+    let prep = Nftables
+        .prepare_repair(&v1, Family::V4, previous(&v1, &snap).unwrap(), &d)
+        .unwrap()
+        .unwrap();
+    let plan = plan2(&prep, "").unwrap();
+    assert_eq!(plan.mode, Mode::Unchanged);
+    assert_eq!(plan.load, None);
+    assert_eq!(plan.expected, unread(&["endpoint-a-8"]));
+    assert_eq!(plan.summary.repaired, 1);
+    // Rules someone put in an emptied stale chain: flushed and deleted with it.
+    let d = drift((&["endpoint-a-8"], &[]), (&[], &[]));
+    let prep = Nftables
+        .prepare_repair(&v1, Family::V4, previous(&v1, &snap).unwrap(), &d)
+        .unwrap()
+        .unwrap();
+    let load = plan2(&prep, "").unwrap().load.unwrap();
+    assert!(
+        load.contains("flush chain ip kube-proxy endpoint-a-8\n")
+            && load.contains("delete chain ip kube-proxy endpoint-a-8\n")
+            && load.contains("delete chain ip kube-proxy endpoint-a-9\n"),
+        "{load}"
+    );
+    // An anonymous set changed without a chain, or a read record: not a repair.
+    let d = drift((&[], &["__map0"]), (&[], &[]));
+    let repair = Nftables.prepare_repair(&v1, Family::V4, previous(&v1, &snap).unwrap(), &d);
+    assert!(repair.is_none());
+    let read = normalize(&listing("x")).unwrap();
+    let d = drift((&["services"], &[]), (&[], &[]));
+    let repair = Nftables.prepare_repair(&v1, Family::V4, previous(&v1, &read).unwrap(), &d);
+    assert!(repair.is_none());
+    // With a chain, the anonymous set goes and comes with its rules.
+    let d = drift((&["service-a"], &["__map0"]), (&[], &["__map1"]));
+    let prep = Nftables
+        .prepare_repair(&v1, Family::V4, previous(&v1, &snap).unwrap(), &d)
+        .unwrap()
+        .unwrap();
+    let load = plan2(&prep, "").unwrap().load.unwrap();
+    assert!(!load.contains("__map"), "{load}");
+    assert!(
+        load.contains("flush chain ip kube-proxy service-a\n"),
         "{load}"
     );
 }
