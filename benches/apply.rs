@@ -88,7 +88,15 @@ fn main() {
             // counts), put in before the last step: found and mended by that apply.
             let foreign: &[&str] = match target.as_str() {
                 "iptables" => &["iptables", "-t", "nat", "-I", "KUBE-SERVICES"],
-                _ => &["nft", "insert", "rule", "ip", "kube-proxy", "services", "counter"],
+                _ => &[
+                    "nft",
+                    "insert",
+                    "rule",
+                    "ip",
+                    "kube-proxy",
+                    "services",
+                    "counter",
+                ],
             };
             let steps: [(&str, &str, bool); 7] = [
                 ("first apply (full)", "base", false),

@@ -1822,3 +1822,70 @@ fn foreign_writes_to_our_table_are_rewritten_object_by_object() {
 
 #[path = "apply_fast.rs"]
 mod fast;
+
+/// A first apply loads the compiled document's objects grouped (each chain's rules and each
+/// set's elements in one statement): the node's table is the one `nft -f` of the compiled
+/// document gives, in both layouts, with affinity sets, and in both families' tables.
+#[test]
+fn the_first_load_gives_the_table_the_compiled_document_gives() {
+    if !require_root("kernel apply: the grouped first load") {
+        return;
+    }
+    let lab = lab("grouped");
+    for (i, layout) in ["kube-proxy", "fast"].into_iter().enumerate() {
+        let node = Node::new(&lab, "nftables");
+        let v = node.version(&format!("v{i}"), V1_API, CHAT_MORE);
+        with_affinity(&v, "api");
+        let args = ["--nft-layout", layout];
+        let r = node.apply(&v, &args);
+        r.expect(0).says("full (no previous apply recorded)");
+        let load = node.loaded();
+        assert!(
+            !load.contains("\nadd rule ") && !load.contains("\nadd element "),
+            "[{layout}] not grouped: {load}"
+        );
+        let compiled = svc_env(
+            &[
+                "compile",
+                &v,
+                "golden/common",
+                "--node",
+                "node-1",
+                "--target",
+                "nftables",
+                "--nft-layout",
+                layout,
+            ],
+            None,
+            &root(),
+            &[],
+        );
+        compiled.expect(0);
+        assert!(
+            compiled.stdout.contains("\nadd rule "),
+            "{}",
+            compiled.stdout
+        );
+        let dir = TempDir::new("grouped");
+        let file = dir.path().join("compiled.nft");
+        std::fs::write(&file, &compiled.stdout).unwrap();
+        let out = std::process::Command::new("unshare")
+            .args(["--net", "--", "sh", "-c"])
+            .arg("nft -f \"$1\" && nft list table ip kube-proxy")
+            .arg("svc-compile-test")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let raw = String::from_utf8_lossy(&out.stdout).to_string();
+        let applied = node.exec("nft", &["list", "table", "ip", "kube-proxy"]);
+        assert!(applied.contains("hook prerouting"), "{applied}");
+        assert_eq!(applied, raw, "[{layout}]");
+        // The next layout starts from a node without our table.
+        node.exec("nft", &["delete", "table", "ip", "kube-proxy"]);
+    }
+}

@@ -223,18 +223,36 @@ fn element_key(body: &str) -> Option<&str> {
     (end > 0).then(|| &inner[..end - 1])
 }
 
-/// The full load: replace the table in one transaction.
-fn full_document(text: &str, family: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 64);
-    let _ = write!(
-        out,
-        "add table {family} {TABLE}\ndelete table {family} {TABLE}\n"
-    );
-    for (_, l) in statements(text) {
-        let w: Vec<&str> = l.splitn(5, ' ').collect();
-        if !replace_prefix(&w) {
-            out.push_str(l);
+/// The full load: the table replaced in one transaction, with the document's objects
+/// grouped: every chain and set declared first, then each set with its elements in one
+/// statement and each chain with its rules in one `add chain … { … }`. nft reads that in
+/// about two thirds of the time it takes for one statement per rule and element (fast
+/// layout, 10k services: 3.2 s against 4.8 s; README "apply at scale"), and the kernel
+/// ends up with the same table. `len`: the document's size, to reserve room.
+fn full_document(d: &Doc, len: usize) -> String {
+    let (f, t) = (d.family, TABLE);
+    let mut out = String::with_capacity(len / 2 + 256);
+    let _ = writeln!(out, "add table {f} {t}\ndelete table {f} {t}\n{}", d.table);
+    for (_, def) in &d.chains {
+        out.push_str(def);
+        out.push('\n');
+    }
+    for (i, (_, def)) in d.sets.iter().enumerate() {
+        let elements = &d.elements[d.element_range[i].clone()];
+        if elements.is_empty() || !push_with_elements(&mut out, def, elements) {
+            out.push_str(def);
             out.push('\n');
+            // Not a definition svc-compile writes: its elements one by one, still right.
+            for e in elements {
+                out.push_str(e.2);
+                out.push('\n');
+            }
+        }
+    }
+    for (i, (_, def)) in d.chains.iter().enumerate() {
+        let rules = &d.rules[d.rule_start[i]..d.rule_start[i + 1]];
+        if !rules.is_empty() {
+            push_with_rules(&mut out, def, rules);
         }
     }
     out
@@ -639,7 +657,7 @@ fn prepare(
     // is the load (one copy of it, 58 MB at 10k services).
     let scratch = match &delta {
         Some(_) => delta_scratch,
-        None => full_document(new_doc, new.family),
+        None => full_document(&new, new_doc.len()),
     };
     // Our table is all a read shows: an empty read is a node without it.
     let direct = delta.is_none() && kernel.is_some_and(|k| k.trim().is_empty());
@@ -723,19 +741,37 @@ fn tail(line: &str) -> &str {
 /// without a listing of every chain (`add element` needs one). `None` for a definition
 /// without a block.
 fn with_elements(def: &str, elements: &[Element]) -> Option<String> {
-    let open = def.strip_suffix('}')?;
-    let mut out = String::with_capacity(open.len() + 32 + elements.len() * 64);
+    let mut out = String::with_capacity(def.len() + 32 + elements.len() * 64);
+    push_with_elements(&mut out, def, elements).then(|| {
+        out.pop();
+        out
+    })
+}
+
+/// [`with_elements`] written at the end of `out` (and a newline); `false`, with `out` as
+/// it was, for a definition without a block or an element svc-compile does not write.
+fn push_with_elements(out: &mut String, def: &str, elements: &[Element]) -> bool {
+    let Some(open) = def.strip_suffix('}') else {
+        return false;
+    };
+    let mark = out.len();
     out.push_str(open);
     out.push_str("elements = { ");
     for (i, e) in elements.iter().enumerate() {
-        let inner = tail(e.2).strip_prefix("{ ")?.strip_suffix(" }")?;
+        let Some(inner) = tail(e.2)
+            .strip_prefix("{ ")
+            .and_then(|x| x.strip_suffix(" }"))
+        else {
+            out.truncate(mark);
+            return false;
+        };
         if i > 0 {
             out.push_str(", ");
         }
         out.push_str(inner);
     }
-    out.push_str(" } }");
-    Some(out)
+    out.push_str(" } }\n");
+    true
 }
 
 /// `add chain … { rules }`: a chain's rules in its own statement, how nft fills a chain
@@ -743,6 +779,13 @@ fn with_elements(def: &str, elements: &[Element]) -> Option<String> {
 fn with_rules(def: &str, rules: &[&str]) -> String {
     let mut out =
         String::with_capacity(def.len() + 8 + rules.iter().map(|r| r.len()).sum::<usize>());
+    push_with_rules(&mut out, def, rules);
+    out.pop();
+    out
+}
+
+/// [`with_rules`] written at the end of `out`, and a newline.
+fn push_with_rules(out: &mut String, def: &str, rules: &[&str]) {
     match def.strip_suffix('}') {
         Some(open) => out.push_str(open),
         None => {
@@ -754,8 +797,7 @@ fn with_rules(def: &str, rules: &[&str]) -> String {
         out.push_str("\n\t");
         out.push_str(tail(r));
     }
-    out.push_str("\n}");
-    out
+    out.push_str("\n}\n");
 }
 
 /// Whether a set's lost elements can go by `delete element` (a set without flags);

@@ -87,6 +87,21 @@ fn first_apply_replaces_the_table() {
         "add table ip kube-proxy\ndelete table ip kube-proxy\nadd table ip kube-proxy { comment"
     ));
     assert_eq!(load.matches("add table").count(), 2, "{load}");
+    // Grouped: every chain declared before any rule, each chain's rules in one statement,
+    // each set's elements in one.
+    assert!(
+        !load.contains("add rule") && !load.contains("add element"),
+        "{load}"
+    );
+    assert!(
+        load.find("add chain ip kube-proxy endpoint-a-1\n").unwrap()
+            < load.find("\n\tjump services\n}").unwrap(),
+        "{load}"
+    );
+    assert!(load.contains(
+        "add chain ip kube-proxy endpoint-a-1 {\n\tmeta l4proto tcp dnat to 10.1.0.1:80\n}\n"
+    ));
+    assert!(load.contains("service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; elements = { 10.0.0.0 . tcp . 80 comment \"a : x\" : goto service-a } }\n"), "{load}");
     assert_eq!(plan.expected, normalize(&listing("x")).unwrap());
     // Into a node without the table, the load is the scratch document: loaded directly.
     assert!(prep.direct);
