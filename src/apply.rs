@@ -61,7 +61,7 @@ const BY_FINGERPRINT: &str =
 /// The report's words when our table's fingerprint differed in some chains and sets only,
 /// and those were written again (with the rest of the plan) instead of everything.
 const BY_REPAIR: &str =
-    "node state known by its fingerprint, not read: what differed from the record was rewritten";
+    "node state known by its fingerprint, not read: what differed from the record was mended";
 
 pub fn run(cmd: &Command) -> u8 {
     crate::alloc::purge_never();
@@ -691,10 +691,16 @@ impl Ctx<'_> {
         // table at that moment. nf_tables moved since: the same fingerprint now means the
         // writes were elsewhere, and the record still holds, at the generation of now.
         let unread = previous.is_some_and(|p| plan::is_unread(p.snapshot));
-        let recorded_digest = match (unread, &applied_header) {
-            (true, Some(h)) => fs::read_to_string(dir.join("applied.digest"))
+        // It names the document and the snapshot it belongs to: a kill between writing it
+        // and the state after a load of the same document leaves it with the snapshot before.
+        let recorded_digest = match (unread, &applied_header, previous) {
+            (true, Some(h), Some(p)) => fs::read_to_string(dir.join("applied.digest"))
                 .ok()
-                .and_then(|t| t.strip_prefix(h.as_str()).and_then(Digest::from_text)),
+                .and_then(|t| {
+                    t.strip_prefix(h.as_str())?
+                        .strip_prefix(&digest_line(p.snapshot))
+                        .and_then(Digest::from_text)
+                }),
             _ => None,
         };
         // The generation at which the record is known to be the node's state.
@@ -1035,7 +1041,7 @@ impl Ctx<'_> {
             (Some(d), true) if !same_record || recorded_digest.as_ref() != Some(d) => {
                 fs::create_dir_all(&dir)
                     .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
-                write_atomic_parts(&digest_file, &[&header, &d.to_text()])?
+                write_atomic_parts(&digest_file, &[&header, &digest_line(owned), &d.to_text()])?
             }
             (Some(_), true) => {}
             _ => {
@@ -1512,6 +1518,11 @@ impl InputsRecord {
             generation,
         })
     }
+}
+
+/// The line of `applied.digest` after the document's header: the snapshot it goes with.
+fn digest_line(snapshot: &str) -> String {
+    format!("snapshot {:016x}\n", fnv1a(snapshot))
 }
 
 /// FNV-1a, 64 bits: a stable fingerprint to pair files, not a defence against tampering.

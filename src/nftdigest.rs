@@ -141,18 +141,20 @@ impl Digest {
     }
 
     /// How `now` differs from `self` (the record), chain by chain and set by set; `None`
-    /// when anything else differs (the table itself, a named object, a flowtable), which
-    /// only a full load puts back.
+    /// when anything else differs, which only a full load puts back: the table itself, a
+    /// named object, a flowtable, or the attributes of a chain or set both have (a chain's
+    /// hook, priority or policy, a set's flags, timeout or size, or a set made again: its
+    /// handle), which writing the object again would not change back.
     pub(crate) fn drift(&self, now: &Digest) -> Option<Drift> {
         let mut drift = Drift::default();
         for key in self.objects.keys().chain(now.objects.keys()) {
             let (was, is) = (self.objects.get(key), now.objects.get(key));
-            if was == is {
-                continue;
-            }
-            let into = match is {
-                Some(_) => &mut drift.changed,
-                None => &mut drift.gone,
+            let into = match (was, is) {
+                _ if was == is => continue,
+                (Some((_, then)), Some((_, listing))) if then != listing => return None,
+                (Some(_), Some(_)) => &mut drift.changed,
+                (None, _) => &mut drift.added,
+                (_, None) => &mut drift.gone,
             };
             match key.0.as_str() {
                 "chain" => into.chains.push(key.1.clone()),
@@ -160,14 +162,11 @@ impl Digest {
                 _ => return None,
             }
         }
-        for list in [
-            &mut drift.changed.chains,
-            &mut drift.changed.sets,
-            &mut drift.gone.chains,
-            &mut drift.gone.sets,
-        ] {
-            list.sort_unstable();
-            list.dedup();
+        for t in [&mut drift.changed, &mut drift.added, &mut drift.gone] {
+            for list in [&mut t.chains, &mut t.sets] {
+                list.sort_unstable();
+                list.dedup();
+            }
         }
         Some(drift)
     }
@@ -578,16 +577,22 @@ mod tests {
         assert_eq!(rec.drift(&now), Some(Drift::default()));
         now.add("chain", "services", 5, 1);
         now.add("chain", "theirs", 6, 6);
-        now.add("set", "cluster-ips", 3, 7);
+        now.add("set", "cluster-ips", 7, 3);
         now.objects
             .remove(&("chain".to_string(), "endpoint-a".to_string()));
         now.objects
             .remove(&("set".to_string(), "hairpin".to_string()));
         let d = rec.drift(&now).unwrap();
-        assert_eq!(d.changed.chains, ["services", "theirs"]);
+        assert_eq!(d.changed.chains, ["services"]);
         assert_eq!(d.changed.sets, ["cluster-ips"]);
+        assert_eq!(d.added.chains, ["theirs"]);
         assert_eq!(d.gone.chains, ["endpoint-a"]);
         assert_eq!(d.gone.sets, ["hairpin"]);
+        // A chain's own attributes (its policy, say) or a set made again (its handle):
+        // writing the object again would not put them back.
+        let mut a = rec.clone();
+        a.add("chain", "services", 1, 8);
+        assert_eq!(rec.drift(&a), None);
         // The table itself, or an object of another kind: only a full load mends it.
         let mut t = rec.clone();
         t.add("table", "kube-proxy", 8, 8);

@@ -341,8 +341,11 @@ pub struct Touched {
 /// CLI's fingerprint against the recorded one; [`Planner::prepare_repair`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Drift {
-    /// Objects the node has, but not as recorded: changed, or added by someone else.
+    /// Objects the record has and the node too, with other rules or elements (their own
+    /// attributes as recorded: a change to those is no drift a rewrite mends).
     pub changed: Touched,
+    /// Objects the node has and the record does not: someone else's.
+    pub added: Touched,
     /// Objects the record has and the node no longer does.
     pub gone: Touched,
 }

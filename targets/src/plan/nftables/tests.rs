@@ -87,17 +87,30 @@ fn first_apply_replaces_the_table() {
         "add table ip kube-proxy\ndelete table ip kube-proxy\nadd table ip kube-proxy { comment"
     ));
     assert_eq!(load.matches("add table").count(), 2, "{load}");
-    // Grouped: every chain declared before any rule, each chain's rules in one statement,
-    // each set's elements in one.
+    // Grouped: each chain with its rules and each set with its elements in one statement,
+    // every object once, after what it refers to.
     assert!(
         !load.contains("add rule") && !load.contains("add element"),
         "{load}"
     );
-    assert!(
-        load.find("add chain ip kube-proxy endpoint-a-1\n").unwrap()
-            < load.find("\n\tjump services\n}").unwrap(),
-        "{load}"
-    );
+    let lines: Vec<&str> = load.lines().collect();
+    let at = |start: &str| {
+        let found: Vec<usize> = (0..lines.len())
+            .filter(|&i| lines[i].starts_with(start))
+            .collect();
+        assert_eq!(found.len(), 1, "{start}: {load}");
+        found[0]
+    };
+    let order = [
+        "add chain ip kube-proxy endpoint-a-1 {",
+        "add chain ip kube-proxy service-a {",
+        "add map ip kube-proxy service-ips {",
+        "add chain ip kube-proxy services {",
+        "add chain ip kube-proxy nat-prerouting {",
+    ];
+    for w in order.windows(2) {
+        assert!(at(w[0]) < at(w[1]), "{} before {}: {load}", w[0], w[1]);
+    }
     assert!(load.contains(
         "add chain ip kube-proxy endpoint-a-1 {\n\tmeta l4proto tcp dnat to 10.1.0.1:80\n}\n"
     ));
@@ -116,6 +129,33 @@ fn first_apply_replaces_the_table() {
         .unwrap()
         .unwrap();
     assert!(!prep.direct);
+}
+
+/// A cycle of references (nft refuses one; svc-compile never writes one) still gives a full
+/// load with every object: declared first, filled after.
+#[test]
+fn a_full_load_with_a_cycle_declares_every_chain_first() {
+    let text = "add table ip kube-proxy { comment \"x\" ; }\n\
+        add chain ip kube-proxy a\n\
+        add chain ip kube-proxy b\n\
+        add rule ip kube-proxy a jump b\n\
+        add rule ip kube-proxy b jump a\n";
+    let d = parse(text).unwrap();
+    assert_eq!(dependency_order(&d), None);
+    let load = full_document(&d, text.len());
+    assert!(
+        load.ends_with(
+            "add chain ip kube-proxy a\nadd chain ip kube-proxy b\n\
+             add chain ip kube-proxy a {\n\tjump b\n}\nadd chain ip kube-proxy b {\n\tjump a\n}\n"
+        ),
+        "{load}"
+    );
+    // Without the cycle: b first, then a, each once.
+    let d = parse("add table ip kube-proxy { comment \"x\" ; }\nadd chain ip kube-proxy a\nadd chain ip kube-proxy b\nadd rule ip kube-proxy a jump b\n").unwrap();
+    assert_eq!(
+        dependency_order(&d),
+        Some(vec![Object::Chain(1), Object::Chain(0)])
+    );
 }
 
 #[test]
@@ -770,17 +810,18 @@ fn a_stale_map_goes_before_the_chains_its_elements_go_to() {
     );
 }
 
-fn drift(changed: (&[&str], &[&str]), gone: (&[&str], &[&str])) -> Drift {
-    let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+type Names<'a> = (&'a [&'a str], &'a [&'a str]);
+
+/// A drift of (chains, sets) changed, added and gone.
+fn drift(changed: Names, added: Names, gone: Names) -> Drift {
+    let t = |(chains, sets): Names| Touched {
+        chains: chains.iter().map(|s| s.to_string()).collect(),
+        sets: sets.iter().map(|s| s.to_string()).collect(),
+    };
     Drift {
-        changed: Touched {
-            chains: v(changed.0),
-            sets: v(changed.1),
-        },
-        gone: Touched {
-            chains: v(gone.0),
-            sets: v(gone.1),
-        },
+        changed: t(changed),
+        added: t(added),
+        gone: t(gone),
     }
 }
 
@@ -802,10 +843,8 @@ fn a_repair_rewrites_what_differs_with_what_changed_and_nothing_else() {
     // (after flushing service-c, which jumped to it) and added a chain and a set of their
     // own to our table.
     let d = drift(
-        (
-            &["service-b", "service-c", "theirs"],
-            &["service-ips", "their-set"],
-        ),
+        (&["service-b", "service-c"], &["service-ips"]),
+        (&["theirs"], &["their-set"]),
         (&["endpoint-c-5"], &[]),
     );
     let prep = Nftables
@@ -880,7 +919,7 @@ fn a_repair_forgets_deleted_stale_chains_and_refuses_what_objects_cannot_mend() 
     let v1 = doc(&[("a", &["1"])]);
     let snap = unread(&["endpoint-a-9", "endpoint-a-8"]);
     // Someone deleted one of the emptied stale chains: nothing to write, one fewer named.
-    let d = drift((&[], &[]), (&["endpoint-a-9"], &[]));
+    let d = drift((&[], &[]), (&[], &[]), (&["endpoint-a-9"], &[]));
     let prep = Nftables
         .prepare_repair(&v1, Family::V4, previous(&v1, &snap).unwrap(), &d)
         .unwrap()
@@ -891,7 +930,7 @@ fn a_repair_forgets_deleted_stale_chains_and_refuses_what_objects_cannot_mend() 
     assert_eq!(plan.expected, unread(&["endpoint-a-8"]));
     assert_eq!(plan.summary.repaired, 1);
     // Rules someone put in an emptied stale chain: flushed and deleted with it.
-    let d = drift((&["endpoint-a-8"], &[]), (&[], &[]));
+    let d = drift((&["endpoint-a-8"], &[]), (&[], &[]), (&[], &[]));
     let prep = Nftables
         .prepare_repair(&v1, Family::V4, previous(&v1, &snap).unwrap(), &d)
         .unwrap()
@@ -903,16 +942,29 @@ fn a_repair_forgets_deleted_stale_chains_and_refuses_what_objects_cannot_mend() 
             && load.contains("delete chain ip kube-proxy endpoint-a-9\n"),
         "{load}"
     );
-    // An anonymous set changed without a chain, or a read record: not a repair.
-    let d = drift((&[], &["__map0"]), (&[], &[]));
+    // Someone else's chain under a name the document declares (its hook and policy would
+    // stay), an anonymous set whose elements changed, an anonymous set changed without a
+    // chain, or a read record: not a repair.
+    let d = drift((&[], &[]), (&["service-a"], &[]), (&[], &[]));
+    let v0 = doc(&[]);
+    let repair = Nftables.prepare_repair(&v1, Family::V4, previous(&v0, &snap).unwrap(), &d);
+    assert!(repair.is_none());
+    let d = drift((&["service-a"], &["__map0"]), (&[], &[]), (&[], &[]));
+    let repair = Nftables.prepare_repair(&v1, Family::V4, previous(&v1, &snap).unwrap(), &d);
+    assert!(repair.is_none());
+    let d = drift((&[], &[]), (&[], &["__map0"]), (&[], &[]));
     let repair = Nftables.prepare_repair(&v1, Family::V4, previous(&v1, &snap).unwrap(), &d);
     assert!(repair.is_none());
     let read = normalize(&listing("x")).unwrap();
-    let d = drift((&["services"], &[]), (&[], &[]));
+    let d = drift((&["services"], &[]), (&[], &[]), (&[], &[]));
     let repair = Nftables.prepare_repair(&v1, Family::V4, previous(&v1, &read).unwrap(), &d);
     assert!(repair.is_none());
     // With a chain, the anonymous set goes and comes with its rules.
-    let d = drift((&["service-a"], &["__map0"]), (&[], &["__map1"]));
+    let d = drift(
+        (&["service-a"], &[]),
+        (&["__chain0"], &["__map0"]),
+        (&[], &["__map1"]),
+    );
     let prep = Nftables
         .prepare_repair(&v1, Family::V4, previous(&v1, &snap).unwrap(), &d)
         .unwrap()
