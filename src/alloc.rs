@@ -6,7 +6,7 @@
 //! `--out` with many nodes: mimalloc's default delay. Every node's view is made and
 //! dropped on the same threads; giving those pages back each time would fault them in
 //! again for the next node (10k services × 100 nodes, nftables: 7–11 s -> 5–6 s).
-//! `apply`: never. It compiles, then plans and loads in the same process; what the compile
+//! `apply` of nftables: never. It compiles, then plans and loads in the same process; what the compile
 //! frees is what planning and recording allocate next, and giving it back only makes the
 //! kernel zero those pages again (10k services: 0.3–0.6 s of system time of a ~1.3 s
 //! compile, for ~50 MB more peak RSS; apply's budget is 2× compile's peak).
