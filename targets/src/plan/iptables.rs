@@ -406,6 +406,9 @@ pub(super) struct Prep {
     old_chains: BTreeMap<String, BTreeSet<String>>,
     /// Jumps an earlier apply owned (removed when no longer wanted).
     old_jumps: Owner,
+    /// How many chains someone else changed (see `drifted_chains`), and what to say.
+    repaired: usize,
+    drift_note: Option<String>,
 }
 
 impl Planner for Iptables {
@@ -517,6 +520,10 @@ impl Planner for Iptables {
         let mut old_jumps = Owner::default();
         let mut old_doc = None;
         let mut mode = Mode::Incremental;
+        // Per table: owned chains (and built-in chains with our jumps) the kernel shows
+        // otherwise than the last apply left them: rewritten as the document has them.
+        let mut drifted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut drift_note = None;
         match previous {
             None if force_full => mode = Mode::Full("asked for with --full".into()),
             None => mode = Mode::Full("no previous apply recorded".into()),
@@ -528,12 +535,24 @@ impl Planner for Iptables {
                 // document no longer has.
                 (Ok(doc), Ok(snap)) => {
                     let owner = Owner::from_snapshot(&snap);
-                    let now = format_owned(&owner.extract(&kernel));
+                    let owned_now = owner.extract(&kernel);
+                    let now = format_owned(&owned_now);
                     if force_full {
                         mode = Mode::Full("asked for with --full".into());
-                    } else if now != p.snapshot {
+                    } else if now != p.snapshot && owned_now.is_empty() {
+                        // Nothing of ours left: one full load, straight to the node.
                         mode = Mode::Full(format!(
                             "the kernel differs from what the last apply left: {}",
+                            Plan::first_difference(p.snapshot, &now)
+                        ));
+                    } else if now != p.snapshot {
+                        // Mended chain by chain: what is not rewritten stays as the kernel
+                        // shows it, and the plan takes jumps, stale chains and the
+                        // expectation from the kernel read, not from the record.
+                        drifted = drifted_chains(&snap, &owned_now);
+                        let n: usize = drifted.values().map(BTreeSet::len).sum();
+                        drift_note = Some(format!(
+                            "the kernel differed from what the last apply left ({}): {n} chain(s) mended",
                             Plan::first_difference(p.snapshot, &now)
                         ));
                     }
@@ -563,6 +582,7 @@ impl Planner for Iptables {
                         || !k.is_user(c)
                         || !old.is_user(c)
                         || old.rules(c) != table.rules(c)
+                        || drifted.get(t).is_some_and(|d| d.contains(*c))
                 })
                 .cloned()
                 .collect();
@@ -608,9 +628,34 @@ impl Planner for Iptables {
                 rewrite,
                 old_chains,
                 old_jumps,
+                repaired: drifted.values().map(BTreeSet::len).sum(),
+                drift_note,
             }),
         })
     }
+}
+
+/// Per table, the chains whose owned part differs between the last apply's snapshot and
+/// the kernel's owned part now: an owned chain changed, gone or new, or our jumps in a
+/// built-in chain.
+fn drifted_chains(snap: &Tables, now: &Tables) -> BTreeMap<String, BTreeSet<String>> {
+    let empty = Table::default();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for t in snap.keys().chain(now.keys()) {
+        let (a, b) = (snap.get(t).unwrap_or(&empty), now.get(t).unwrap_or(&empty));
+        let chains = a
+            .order
+            .iter()
+            .chain(&b.order)
+            .chain(a.rules.keys())
+            .chain(b.rules.keys());
+        for c in chains {
+            if a.rules(c) != b.rules(c) || a.is_user(c) != b.is_user(c) {
+                out.entry(t.clone()).or_default().insert(c.clone());
+            }
+        }
+    }
+    out
 }
 
 /// An owned-state snapshot as an `iptables-save` read of a node that shows nothing else:
@@ -968,6 +1013,10 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
         Mode::Incremental if load.is_empty() => Mode::Unchanged,
         m => m.clone(),
     };
+    if mode != Mode::Unchanged {
+        summary.repaired = p.repaired;
+    }
+    warnings.extend(p.drift_note.clone());
     Ok(Plan {
         mode,
         load: (!load.is_empty()).then_some(load),

@@ -352,16 +352,57 @@ fn a_stale_chain_a_user_rule_jumps_to_is_flushed_not_deleted() {
 }
 
 #[test]
-fn drift_forces_a_full_load() {
+fn drift_is_mended_chain_by_chain() {
     let mut sim = with_foreign();
     let new = doc(&[("A", &["1", "2"])]);
     let (_, rec) = apply(&mut sim, &new, None, false);
+    let good = sim.clone();
+    // Someone flushes our service chain: that chain alone is written again.
     sim.restore("*nat\n:KUBE-SVC-A - [0:0]\nCOMMIT\n").unwrap();
     let (plan, _) = apply(&mut sim, &new, Some(&rec), false);
-    match &plan.mode {
-        Mode::Full(why) => assert!(why.contains("KUBE-SVC-A"), "{why}"),
-        m => panic!("{m:?}"),
-    }
+    assert_eq!(plan.mode, Mode::Incremental);
+    assert_eq!(plan.summary.repaired, 1);
+    assert!(
+        plan.warnings
+            .iter()
+            .any(|w| w.contains("KUBE-SVC-A") && w.ends_with(": 1 chain(s) mended")),
+        "{:?}",
+        plan.warnings
+    );
+    let load = plan.load.unwrap();
+    assert!(
+        load.contains(":KUBE-SVC-A - [0:0]\n") && !load.contains(":KUBE-SEP-"),
+        "{load}"
+    );
+    assert_eq!(sim, good);
+    // Someone's rule in one of our chains, another flushed, a third deleted, and a change
+    // of the document in the same apply.
+    let two = doc(&[("A", &["1", "3"])]);
+    sim.restore("*nat\n-I KUBE-SEP-A1 -j RETURN\n:KUBE-SVC-A - [0:0]\n:KUBE-SEP-A2 - [0:0]\n-X KUBE-SEP-A2\nCOMMIT\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (plan, rec) = apply(&mut sim, &two, Some(&rec), false);
+    assert_eq!(plan.mode, Mode::Incremental);
+    assert_eq!(plan.summary.repaired, 3, "{}", plan.summary);
+    let mut full = with_foreign();
+    apply(&mut full, &two, None, false);
+    assert_eq!(sim, full, "as a first load leaves it");
+    // Nothing of ours left at all: one full load, straight to the node.
+    let mut bare = with_foreign();
+    let prep = Iptables
+        .prepare(
+            &two,
+            Family::V4,
+            Some(Previous {
+                document: &rec.0,
+                snapshot: &rec.1,
+            }),
+            &bare.save(),
+            false,
+        )
+        .unwrap();
+    assert!(matches!(prep.mode, Mode::Full(_)) && prep.direct);
+    apply(&mut bare, &two, Some(&rec), false);
+    assert_eq!(bare, full);
     // A deleted jump is put back, once.
     sim.restore("*nat\n-D PREROUTING -j KUBE-SERVICES\nCOMMIT\n")
         .unwrap();
