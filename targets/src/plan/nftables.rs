@@ -1679,13 +1679,14 @@ fn unread_after(d: &Delta) -> String {
 fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, String> {
     let scratch = normalize(scratch_output)?;
     let (mode, load, expected, summary) = match (&prepared.mode, &p.delta) {
-        // (An unread snapshot loses the stale chains someone else deleted.)
+        // An unread snapshot still loses the stale chains someone else deleted, and gains
+        // a chain without rules the new document drops (nothing to flush: left as it is).
         (Mode::Incremental, Some(d)) if d.text.is_empty() => (
             Mode::Unchanged,
             None,
-            match d.gone.is_empty() {
-                true => d.snapshot.clone(),
-                false => unread_after(d),
+            match is_unread(&d.snapshot) && !(d.gone.is_empty() && d.emptied.is_empty()) {
+                true => unread_after(d),
+                false => d.snapshot.clone(),
             },
             p.summary.clone(),
         ),

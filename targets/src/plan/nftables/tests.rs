@@ -976,3 +976,20 @@ fn a_repair_forgets_deleted_stale_chains_and_refuses_what_objects_cannot_mend() 
         "{load}"
     );
 }
+
+/// A chain without rules that the new document drops writes nothing (there is nothing to
+/// flush), but an unread record names it as stale from then on, to be deleted with the rest.
+#[test]
+fn an_empty_chain_dropped_is_named_stale_in_an_unread_record() {
+    let v1 = format!("{}add chain ip kube-proxy spare\n", doc(&[("a", &["1"])]));
+    let v2 = doc(&[("a", &["1"])]);
+    let snap = unread(&["endpoint-a-9"]);
+    let prep = Nftables
+        .prepare_unchanged(&v2, Family::V4, previous(&v1, &snap).unwrap())
+        .unwrap()
+        .unwrap();
+    let plan = plan2(&prep, "").unwrap();
+    assert_eq!(plan.mode, Mode::Unchanged);
+    assert_eq!(plan.load, None);
+    assert_eq!(plan.expected, unread(&["endpoint-a-9", "spare"]));
+}
