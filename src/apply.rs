@@ -1213,8 +1213,8 @@ impl Ctx<'_> {
         };
         // The read-back of a document depends on nothing but the document, the commands,
         // the tools that run them and the running kernel: one already seen this boot with
-        // the same tools is not loaded again (a full reload of an unchanged document after
-        // drift costs one load, not two). A read-back the node then disagrees with is
+        // the same tools is not loaded again (a full reload of an unchanged document, with
+        // `--full`, costs one load, not two). A read-back the node then disagrees with is
         // dropped (see `apply_one`).
         let cache = path.with_file_name("scratch.out");
         let key = crate::netns::boot_id()

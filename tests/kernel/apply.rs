@@ -1541,8 +1541,8 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
             r.says(": incremental: 1 chain(s) written, 0 deleted, 0 jump(s), 0 element(s), 1 repaired;");
             assert!(
                 r.stderr.contains(
-                    "warning: iptables ipv4: the kernel differed from what the last apply left"
-                ) && r.stderr.contains(": 1 chain(s) mended"),
+                    "warning: iptables ipv4: the kernel differs from what the last apply left"
+                ) && r.stderr.contains(": 1 chain(s) written again"),
                 "{}",
                 r.stderr
             );

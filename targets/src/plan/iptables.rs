@@ -406,9 +406,10 @@ pub(super) struct Prep {
     old_chains: BTreeMap<String, BTreeSet<String>>,
     /// Jumps an earlier apply owned (removed when no longer wanted).
     old_jumps: Owner,
-    /// How many chains someone else changed (see `drifted_chains`), and what to say.
-    repaired: usize,
-    drift_note: Option<String>,
+    /// Per table, the chains someone else changed (see `drifted_chains`), and the first
+    /// difference, for the warning when the load writes any of them again.
+    drifted: BTreeMap<String, BTreeSet<String>>,
+    first_drift: Option<String>,
 }
 
 impl Planner for Iptables {
@@ -523,7 +524,7 @@ impl Planner for Iptables {
         // Per table: owned chains (and built-in chains with our jumps) the kernel shows
         // otherwise than the last apply left them: rewritten as the document has them.
         let mut drifted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        let mut drift_note = None;
+        let mut first_drift = None;
         match previous {
             None if force_full => mode = Mode::Full("asked for with --full".into()),
             None => mode = Mode::Full("no previous apply recorded".into()),
@@ -550,11 +551,7 @@ impl Planner for Iptables {
                         // shows it, and the plan takes jumps, stale chains and the
                         // expectation from the kernel read, not from the record.
                         drifted = drifted_chains(&snap, &owned_now);
-                        let n: usize = drifted.values().map(BTreeSet::len).sum();
-                        drift_note = Some(format!(
-                            "the kernel differed from what the last apply left ({}): {n} chain(s) mended",
-                            Plan::first_difference(p.snapshot, &now)
-                        ));
+                        first_drift = Some(Plan::first_difference(p.snapshot, &now));
                     }
                     for (t, table) in doc.iter().chain(&snap) {
                         old_chains
@@ -628,8 +625,8 @@ impl Planner for Iptables {
                 rewrite,
                 old_chains,
                 old_jumps,
-                repaired: drifted.values().map(BTreeSet::len).sum(),
-                drift_note,
+                drifted,
+                first_drift,
             }),
         })
     }
@@ -946,6 +943,18 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
             let _ = writeln!(block, "-X {c}");
             deleted += 1;
         }
+        // Chains someone else changed that this load writes: declared (rewritten or
+        // flushed), or a built-in chain whose jumps it puts back or takes out.
+        if let Some(drifted) = p.drifted.get(t) {
+            let declared: BTreeSet<&str> = undo.declared.iter().map(String::as_str).collect();
+            let jumps_of = |c: &str| {
+                missing.iter().any(|(mc, _, _)| mc == c) || unwanted.iter().any(|(uc, _)| uc == c)
+            };
+            summary.repaired += drifted
+                .iter()
+                .filter(|c| declared.contains(c.as_str()) || jumps_of(c))
+                .count();
+        }
         if !block.is_empty() {
             let _ = write!(load, "*{t}\n{block}COMMIT\n");
             owner.undo.tables.insert(t.clone(), undo);
@@ -1013,10 +1022,13 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
         Mode::Incremental if load.is_empty() => Mode::Unchanged,
         m => m.clone(),
     };
-    if mode != Mode::Unchanged {
-        summary.repaired = p.repaired;
+    if mode != Mode::Unchanged && summary.repaired > 0 {
+        warnings.push(format!(
+            "the kernel differs from what the last apply left ({}): {} chain(s) written again",
+            p.first_drift.as_deref().unwrap_or(""),
+            summary.repaired
+        ));
     }
-    warnings.extend(p.drift_note.clone());
     Ok(Plan {
         mode,
         load: (!load.is_empty()).then_some(load),

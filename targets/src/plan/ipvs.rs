@@ -45,7 +45,8 @@
 //! Changes are always computed against the node's state, in the kernel's spelling learnt
 //! from the scratch namespace, so only what differs is touched (a set that holds the same
 //! entries is not swapped, an unchanged virtual server is not edited). `Mode` is the
-//! iptables planner's (full when there is no record or the node drifted from it).
+//! iptables planner's (full when there is no record; incremental when its chains drifted,
+//! which it mends chain by chain), made full by a drift of the IPVS parts.
 
 use super::{iptables::Iptables, scratch, Commands, Family, Mode, Owned, Plan, Planner};
 use super::{Prepared, Previous, Step, Summary, Tool};

@@ -33,11 +33,14 @@
 //!
 //! - **Unchanged**: the kernel shows exactly what the last apply left and the document is
 //!   the same: nothing is loaded.
-//! - **Incremental**: the kernel shows exactly what the last apply left (its owned part,
-//!   compared with the snapshot taken then); only objects whose compiled text differs
-//!   between the old and the new document are rewritten, created or deleted.
-//! - **Full**: anything else (first apply, drift, `--full`): every owned object is
-//!   rewritten. Both give the same kernel state; the kernel tests check it.
+//! - **Incremental**: only objects whose compiled text differs between the old and the new
+//!   document are rewritten, created or deleted, plus the objects someone else changed
+//!   since the last apply (the owned part of a read compared with the snapshot taken then,
+//!   chain by chain; or, for an unread nftables record, its fingerprint object by object:
+//!   [`Planner::prepare_repair`]).
+//! - **Full**: anything else (first apply, nothing of ours left, a drift a rewrite would
+//!   not undo, `--full`): every owned object is rewritten. Both give the same kernel state;
+//!   the kernel tests check it.
 //!
 //! Architecture Invariant: no I/O here; the CLI hands in text and runs what comes out.
 
