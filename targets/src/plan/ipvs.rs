@@ -828,6 +828,7 @@ impl Step for Prep {
         summary.rewritten += ipt.summary.rewritten;
         summary.deleted += ipt.summary.deleted;
         summary.jumps += ipt.summary.jumps;
+        summary.repaired += ipt.summary.repaired;
         let mode = match (&prepared.mode, load.is_empty()) {
             (Mode::Incremental, true) => Mode::Unchanged,
             (Mode::Incremental | Mode::Unchanged, false) => Mode::Incremental,
