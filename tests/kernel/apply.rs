@@ -1988,3 +1988,58 @@ fn the_first_load_gives_the_table_the_compiled_document_gives() {
         node.exec("nft", &["delete", "table", "ip", "kube-proxy"]);
     }
 }
+
+/// iptables: a drift is mended chain by chain from the read. Someone deletes our jump from
+/// nat PREROUTING and flushes one of our endpoint chains: the next apply puts the jump back
+/// and refills that chain, nothing else, and traffic flows as before.
+#[test]
+fn iptables_drift_is_mended_chain_by_chain() {
+    if !require_root("kernel apply: iptables drift mended chain by chain") {
+        return;
+    }
+    let lab = lab("iptmend");
+    install_foreign(&lab);
+    let node = Node::new(&lab, "iptables");
+    let v1 = node.version("v1", V1_API, CHAT);
+    node.apply(&v1, &[]).expect(0);
+    node.flows(FLOWS_V1);
+    let good = node.owned();
+    let foreign = node.foreign();
+    let save = node.exec("iptables-save", &["-t", "nat"]);
+    let jump = save
+        .lines()
+        .find(|l| l.starts_with("-A PREROUTING ") && l.ends_with("-j KUBE-SERVICES"))
+        .expect("our jump in nat PREROUTING")
+        .replacen("-A ", "-D ", 1);
+    let sep = save
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("-A ")
+                .filter(|r| r.starts_with("KUBE-SEP-") && r.contains("DNAT"))
+                .and_then(|r| r.split(' ').next())
+        })
+        .expect("an endpoint chain");
+    let edit = format!("*nat\n{jump}\n:{sep} - [0:0]\nCOMMIT\n");
+    lab.exec_ok("node", "iptables-restore", &["--noflush"], Some(&edit))
+        .unwrap();
+    assert_ne!(node.owned(), good);
+
+    let r = node.apply(&v1, &[]);
+    r.expect(0)
+        .says(": incremental: 1 chain(s) written, 0 deleted, 1 jump(s), 0 element(s), 2 repaired;")
+        .says(READ);
+    assert!(
+        r.stderr.contains(": 2 chain(s) written again"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        node.loaded().contains(&format!(":{sep} - [0:0]")),
+        "{}",
+        node.loaded()
+    );
+    assert_eq!(node.owned(), good);
+    assert_eq!(node.foreign(), foreign);
+    node.flows(FLOWS_V1);
+    node.apply(&v1, &[]).expect(0).says(" unchanged");
+}
