@@ -242,13 +242,13 @@ fn main() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
-/// The extension of a target's documents in the state directory.
+/// The extension of a target's documents in the state directory (its registry entry's).
 fn ext_of(target: &str) -> &'static str {
-    if target == "iptables" {
-        "rules"
-    } else {
-        "nft"
-    }
+    svc_targets::TARGETS
+        .iter()
+        .find(|t| t.name == target)
+        .expect("a target of the registry")
+        .ext
 }
 
 #[derive(Clone, Copy)]

@@ -699,14 +699,7 @@ fn prepare(
         || parse(new_doc),
         || previous.filter(|_| !force_full).map(|p| parse(p.document)),
     );
-    let new = new.map_err(|e| format!("the document: {e}"))?;
-    if new.family != nft_family(family) {
-        return Err(format!(
-            "the document is for family {}, not {}",
-            new.family,
-            nft_family(family)
-        ));
-    }
+    let new = of_family(new, family)?;
     let mut summary = Summary {
         rewritten: new.chains.len(),
         deleted: 0,
@@ -770,6 +763,19 @@ fn prepare(
     })
 }
 
+/// The new document as parsed, for `family` only.
+fn of_family(new: Result<Doc<'_>, String>, family: Family) -> Result<Doc<'_>, String> {
+    let new = new.map_err(|e| format!("the document: {e}"))?;
+    if new.family != nft_family(family) {
+        return Err(format!(
+            "the document is for family {}, not {}",
+            new.family,
+            nft_family(family)
+        ));
+    }
+    Ok(new)
+}
+
 /// [`Planner::prepare_repair`]: the incremental plan from an unread record that also puts
 /// back what `drift` names; `None` when the record cannot be read or the drift is not one
 /// that rewriting objects mends ([`diff_repairing`]).
@@ -783,16 +789,9 @@ fn repair(
         return None;
     }
     let (new, old) = rayon::join(|| parse(new_doc), || parse(p.document));
-    let new = match new {
-        Ok(new) if new.family == nft_family(family) => new,
-        Ok(new) => {
-            return Some(Err(format!(
-                "the document is for family {}, not {}",
-                new.family,
-                nft_family(family)
-            )))
-        }
-        Err(e) => return Some(Err(format!("the document: {e}"))),
+    let new = match of_family(new, family) {
+        Ok(new) => new,
+        Err(e) => return Some(Err(e)),
     };
     let old = old.ok()?;
     let (mut d, summary) =
@@ -837,19 +836,10 @@ fn tail(line: &str) -> &str {
     line.splitn(6, ' ').nth(5).unwrap_or("")
 }
 
-/// `add set|map … { spec }` with `elements` added to its block: how nft adds elements
-/// without a listing of every chain (`add element` needs one). `None` for a definition
-/// without a block.
-fn with_elements(def: &str, elements: &[Element]) -> Option<String> {
-    let mut out = String::with_capacity(def.len() + 32 + elements.len() * 64);
-    push_with_elements(&mut out, def, elements).then(|| {
-        out.pop();
-        out
-    })
-}
-
-/// [`with_elements`] written at the end of `out` (and a newline); `false`, with `out` as
-/// it was, for a definition without a block or an element svc-compile does not write.
+/// `add set|map … { spec }` with `elements` added to its block, and a newline, at the end
+/// of `out`: how nft adds elements without a listing of every chain (`add element` needs
+/// one). `false`, with `out` as it was, for a definition without a block or an element
+/// svc-compile does not write.
 fn push_with_elements(out: &mut String, def: &str, elements: &[Element]) -> bool {
     let Some(open) = def.strip_suffix('}') else {
         return false;
@@ -874,17 +864,19 @@ fn push_with_elements(out: &mut String, def: &str, elements: &[Element]) -> bool
     true
 }
 
-/// `add chain … { rules }`: a chain's rules in its own statement, how nft fills a chain
-/// without a listing of every chain (`add rule` needs one).
-fn with_rules(def: &str, rules: &[&str]) -> String {
-    let mut out =
-        String::with_capacity(def.len() + 8 + rules.iter().map(|r| r.len()).sum::<usize>());
-    push_with_rules(&mut out, def, rules);
-    out.pop();
-    out
+/// [`push_with_elements`] where it can, else the elements' own `add element` lines (not
+/// a definition svc-compile writes; still right, only slower). The set is declared before.
+fn push_elements(out: &mut String, def: &str, elements: &[Element]) {
+    if !push_with_elements(out, def, elements) {
+        for e in elements {
+            out.push_str(e.2);
+            out.push('\n');
+        }
+    }
 }
 
-/// [`with_rules`] written at the end of `out`, and a newline.
+/// `add chain … { rules }`, and a newline, at the end of `out`: a chain's rules in its own
+/// statement, how nft fills a chain without a listing of every chain (`add rule` needs one).
 fn push_with_rules(out: &mut String, def: &str, rules: &[&str]) {
     match def.strip_suffix('}') {
         Some(open) => out.push_str(open),
@@ -1155,11 +1147,7 @@ fn diff_repairing(
             }
         };
         if !load.is_empty() {
-            match with_elements(def, load) {
-                Some(l) => line(&mut out, &l),
-                // Not a definition svc-compile writes; still right, only slower.
-                None => load.iter().for_each(|e| line(&mut out, e.2)),
-            }
+            push_elements(&mut out, def, load);
         }
         s.elements += gone.len() + added.len();
         if old.set_at.contains_key(set) {
@@ -1173,10 +1161,7 @@ fn diff_repairing(
         }
         let load = new.elements(set);
         if !load.is_empty() {
-            match with_elements(def, load) {
-                Some(l) => line(&mut out, &l),
-                None => load.iter().for_each(|e| line(&mut out, e.2)),
-            }
+            push_elements(&mut out, def, load);
         }
         s.elements += load.len();
         s.repaired += 1;
@@ -1190,7 +1175,7 @@ fn diff_repairing(
         }
         let rules = new.rules(c);
         if !rules.is_empty() {
-            line(&mut out, &with_rules(new.chains[new.chain_at[c]].1, rules));
+            push_with_rules(&mut out, new.chains[new.chain_at[c]].1, rules);
         }
         d.chains.push(c.to_string());
         s.rewritten += 1;
