@@ -618,12 +618,23 @@ impl Ctx<'_> {
         &self,
         family: Family,
         at: Option<&Generation>,
-        reuse: Option<(&Digest, &plan::Touched)>,
+        reuse: Option<nftdigest::Reuse>,
     ) -> Option<Digest> {
         let (proto, table) = self.planner.fingerprint(family)?;
         let netns = self.args.netns.as_deref();
         let d = nftdigest::digest(netns, proto, table, reuse).ok()?;
         (at.is_some() && nfgen::generation(netns).as_ref() == at).then_some(d)
+    }
+
+    /// [`nftdigest::gone_elements`] for `family`'s table; empty when there is no
+    /// fingerprint or netlink refuses (the fingerprint after the load then lists those
+    /// sets whole).
+    fn gone_elements(&self, family: Family, touched: &plan::Touched) -> nftdigest::Gone {
+        let Some((proto, table)) = self.planner.fingerprint(family) else {
+            return nftdigest::Gone::new();
+        };
+        nftdigest::gone_elements(self.args.netns.as_deref(), proto, table, touched)
+            .unwrap_or_default()
     }
 
     /// The node's current state (`Commands::read`).
@@ -727,6 +738,9 @@ impl Ctx<'_> {
                     known = true;
                     by_fingerprint = true;
                     base_gen = gen_start.clone();
+                    // The same hashes; its sets' element sums too, which an older record
+                    // may not have.
+                    base_digest = Some(now);
                 }
                 Some(now) => {
                     if let Some(changed) = rec.first_difference(&now) {
@@ -782,6 +796,9 @@ impl Ctx<'_> {
         // A direct first load went in but could not be proven: tried once, planned again
         // from the node, and said in every message after it.
         let mut reread = false;
+        // Before a partial load: what it deletes of the sets it writes element by element
+        // ([`nftdigest::gone_elements`]).
+        let mut gone_before = nftdigest::Gone::new();
         let unrecorded = |reread: bool| {
             match reread {
             true => "; the first load made before it is in place, not recorded: the next apply reads the node and loads everything",
@@ -870,6 +887,14 @@ impl Ctx<'_> {
                 .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
             let path = dir.join(format!("load.{ext}"));
             write_atomic(&path, load)?;
+            // The elements the load deletes from sets it writes element by element, read
+            // while the record is still the node's: the fingerprint after it needs their
+            // hashes, not a listing of those sets.
+            gone_before = match (&plan.touched, known && plan::is_unread(&plan.expected)) {
+                (Some(t), true) if !t.elements.is_empty() => self.gone_elements(family, t),
+                _ => nftdigest::Gone::new(),
+            };
+            times.mark("read what goes");
             // A load that is one transaction needs no check first: refused, it changes
             // nothing (and the scratch namespace has loaded what it writes).
             if self.planner.transactions(load) == Some(1) {
@@ -998,11 +1023,22 @@ impl Ctx<'_> {
                 digest_now = match &plan.load {
                     None => base_digest.clone(),
                     Some(_) => {
-                        let reuse = base_digest.as_ref().zip(plan.touched.as_ref());
+                        let reuse = base_digest.as_ref().zip(plan.touched.as_ref()).map(
+                            |(before, touched)| nftdigest::Reuse {
+                                before,
+                                touched,
+                                gone: &gone_before,
+                            },
+                        );
                         self.fingerprint(family, g.as_ref(), reuse)
                     }
                 };
                 times.mark("fingerprint the node");
+                if let Some(n) = digest_now.as_ref().map(|d| d.keyed).filter(|n| *n > 0) {
+                    times
+                        .notes
+                        .push(format!("{n} set(s) fingerprinted by key, not listed"));
+                }
             }
             (None, g, "generation")
         } else if let (Some(g), true) = (&direct, unread_plan) {
@@ -1409,6 +1445,8 @@ fn generation_of(file: &str, header: &str) -> Option<Generation> {
 struct Times {
     last: Option<Instant>,
     phases: Vec<(&'static str, Duration)>,
+    /// What a phase did, said after the phases.
+    notes: Vec<String>,
 }
 
 impl Times {
@@ -1437,8 +1475,9 @@ impl Times {
             0 => usage.ru_maxrss,
             _ => 0,
         };
+        let notes: String = self.notes.iter().map(|n| format!("; {n}")).collect();
         eprintln!(
-            "svc-compile: times: {what}: {}; own peak RSS {rss_kb} kB",
+            "svc-compile: times: {what}: {}; own peak RSS {rss_kb} kB{notes}",
             phases.join(", ")
         );
     }

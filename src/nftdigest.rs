@@ -44,7 +44,11 @@ const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NFTA_SET_NAME: u16 = 2;
 const NFTA_SET_FLAGS: u16 = 3;
 const NFTA_SET_HANDLE: u16 = 16;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_DATA_VALUE: u16 = 1;
+const NLA_F_NESTED: u16 = 0x8000;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_OBJ_NAME: u16 = 2;
 const NFTA_FLOWTABLE_NAME: u16 = 2;
@@ -107,13 +111,28 @@ fn state_free(h: &mut DefaultHasher, name: &[u8], data: &[u8]) {
 
 /// The fingerprint of a table: one hash per object, by (kind, name). Rules count in
 /// their chain's hash, in order; elements in their set's, in any order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Eq)]
 pub(crate) struct Digest {
     /// (hash, the hash of the object's own listing message): the second tells whether an
     /// object a load did not touch is still the one the first describes. For sets it
     /// includes the handle, because an anonymous set a rewritten rule drops and the one
     /// its new rule makes can have the same name (`__map0`).
     objects: BTreeMap<(String, String), (u64, u64)>,
+    /// Per set: the sum of its elements' hashes and their count, from which its hash is
+    /// made ([`set_hash`]): a load that deletes and adds a few elements changes the sum
+    /// by those elements' hashes alone ([`gone_elements`]). Not part of the comparison:
+    /// the set's hash holds them.
+    sums: BTreeMap<String, (u64, u64)>,
+    /// How many touched sets this fingerprint did not list, having asked for the
+    /// elements a load wrote by key (not recorded; `SVC_COMPILE_APPLY_TIMES` shows it).
+    pub(crate) keyed: usize,
+}
+
+/// Fingerprints compare by their objects' hashes (the sums are how a set's was made).
+impl PartialEq for Digest {
+    fn eq(&self, other: &Digest) -> bool {
+        self.objects == other.objects
+    }
 }
 
 impl Digest {
@@ -123,21 +142,25 @@ impl Digest {
         for ((kind, name), (h, l)) in &self.objects {
             let _ = writeln!(out, "{kind} {h:016x} {l:016x} {name}");
         }
+        for (name, (sum, count)) in &self.sums {
+            let _ = writeln!(out, "{SUMS} {sum:016x} {count:016x} {name}");
+        }
         out
     }
 
     pub(crate) fn from_text(text: &str) -> Option<Digest> {
-        let mut objects = BTreeMap::new();
+        let mut d = Digest::default();
         for l in text.lines() {
             let mut w = l.splitn(4, ' ');
             let (kind, h, listing, name) = (w.next()?, w.next()?, w.next()?, w.next()?);
             let hex = |x: &str| u64::from_str_radix(x, 16).ok();
-            objects.insert(
-                (kind.to_string(), name.to_string()),
-                (hex(h)?, hex(listing)?),
-            );
+            let pair = (hex(h)?, hex(listing)?);
+            match kind {
+                SUMS => d.sums.insert(name.to_string(), pair),
+                _ => d.objects.insert((kind.to_string(), name.to_string()), pair),
+            };
         }
-        Some(Digest { objects })
+        Some(d)
     }
 
     /// How `now` differs from `self` (the record), chain by chain and set by set; `None`
@@ -198,25 +221,154 @@ impl Digest {
 /// `before` rather than read again: the touched chains are asked for by name (gone:
 /// deleted); sets are all listed (no elements), so new ones (an anonymous set of a
 /// rewritten rule) are read and deleted ones go.
+///
+/// A touched set that [`Touched::elements`] says the load only deleted and added elements
+/// of is not listed either when `before` has its element sum and [`gone_elements`] found
+/// every element it deleted: the elements it added are asked for by key, and its sum
+/// is `before`'s less the ones gone and plus those (a set's dump walks the whole set again
+/// for every message of it, 0.1–0.3 s at 100k elements; a few keys take a millisecond).
+/// Asking for what was added by key also reads back that each is in the kernel.
 pub(crate) fn digest(
     netns: Option<&str>,
     family: u8,
     table: &str,
-    reuse: Option<(&Digest, &Touched)>,
+    reuse: Option<Reuse>,
 ) -> io::Result<Digest> {
     crate::netns::in_named(netns, || read(family, table, reuse))
 }
 
-fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Result<Digest> {
-    // The hash `before` holds for a set the load did not touch, listed as then.
-    let kept = |name: &str, listing: u64| {
-        let (before, touched) = reuse?;
-        if touched.sets.iter().any(|n| n == name) {
-            return None;
+/// What a fingerprint after a partial load takes from before it ([`digest`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Reuse<'a> {
+    /// The table's fingerprint before the load, nobody else having written since.
+    pub before: &'a Digest,
+    /// What the load wrote.
+    pub touched: &'a Touched,
+    /// What [`gone_elements`] found before the load.
+    pub gone: &'a Gone,
+}
+
+/// Per set: the sum of the hashes of the elements a load is about to delete, and how
+/// many they are ([`gone_elements`]).
+pub(crate) type Gone = BTreeMap<String, (u64, u64)>;
+
+/// Before a load that writes sets element by element ([`Touched::elements`]): the
+/// elements it deletes, each asked for by key, summed per set. A set is left out when a
+/// key cannot be spelled in the kernel's bytes ([`key_bytes`]) or the kernel does not
+/// have it: the fingerprint after the load then lists that set whole.
+pub(crate) fn gone_elements(
+    netns: Option<&str>,
+    family: u8,
+    table: &str,
+    touched: &Touched,
+) -> io::Result<Gone> {
+    crate::netns::in_named(netns, || {
+        let mut nl = Socket::open()?;
+        let mut gone = Gone::new();
+        for w in &touched.elements {
+            if let Some(sum) = sum_of(&mut nl, family, table, &w.set, &w.key_type, &w.gone)? {
+                gone.insert(w.set.clone(), sum);
+            }
         }
+        Ok(gone)
+    })
+}
+
+/// The sum of the hashes of the elements of `set` with these keys and their count;
+/// `None` when one cannot be spelled or the kernel does not have it.
+fn sum_of(
+    nl: &mut Socket,
+    family: u8,
+    table: &str,
+    set: &str,
+    key_type: &[String],
+    keys: &[String],
+) -> io::Result<Option<(u64, u64)>> {
+    let mut sum = (0u64, 0u64);
+    for k in keys {
+        let Some(key) = key_bytes(key_type, k) else {
+            return Ok(None);
+        };
+        let elem = nla(
+            NLA_F_NESTED | NFTA_LIST_ELEM,
+            &nla(
+                NLA_F_NESTED | NFTA_SET_ELEM_KEY,
+                &nla(NFTA_DATA_VALUE, &key),
+            ),
+        );
+        let mut req = nla(NFTA_SET_ELEM_LIST_TABLE, &cstr(table));
+        req.extend(nla(NFTA_SET_ELEM_LIST_SET, &cstr(set)));
+        req.extend(nla(NLA_F_NESTED | NFTA_SET_ELEM_LIST_ELEMENTS, &elem));
+        let mut one = (0u64, 0u64);
+        let flags = libc::NLM_F_ACK as u16;
+        match nl.request(NFT_MSG_GETSETELEM, family, flags, &req, |msg| {
+            add_elements(&mut one, msg);
+            Ok(())
+        }) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            r => r?,
+        }
+        if one.1 != 1 {
+            return Ok(None);
+        }
+        sum = (sum.0.wrapping_add(one.0), sum.1 + 1);
+    }
+    Ok(Some(sum))
+}
+
+/// Adds the elements of one `NEWSETELEM` message (a dump's or a get's) to (sum, count).
+fn add_elements(sum: &mut (u64, u64), msg: &[u8]) {
+    for_each_attr(msg, |t, v| {
+        if t == NFTA_SET_ELEM_LIST_ELEMENTS {
+            nested(v, |t, e| {
+                if t == NFTA_LIST_ELEM {
+                    sum.0 = sum.0.wrapping_add(element_hash(e));
+                    sum.1 += 1;
+                }
+            });
+        }
+    });
+}
+
+/// An element's key as the kernel holds it, from its text (`10.0.0.1 . tcp . 80`) and the
+/// set's key types: addresses in network order, a protocol as its number (one byte), a
+/// port as two bytes in network order; in a concatenation each part takes a multiple of
+/// four bytes (nft's registers), zero-padded. `None`: a type or a spelling not handled.
+pub(crate) fn key_bytes(key_type: &[String], key: &str) -> Option<Vec<u8>> {
+    let parts: Vec<&str> = key.split(" . ").collect();
+    if parts.len() != key_type.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(16 * parts.len());
+    for (t, p) in key_type.iter().zip(parts) {
+        let start = out.len();
+        match t.as_str() {
+            "ipv4_addr" => out.extend(p.parse::<std::net::Ipv4Addr>().ok()?.octets()),
+            "ipv6_addr" => out.extend(p.parse::<std::net::Ipv6Addr>().ok()?.octets()),
+            "inet_proto" => out.push(match p {
+                "tcp" => 6,
+                "udp" => 17,
+                "sctp" => 132,
+                n => n.parse().ok()?,
+            }),
+            "inet_service" => out.extend(p.parse::<u16>().ok()?.to_be_bytes()),
+            _ => return None,
+        }
+        if key_type.len() > 1 {
+            out.resize(start + (out.len() - start).div_ceil(4) * 4, 0);
+        }
+    }
+    Some(out)
+}
+
+fn read(family: u8, table: &str, reuse: Option<Reuse>) -> io::Result<Digest> {
+    // The hash and element sum `before` holds for a set, listed as then.
+    let then = |name: &str, listing: u64| {
+        let before = reuse?.before;
         let (h, then) = *before.objects.get(&("set".to_string(), name.to_string()))?;
-        (then == listing).then_some(h)
+        (then == listing).then(|| (h, before.sums.get(name).copied()))
     };
+    let touched = |name: &str| reuse.is_some_and(|r| r.touched.sets.iter().any(|n| n == name));
     let mut nl = Socket::open()?;
     let mut d = Digest::default();
     let tname = cstr(table);
@@ -244,7 +396,7 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
         }
         Ok(())
     };
-    match reuse {
+    match reuse.map(|r| (r.before, r.touched)) {
         // All chains of the family (the kernel does not filter the chain dump by table;
         // the name check above does), in one dump, which the kernel also restarts from
         // the first chain for every message, but chains are few next to rules.
@@ -304,41 +456,56 @@ fn read(family: u8, table: &str, reuse: Option<(&Digest, &Touched)>) -> io::Resu
     })?;
     let mut read_sets = Vec::new();
     for (name, set_hash, dynamic) in sets {
-        match kept(&name, set_hash) {
-            Some(h) => d.add("set", &name, h, set_hash),
-            None => read_sets.push((name, set_hash, dynamic)),
+        match (then(&name, set_hash), touched(&name)) {
+            // Untouched: as before.
+            (Some((h, sum)), false) => {
+                d.add("set", &name, h, set_hash);
+                if let Some(sum) = sum {
+                    d.sums.insert(name, sum);
+                }
+            }
+            // Written element by element: before's sum, less what went, plus what came.
+            (Some((_, Some(was))), true) => match reuse.and_then(|r| {
+                let w = r.touched.elements.iter().find(|w| w.set == name)?;
+                Some((w, *r.gone.get(&name)?))
+            }) {
+                Some((w, gone)) => {
+                    match sum_of(&mut nl, family, table, &name, &w.key_type, &w.added)? {
+                        Some(added) => {
+                            let sum = was.0.wrapping_sub(gone.0).wrapping_add(added.0);
+                            let count = (was.1 + added.1).checked_sub(gone.1);
+                            match count {
+                                Some(count) => {
+                                    d.add_set(&name, set_hash, (sum, count));
+                                    d.keyed += 1;
+                                }
+                                None => read_sets.push((name, set_hash, dynamic)),
+                            }
+                        }
+                        None => read_sets.push((name, set_hash, dynamic)),
+                    }
+                }
+                None => read_sets.push((name, set_hash, dynamic)),
+            },
+            _ => read_sets.push((name, set_hash, dynamic)),
         }
     }
-    let elements = |nl: &mut Socket, (name, set_hash, dynamic): &(String, u64, bool)| {
-        let mut elements = 0u64;
-        let mut count = 0u64;
+    let elements = |nl: &mut Socket, (name, _, dynamic): &(String, u64, bool)| {
+        let mut sum = (0u64, 0u64);
         if !dynamic {
             let mut req = by_table();
             req.extend(nla(NFTA_SET_ELEM_LIST_SET, &cstr(name)));
             nl.dump(NFT_MSG_GETSETELEM, family, &req, |msg| {
-                for_each_attr(msg, |t, v| {
-                    if t == NFTA_SET_ELEM_LIST_ELEMENTS {
-                        nested(v, |t, e| {
-                            if t == NFTA_LIST_ELEM {
-                                // Elements come in the set's own order: summed, so any
-                                // order gives the same hash.
-                                elements = elements.wrapping_add(element_hash(e));
-                                count += 1;
-                            }
-                        });
-                    }
-                });
+                // Elements come in the set's own order: summed, so any order gives the
+                // same hash.
+                add_elements(&mut sum, msg);
                 Ok(())
             })?;
         }
-        let mut h = DefaultHasher::new();
-        h.write_u64(*set_hash);
-        h.write_u64(elements);
-        h.write_u64(count);
-        Ok(h.finish())
+        Ok(sum)
     };
-    for ((name, set_hash, _), h) in read_sets.iter().zip(on_two_threads(&read_sets, elements)?) {
-        d.add("set", name, h, *set_hash);
+    for ((name, set_hash, _), sum) in read_sets.iter().zip(on_two_threads(&read_sets, elements)?) {
+        d.add_set(name, *set_hash, sum);
     }
     for (kind, msg_kind, name_attr) in [
         ("object", NFT_MSG_GETOBJ, NFTA_OBJ_NAME),
@@ -365,6 +532,25 @@ impl Digest {
         self.objects
             .insert((kind.into(), name.into()), (h, listing));
     }
+
+    /// A set's entry from its listing hash and its elements' sum and count.
+    fn add_set(&mut self, name: &str, listing: u64, (sum, count): (u64, u64)) {
+        self.add("set", name, set_hash(listing, sum, count), listing);
+        self.sums.insert(name.into(), (sum, count));
+    }
+}
+
+/// The `kind` of a [`Digest::to_text`] line that holds a set's element sum and count.
+const SUMS: &str = "elements";
+
+/// A set's hash: its listing's, with the sum of its elements' hashes (any order gives the
+/// same) and their count.
+fn set_hash(listing: u64, sum: u64, count: u64) -> u64 {
+    let mut h = DefaultHasher::new();
+    h.write_u64(listing);
+    h.write_u64(sum);
+    h.write_u64(count);
+    h.finish()
 }
 
 /// `f` over `items`, in order, on two threads when there are many (each with a socket of
@@ -541,11 +727,52 @@ mod tests {
     }
 
     #[test]
+    fn keys_are_spelled_as_the_kernel_holds_them() {
+        let t = |types: &[&str]| types.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+        // A concatenation: each part in four-byte registers, network order.
+        assert_eq!(
+            key_bytes(
+                &t(&["ipv4_addr", "inet_proto", "inet_service"]),
+                "10.96.0.1 . tcp . 80"
+            ),
+            Some(vec![10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0])
+        );
+        assert_eq!(
+            key_bytes(&t(&["inet_proto", "inet_service"]), "sctp . 30001"),
+            Some(vec![132, 0, 0, 0, 0x75, 0x31, 0, 0])
+        );
+        let v6 = key_bytes(&t(&["ipv6_addr", "ipv6_addr"]), "fd00::1 . fd00::1").unwrap();
+        assert_eq!((v6.len(), v6[0], v6[15], v6[31]), (32, 0xfd, 1, 1));
+        // One part alone keeps its own length.
+        assert_eq!(key_bytes(&t(&["inet_service"]), "53"), Some(vec![0, 53]));
+        assert_eq!(
+            key_bytes(&t(&["ipv4_addr"]), "10.0.0.1"),
+            Some(vec![10, 0, 0, 1])
+        );
+        // What is not handled is said so (the set is then listed whole).
+        assert_eq!(key_bytes(&t(&["ipv4_addr"]), "10.0.0.0/8"), None);
+        assert_eq!(key_bytes(&t(&["ether_addr"]), "00:11:22:33:44:55"), None);
+        assert_eq!(
+            key_bytes(&t(&["ipv4_addr", "inet_service"]), "10.0.0.1"),
+            None
+        );
+    }
+
+    #[test]
     fn digests_round_trip_and_name_the_first_difference() {
         let mut a = Digest::default();
         a.add("chain", "services", 1, 1);
         a.add("set", "cluster-ips", 2, 2);
         assert_eq!(Digest::from_text(&a.to_text()), Some(a.clone()));
+        // A set's element sum goes along, and does not count in the comparison.
+        let mut s = a.clone();
+        s.add_set("hairpin", 5, (0xabc, 3));
+        let back = Digest::from_text(&s.to_text()).unwrap();
+        assert_eq!(back.sums.get("hairpin"), Some(&(0xabc, 3)));
+        assert_eq!(back, s);
+        let mut other = s.clone();
+        other.sums.clear();
+        assert_eq!(other, s);
         let mut b = a.clone();
         b.add("chain", "services", 3, 1);
         assert_eq!(

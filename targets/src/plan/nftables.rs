@@ -36,7 +36,7 @@
 //! sorted, and the elements of dynamic sets left out (traffic fills them).
 
 use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
-use super::{is_unread, Drift, Previous, Step, Summary, Tool, Touched, UNREAD};
+use super::{is_unread, Drift, ElementWrites, Previous, Step, Summary, Tool, Touched, UNREAD};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -596,6 +596,8 @@ struct Delta {
     partial_sets: Vec<String>,
     /// Chains someone else deleted ([`Planner::prepare_repair`]).
     gone: Vec<String>,
+    /// Existing sets whose elements change by `delete element` and `add` only.
+    element_writes: Vec<ElementWrites>,
 }
 
 impl Planner for Nftables {
@@ -892,6 +894,14 @@ fn push_with_rules(out: &mut String, def: &str, rules: &[&str]) {
     out.push_str("\n}\n");
 }
 
+/// The data types of a set's key: `add map … { type A . B : verdict ; … }` → `[A, B]`.
+fn key_type(def: &str) -> Option<Vec<String>> {
+    let (_, rest) = def.split_once("{ type ")?;
+    let (spec, _) = rest.split_once(" ;")?;
+    let key = spec.split(" : ").next()?;
+    Some(key.split(" . ").map(str::to_string).collect())
+}
+
 /// Whether a set's lost elements can go by `delete element` (a set without flags);
 /// intervals and timeouts are refilled whole.
 fn deletable(def: &str) -> bool {
@@ -1121,8 +1131,13 @@ fn diff_repairing(
     let by_delete = delete_stale || refill > old.chains.len() + leftover.len();
     for (set, def, gone, added) in &changed {
         let kind = set_kind(def);
+        // Keys deleted, when the set is only written element by element.
+        let mut deleted: Option<Vec<&str>> = None;
         let load: &[Element] = match (gone.is_empty(), by_delete && deletable(def)) {
-            (true, _) => added,
+            (true, _) => {
+                deleted = Some(Vec::new());
+                added
+            }
             (false, true) => {
                 let keys: Option<Vec<&str>> = gone.iter().map(|l| element_key(tail(l))).collect();
                 match keys {
@@ -1132,6 +1147,7 @@ fn diff_repairing(
                             "delete element {f} {t} {set} {{ {} }}",
                             keys.join(", ")
                         );
+                        deleted = Some(keys);
                         added
                     }
                     // An element svc-compile does not write: refilled, still right.
@@ -1152,6 +1168,14 @@ fn diff_repairing(
         s.elements += gone.len() + added.len();
         if old.set_at.contains_key(set) {
             d.sets.push(set.to_string());
+            if let (Some(gone), Some(key_type), true) = (deleted, key_type(def), deletable(def)) {
+                d.element_writes.push(ElementWrites {
+                    set: set.to_string(),
+                    key_type,
+                    gone: gone.iter().map(|k| k.to_string()).collect(),
+                    added: added.iter().map(|e| e.1.to_string()).collect(),
+                });
+            }
         }
     }
     // Sets someone else changed or deleted: declared above, emptied, and refilled whole.
@@ -1709,6 +1733,7 @@ fn plan(prepared: &Prepared, p: &Prep, scratch_output: &str) -> Result<Plan, Str
             Touched {
                 chains: all(&[&d.chains, &d.stale_chains, &d.emptied]),
                 sets: all(&[&d.sets, &d.stale_sets, &d.partial_sets]),
+                elements: d.element_writes.clone(),
             }
         });
     Ok(Plan {

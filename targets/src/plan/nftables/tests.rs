@@ -252,9 +252,30 @@ fn a_set_larger_than_the_table_loses_elements_by_delete() {
         (s.elements, d.sets.as_slice()),
         (2, &["hairpin".to_string()][..])
     );
+    // Written element by element: the fingerprint can ask for those two alone.
+    let writes = |d: &Delta| d.element_writes.clone();
+    assert_eq!(
+        writes(&d),
+        [ElementWrites {
+            set: "hairpin".into(),
+            key_type: vec!["ipv4_addr".into(), "ipv4_addr".into()],
+            gone: vec!["10.2.0.3 . 10.2.0.3".into()],
+            added: vec!["10.2.0.20 . 10.2.0.20".into()],
+        }]
+    );
+    // Only added: nothing gone.
+    let (d, _) = diff(
+        &o,
+        &parse(&hairpin_doc(&[&eps[..], &[20]].concat(), "")).unwrap(),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(writes(&d)[0].gone, Vec::<String>::new());
+    assert_eq!(writes(&d)[0].added, ["10.2.0.20 . 10.2.0.20"]);
     // With leftover chains the kernel has more chains than the refill's elements: flush
-    // and refill, the cheaper there.
+    // and refill, the cheaper there, and no element writes to name.
     let (d, _) = diff(&o, &n, &["x1", "x2", "x3", "x4", "x5", "x6"]).unwrap();
+    assert_eq!(writes(&d), []);
     assert!(
         d.text.starts_with("flush set ip kube-proxy hairpin\n"),
         "{}",
@@ -271,6 +292,7 @@ fn a_set_larger_than_the_table_loses_elements_by_delete() {
         "{}",
         d.text
     );
+    assert_eq!(writes(&d), []);
 }
 
 #[test]
@@ -817,6 +839,7 @@ fn drift(changed: Names, added: Names, gone: Names) -> Drift {
     let t = |(chains, sets): Names| Touched {
         chains: chains.iter().map(|s| s.to_string()).collect(),
         sets: sets.iter().map(|s| s.to_string()).collect(),
+        ..Touched::default()
     };
     Drift {
         changed: t(changed),
