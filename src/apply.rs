@@ -679,6 +679,10 @@ impl Ctx<'_> {
         // with it only if nothing was committed in between (the id is the same after).
         let gen_start = nfgen::generation(netns);
         let applied_doc = fs::read_to_string(dir.join(format!("applied.{ext}"))).ok();
+        // A new document is written to disk (and synced) while this apply plans and
+        // loads; the record takes it by rename ([`Ctx::record`]).
+        let mut written = (!self.args.dry_run && applied_doc.as_deref() != Some(doc))
+            .then(|| NextDocument::start(&dir, ext, doc));
         let applied_state = fs::read_to_string(dir.join("applied.state")).ok();
         // Hashed once (58 MB on a 10k-service node): the state and the generation name it.
         let applied_header = applied_doc.as_deref().map(record_header);
@@ -1015,6 +1019,10 @@ impl Ctx<'_> {
             eprintln!(
                 "svc-compile: note: {what}: nf_tables changed during the load and the last apply's state was not read back; loading everything"
             );
+            // The document's file is written again by that apply: this one first ends.
+            if let Some(w) = written.take() {
+                let _ = w.finish();
+            }
             return self.apply_one(family, doc, source);
         }
         let (owned, gen_end, how) = if let Some(g) = proven {
@@ -1095,7 +1103,14 @@ impl Ctx<'_> {
             }
         }
         if !same_record {
-            self.record(&dir, ext, doc, &header, owned, applied_doc.as_deref())?;
+            self.record(
+                &dir,
+                doc,
+                &header,
+                owned,
+                applied_doc.as_deref(),
+                written.take(),
+            )?;
         }
         let gen_file = dir.join("applied.gen");
         match &gen_end {
@@ -1338,12 +1353,13 @@ impl Ctx<'_> {
     fn record(
         &self,
         dir: &Path,
-        ext: &str,
         doc: &str,
         header: &str,
         owned: &str,
         applied_doc: Option<&str>,
+        written: Option<NextDocument>,
     ) -> Result<(), Fail> {
+        let ext = self.target.ext;
         fs::create_dir_all(dir)
             .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
         let applied = dir.join(format!("applied.{ext}"));
@@ -1363,7 +1379,11 @@ impl Ctx<'_> {
             }
         }
         if applied_doc != Some(doc) {
-            write_atomic(&applied, doc)?;
+            match written.map(NextDocument::finish) {
+                Some(Ok(next)) => fs::rename(&next, &applied)
+                    .map_err(|e| Fail(format!("cannot move {}: {e}", next.display())))?,
+                _ => write_atomic(&applied, doc)?,
+            }
         }
         write_atomic_parts(&state, &[header, owned])
     }
@@ -1426,6 +1446,37 @@ enum Direct {
     Done(Box<Plan>, PathBuf, Generation, Option<Digest>),
     /// Loaded, not proven: the node's read after it, to plan from.
     Reread(String),
+}
+
+/// A document being written (and synced) to `next.EXT` in the state directory on a
+/// thread of its own, so that the record after the load only renames it (a 10k-service
+/// node's document is 25–60 MB: ~80 ms to write and sync, which the plan and the load
+/// hide). A kill leaves at most a `next.EXT` nothing reads; the next apply writes it again.
+struct NextDocument {
+    path: PathBuf,
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+}
+
+impl NextDocument {
+    fn start(dir: &Path, ext: &str, doc: &str) -> NextDocument {
+        let path = dir.join(format!("next.{ext}"));
+        let (to, text) = (path.clone(), doc.to_string());
+        let thread = std::thread::spawn(move || {
+            fs::create_dir_all(to.parent().unwrap_or(Path::new(".")))?;
+            let mut f = File::create(&to)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()
+        });
+        NextDocument { path, thread }
+    }
+
+    /// The file, once whole and synced; `Err`: write the document the usual way.
+    fn finish(self) -> Result<PathBuf, ()> {
+        match self.thread.join() {
+            Ok(Ok(())) => Ok(self.path),
+            _ => Err(()),
+        }
+    }
 }
 
 /// The first line of a snapshot file: which document it was taken for.
