@@ -311,14 +311,18 @@ fn run(mut cmd: Command) -> Ran {
         .map(|l| l.split(": ").skip(2).collect::<Vec<_>>().join(": "))
         .unwrap_or_default();
     // Where the apply's time went (SVC_COMPILE_APPLY_TIMES), and its own peak RSS.
-    let mut own_rss_kb = None;
-    if let Some(times) = stderr
+    // One line for the compile, one per family applied; the peak is the largest.
+    let mut own_rss_kb: Option<i64> = None;
+    for times in stderr
         .lines()
-        .find_map(|l| l.strip_prefix("svc-compile: times: "))
+        .filter_map(|l| l.strip_prefix("svc-compile: times: "))
     {
-        let (times, rss) = times.split_once("; own peak RSS ").unwrap_or((times, ""));
-        own_rss_kb = rss.trim_end_matches(" kB").parse().ok();
-        report += &format!("\n{:48}[{times}]", "");
+        let (phases, rest) = times.split_once("; own peak RSS ").unwrap_or((times, ""));
+        let (rss, notes) = rest.split_once(" kB").unwrap_or((rest, ""));
+        if let Ok(kb) = rss.parse::<i64>() {
+            own_rss_kb = Some(own_rss_kb.map_or(kb, |k| k.max(kb)));
+        }
+        report += &format!("\n{:48}[{phases}{notes}]", "");
     }
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     Ran {

@@ -125,10 +125,16 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
         lock: None,
     };
 
+    let mut compile_times = Times::default();
     // Read what a compile would read, and fingerprint it: the same inputs as the last
     // apply's, with the node's nf_tables generation still the one it left, need no compile.
     let read = match (args.rollback, &args.from) {
-        (false, None) => Some(read_all(cmd)?),
+        (false, None) => {
+            compile_times.mark("");
+            let read = read_all(cmd)?;
+            compile_times.mark("read the inputs");
+            Some(read)
+        }
         _ => None,
     };
     let mut key = read
@@ -168,7 +174,9 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
             let applied = ctx.dir(f).join(format!("applied.{}", target.ext));
             fs::metadata(applied).map_or(0, |m| m.len() as usize + m.len() as usize / 16)
         };
-        match compile(cmd, read.expect("read above"), &size)? {
+        let compiled = compile(cmd, read.expect("read above"), &size, &mut compile_times)?;
+        compile_times.print("compile");
+        match compiled {
             Ok((docs, quiet)) => {
                 // A fast path would not show the diagnostics again: only a quiet compile
                 // is fingerprinted.
@@ -280,6 +288,7 @@ pub(crate) fn compile(
     cmd: &Command,
     read: Read,
     capacity: &dyn Fn(Family) -> usize,
+    times: &mut Times,
 ) -> Result<Result<(Vec<Document>, bool), u8>, Fail> {
     let Render::Node(new) = cmd.target.render else {
         unreachable!("targets with a planner render per node")
@@ -293,6 +302,7 @@ pub(crate) fn compile(
         "the manifests for node {}",
         cmd.node.as_deref().expect("checked by cli")
     );
+    times.mark("parse, passes and node views");
     let renderer = new(&params, Sharing::One);
     let docs = views
         .iter()
@@ -303,6 +313,9 @@ pub(crate) fn compile(
             (family, doc, what.clone())
         })
         .collect();
+    times.mark("render");
+    drop((views, params, compiled.sources, compiled.comp));
+    times.mark("free");
     Ok(Ok((docs, quiet)))
 }
 
@@ -1493,7 +1506,7 @@ fn generation_of(file: &str, header: &str) -> Option<Generation> {
 /// Where one apply spent its time, printed on stderr when `SVC_COMPILE_APPLY_TIMES` is set
 /// (profiling; `cargo bench --bench apply` shows it).
 #[derive(Default)]
-struct Times {
+pub(crate) struct Times {
     last: Option<Instant>,
     phases: Vec<(&'static str, Duration)>,
     /// What a phase did, said after the phases.

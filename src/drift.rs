@@ -36,7 +36,12 @@ fn drift_all(cmd: &Command) -> Result<u8, Fail> {
             )));
         }
     }
-    let docs = match compile(cmd, crate::compile::read_all(cmd)?, &|_| 0)? {
+    let docs = match compile(
+        cmd,
+        crate::compile::read_all(cmd)?,
+        &|_| 0,
+        &mut Default::default(),
+    )? {
         Ok((docs, _)) => docs,
         // Input errors are printed; 1 means drift here.
         Err(_) => return Ok(2),
