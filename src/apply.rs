@@ -908,10 +908,13 @@ impl Ctx<'_> {
             // while the record is still the node's: the fingerprint after it needs their
             // hashes, not a listing of those sets.
             gone_before = match (&plan.touched, known && plan::is_unread(&plan.expected)) {
-                (Some(t), true) if !t.elements.is_empty() => self.gone_elements(family, t),
+                (Some(t), true) if !t.elements.is_empty() => {
+                    let gone = self.gone_elements(family, t);
+                    times.mark("read what goes");
+                    gone
+                }
                 _ => nftdigest::Gone::new(),
             };
-            times.mark("read what goes");
             // A load that is one transaction needs no check first: refused, it changes
             // nothing (and the scratch namespace has loaded what it writes).
             if self.planner.transactions(load) == Some(1) {

@@ -12,6 +12,8 @@ use crate::source::{FileId, Span};
 use saphyr_parser::{Event, Parser, ScalarStyle};
 use std::collections::HashMap;
 
+mod fast_yaml;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
     pub span: Span,
@@ -640,6 +642,9 @@ fn parse_yaml_piece(
     line0: u32,
     budget: usize,
 ) -> (Vec<Document>, Diagnostics) {
+    if let Some(docs) = fast_yaml::parse(file, text, line0) {
+        return (docs, Diagnostics::default());
+    }
     let mut out = parse_yaml_strict(file, text, line0, budget);
     let mut fixed: Option<String> = None;
     let mut shifts: HashMap<u32, u32> = HashMap::new();

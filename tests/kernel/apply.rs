@@ -601,7 +601,7 @@ fn iptables_legacy_is_applied_by_reading_the_node() {
     let times = r
         .stderr
         .lines()
-        .find(|l| l.contains("times:"))
+        .find(|l| l.contains("times: iptables"))
         .unwrap_or("");
     assert!(
         times.contains("load and read back") && times.contains("scratch namespace"),
