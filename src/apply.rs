@@ -297,12 +297,17 @@ pub(crate) fn compile(
         Ok(x) => x,
         Err(code) => return Ok(Err(code)),
     };
+    times.mark("parse, passes and node views");
     let params = compiled.params;
+    // Only the views are rendered: what the compile built besides them is freed first,
+    // and the renderer writes into that memory instead of new pages (apply keeps freed
+    // memory, see `run`; 10k services: ~90 MB less at the peak).
+    drop((compiled.sources, compiled.comp));
+    times.mark("free the compile's objects");
     let what = format!(
         "the manifests for node {}",
         cmd.node.as_deref().expect("checked by cli")
     );
-    times.mark("parse, passes and node views");
     let renderer = new(&params, Sharing::One);
     let docs = views
         .iter()
@@ -314,8 +319,6 @@ pub(crate) fn compile(
         })
         .collect();
     times.mark("render");
-    drop((views, params, compiled.sources, compiled.comp));
-    times.mark("free");
     Ok(Ok((docs, quiet)))
 }
 
@@ -1474,15 +1477,17 @@ struct NextDocument {
 }
 
 impl NextDocument {
+    /// Written here (into the page cache: ~15 ms for 25 MB, where a copy for the thread
+    /// would cost as much in new pages), synced on the thread.
     fn start(dir: &Path, ext: &str, doc: &str) -> NextDocument {
         let path = dir.join(format!("next.{ext}"));
-        let (to, text) = (path.clone(), doc.to_string());
-        let thread = std::thread::spawn(move || {
-            fs::create_dir_all(to.parent().unwrap_or(Path::new(".")))?;
-            let mut f = File::create(&to)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()
-        });
+        let written = (|| -> std::io::Result<File> {
+            fs::create_dir_all(dir)?;
+            let mut f = File::create(&path)?;
+            f.write_all(doc.as_bytes())?;
+            Ok(f)
+        })();
+        let thread = std::thread::spawn(move || written?.sync_all());
         NextDocument { path, thread }
     }
 
