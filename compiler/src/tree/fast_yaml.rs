@@ -487,19 +487,42 @@ impl<'a> P<'a> {
     /// A scalar or a flow collection on one line, at (`li`, `col`), in block context; the
     /// column after it.
     fn inline(&mut self, li: usize, col: usize) -> Option<(Node, usize)> {
+        self.on_line(li, col, false)
+    }
+
+    /// A scalar or a flow collection at (`li`, `col`), inside a flow collection (`in_flow`)
+    /// or not; the column after it. A plain scalar ends at a comment or the end of the line,
+    /// and inside a flow collection also at `,`, a bracket or a `:` before a space or one of
+    /// those; `: ` in a block scalar, and a comment inside a flow collection, are left to
+    /// saphyr.
+    fn on_line(&mut self, li: usize, col: usize, in_flow: bool) -> Option<(Node, usize)> {
         let l = self.line(li);
         match *l.get(col)? {
             b'[' | b'{' => self.flow(li, col),
             b'\'' | b'"' => self.quoted(li, col),
             _ if bad_start(l, col) => None,
             _ => {
-                // To a comment or the end of the line; `: ` inside is saphyr's error.
+                let flow_end = |b: u8| matches!(b, b',' | b'[' | b']' | b'{' | b'}');
                 let mut i = col;
                 let mut end = col;
                 while i < l.len() {
                     match l[i] {
-                        b'#' if l[i - 1] == b' ' => break,
-                        b':' if l.get(i + 1).is_none_or(|&b| b == b' ') => return None,
+                        b if in_flow && flow_end(b) => break,
+                        b':' if l
+                            .get(i + 1)
+                            .is_none_or(|&b| b == b' ' || (in_flow && flow_end(b))) =>
+                        {
+                            if in_flow {
+                                break;
+                            }
+                            return None;
+                        }
+                        b'#' if l[i - 1] == b' ' => {
+                            if in_flow {
+                                return None;
+                            }
+                            break;
+                        }
                         b' ' => {}
                         _ => end = i + 1,
                     }
@@ -572,7 +595,7 @@ impl<'a> P<'a> {
         skip(&mut i);
         if l.get(i) != Some(&close) {
             loop {
-                let (node, end) = self.flow_node(li, i)?;
+                let (node, end) = self.on_line(li, i, true)?;
                 i = end;
                 skip(&mut i);
                 if map {
@@ -582,7 +605,7 @@ impl<'a> P<'a> {
                     }
                     i += 1;
                     skip(&mut i);
-                    let (value, end) = self.flow_node(li, i)?;
+                    let (value, end) = self.on_line(li, i, true)?;
                     let key_span = node.span;
                     let key = match node.value {
                         Value::Scalar { text, .. } => text,
@@ -621,37 +644,6 @@ impl<'a> P<'a> {
             false => Value::Seq(items),
         };
         Some((Node { span, value }, i + 1))
-    }
-
-    /// A node inside a flow collection at (`li`, `col`); the column after it.
-    fn flow_node(&mut self, li: usize, col: usize) -> Option<(Node, usize)> {
-        let l = self.line(li);
-        match *l.get(col)? {
-            b'[' | b'{' => self.flow(li, col),
-            b'\'' | b'"' => self.quoted(li, col),
-            _ if bad_start(l, col) => None,
-            _ => {
-                let mut i = col;
-                let mut end = col;
-                while i < l.len() {
-                    match l[i] {
-                        b',' | b'[' | b']' | b'{' | b'}' => break,
-                        b':' if l
-                            .get(i + 1)
-                            .is_none_or(|&b| matches!(b, b' ' | b',' | b']' | b'}')) =>
-                        {
-                            break
-                        }
-                        b'#' if l[i - 1] == b' ' => return None,
-                        b' ' => {}
-                        _ => end = i + 1,
-                    }
-                    i += 1;
-                }
-                let text = std::str::from_utf8(&l[col..end]).ok()?;
-                Some((self.plain(li, col, text), end))
-            }
-        }
     }
 }
 
