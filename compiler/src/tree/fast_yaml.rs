@@ -272,7 +272,8 @@ impl<'a> P<'a> {
         if l.get(i) != Some(&b':') || l.get(i + 1).is_some_and(|&b| b != b' ') {
             return None;
         }
-        if end - col > MAX_KEY {
+        // saphyr measures from the key's start to its `:`, spaces before it included.
+        if i - col > MAX_KEY {
             return None;
         }
         Some((i, key))
@@ -417,6 +418,9 @@ impl<'a> P<'a> {
             return None;
         }
         let first = li + 1;
+        if first >= self.lines.len() {
+            return None;
+        }
         let indent = self.content(first).filter(|&c| c > parent)?;
         let mut lines: Vec<&[u8]> = Vec::new();
         let mut n = first;
@@ -765,6 +769,14 @@ mod tests {
         for t in taken {
             agrees(t);
         }
+        // Found by review: a literal scalar's indicator on a last line without a line
+        // break read past the text (saphyr: an empty string).
+        for t in ["a: |", "- |-", "a:\n  b: |"] {
+            assert!(parse(FileId(0), t, 0).is_none(), "took {t:?}");
+        }
+        // saphyr's key length counts the spaces before the `:`.
+        let long = format!("{}{}: v\n", "k".repeat(990), " ".repeat(30));
+        assert!(parse(FileId(0), &long, 0).is_none());
         // Not taken: left to saphyr whatever it makes of them.
         let declined = [
             "a: &x 1\nb: *x\n",
@@ -845,6 +857,8 @@ mod tests {
             if agrees(&t).is_some() {
                 taken += 1;
             }
+            // And without its last line break (a file's last line need not have one).
+            agrees(t.trim_end_matches('\n'));
         }
         assert!(taken > 1000, "{taken}");
     }
