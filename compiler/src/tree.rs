@@ -874,7 +874,7 @@ fn parse_yaml_strict(
                 nodes_made += 1;
                 let plain =
                     style == ScalarStyle::Plain && tag.as_ref().is_none_or(|t| t.suffix != "str");
-                let value = if plain && matches!(&*text, "" | "~" | "null" | "Null" | "NULL") {
+                let value = if plain && is_null(&text) {
                     Value::Null
                 } else {
                     Value::Scalar {
@@ -967,6 +967,11 @@ fn parse_yaml_strict(
         }
     }
     (docs, diags)
+}
+
+/// Whether a plain scalar is YAML's null (both YAML paths read it so).
+fn is_null(text: &str) -> bool {
+    matches!(text, "" | "~" | "null" | "Null" | "NULL")
 }
 
 /// YAML 1.1 merge keys (`<<: *base`, `<<: [*a, *b]`), which kubectl's go-yaml applies:

@@ -6,11 +6,11 @@
 //! ~20 MB/s; this, several times that), or `None` as soon as the text leaves that subset:
 //! anchors, aliases, tags, folded scalars, multi-line plain and quoted scalars and flow
 //! collections, `?` keys, directives, `...`, tabs, carriage returns, non-ASCII text, and
-//! anything saphyr would refuse. The caller then parses the piece with saphyr, so what this path accepts is a
-//! question of speed only; that it gives the same tree where it answers is tested against
-//! saphyr (`fast_yaml_agrees_with_saphyr*`).
+//! anything saphyr would refuse. The caller then parses the piece with saphyr, so what
+//! this path accepts is a question of speed only; that it gives the same tree where it
+//! answers is tested against saphyr (`fast_yaml_agrees_with_saphyr*`).
 
-use super::{merge_keys, Document, Entry, Node, Value};
+use super::{is_null, merge_keys, Document, Entry, Node, Value};
 use crate::source::{FileId, Span};
 
 /// Deeper nesting is left to the saphyr path (and its diagnostic).
@@ -30,10 +30,12 @@ pub(super) fn parse(file: FileId, text: &str, line0: u32) -> Option<Vec<Document
         line0,
         depth: 0,
     };
+    // Lines, without the empty one after a last line break.
     let mut start = 0;
-    for l in text.split('\n') {
-        p.lines.push((start, start + l.len()));
-        start += l.len() + 1;
+    for l in text.split_inclusive('\n') {
+        let body = l.strip_suffix('\n').unwrap_or(l);
+        p.lines.push((start, start + body.len()));
+        start += l.len();
     }
     let mut docs = Vec::new();
     let mut index = 0u32;
@@ -131,10 +133,6 @@ fn bad_start(l: &[u8], at: usize) -> bool {
     }
 }
 
-fn is_null(text: &str) -> bool {
-    matches!(text, "" | "~" | "null" | "Null" | "NULL")
-}
-
 impl<'a> P<'a> {
     fn line(&self, li: usize) -> &'a [u8] {
         let (s, e) = self.lines[li];
@@ -173,14 +171,20 @@ impl<'a> P<'a> {
         )
     }
 
+    /// The first column at or after `col` of line `li` that is not a space.
+    fn skip_spaces(&self, li: usize, col: usize) -> usize {
+        let l = self.line(li);
+        col + l[col.min(l.len())..]
+            .iter()
+            .take_while(|&&b| b == b' ')
+            .count()
+    }
+
     /// Whether the rest of line `li` from `col` is blank or a comment.
     fn rest_is_empty(&self, li: usize, col: usize) -> bool {
         let l = self.line(li);
-        let mut i = col;
-        while i < l.len() && l[i] == b' ' {
-            i += 1;
-        }
-        i == l.len() || (l[i] == b'#' && (i == 0 || l[i - 1] == b' '))
+        let i = self.skip_spaces(li, col);
+        i >= l.len() || (l[i] == b'#' && (i == 0 || l[i - 1] == b' '))
     }
 
     /// Whether a block sequence entry starts at (`li`, `col`): `-` then a space or the end.
@@ -320,10 +324,7 @@ impl<'a> P<'a> {
                     }
                 }
             } else {
-                let mut c = colon + 1;
-                while self.line(li)[c] == b' ' {
-                    c += 1;
-                }
+                let c = self.skip_spaces(li, colon + 1);
                 if self.line(li)[c] == b'|' {
                     self.literal(li, c, col)?
                 } else {
@@ -363,12 +364,7 @@ impl<'a> P<'a> {
                 if self.rest_is_empty(li, col + 1) {
                     return None;
                 }
-                let l = self.line(li);
-                let mut c = col + 1;
-                while l[c] == b' ' {
-                    c += 1;
-                }
-                self.span(li, c, 1)
+                self.span(li, self.skip_spaces(li, col + 1), 1)
             }
         };
         let mut items = Vec::new();
@@ -380,12 +376,8 @@ impl<'a> P<'a> {
                     _ => return None,
                 }
             } else {
-                let mut c = col + 1;
-                while self.line(li)[c] == b' ' {
-                    c += 1;
-                }
                 // The item's own lines are those right of the `-`.
-                self.block(li, c, Some(col))?
+                self.block(li, self.skip_spaces(li, col + 1), Some(col))?
             };
             items.push(item);
             match self.next_content(next) {
@@ -425,22 +417,7 @@ impl<'a> P<'a> {
         let mut lines: Vec<&[u8]> = Vec::new();
         let mut n = first;
         let end = loop {
-            // The end, or the empty "line" after the text's last line break.
-            let Some(&(start, stop)) = self.lines.get(n).filter(|_| n + 1 < self.lines.len())
-            else {
-                match self.lines.get(n) {
-                    Some(&(start, stop)) if start < stop => {}
-                    _ => break self.text.len(),
-                }
-                // A last line without a line break: as any other.
-                let (start, stop) = self.lines[n];
-                let t = &self.text[start..stop];
-                let spaces = t.iter().take_while(|&&b| b == b' ').count();
-                if spaces == t.len() || spaces < indent {
-                    return None;
-                }
-                lines.push(&t[indent..]);
-                n += 1;
+            let Some(&(start, stop)) = self.lines.get(n) else {
                 break self.text.len();
             };
             let t = &self.text[start..stop];
