@@ -163,27 +163,15 @@ fn parse(text: &str) -> Result<Doc<'_>, String> {
                 }
             },
             ("add", "rule") if w.len() == 6 => {
-                // Rules and elements come in runs of one chain or set: the last one found
-                // is asked first.
-                let c = match last_chain {
-                    Some((n, c)) if n == name => c,
-                    _ => match d.chain_at.get(name) {
-                        Some(&c) => c,
-                        None => return Err(bad("a rule in a chain the document has not added")),
-                    },
+                let Some(c) = index_of(&mut last_chain, &d.chain_at, name) else {
+                    return Err(bad("a rule in a chain the document has not added"));
                 };
-                last_chain = Some((name, c));
                 rules.push((c, line));
             }
             ("add", "element") if w.len() == 6 => {
-                let x = match last_set {
-                    Some((n, x)) if n == name => x,
-                    _ => match d.set_at.get(name) {
-                        Some(&x) => x,
-                        None => return Err(bad("an element of a set the document has not added")),
-                    },
+                let Some(x) = index_of(&mut last_set, &d.set_at, name) else {
+                    return Err(bad("an element of a set the document has not added"));
                 };
-                last_set = Some((name, x));
                 let key = element_key(w[5]).ok_or_else(|| bad("cannot read the element"))?;
                 d.elements.push((x, key, line));
             }
@@ -219,6 +207,23 @@ fn parse(text: &str) -> Result<Doc<'_>, String> {
         at += g.len();
     }
     Ok(d)
+}
+
+/// `name`'s index in `at`: rules and elements come in runs of one chain or set, so the
+/// last one found (`last`, updated) is asked first.
+fn index_of<'a>(
+    last: &mut Option<(&'a str, usize)>,
+    at: &HashMap<&'a str, usize>,
+    name: &'a str,
+) -> Option<usize> {
+    match *last {
+        Some((n, i)) if n == name => Some(i),
+        _ => {
+            let i = *at.get(name)?;
+            *last = Some((name, i));
+            Some(i)
+        }
+    }
 }
 
 /// `{ 10.0.0.1 . tcp . 80 comment "x" : goto c }` → `10.0.0.1 . tcp . 80`. Key parts never
