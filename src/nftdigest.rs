@@ -328,6 +328,33 @@ fn sum_of(
     Ok(Some(sum))
 }
 
+/// A touched set's element sum and count after a load that only deleted and added
+/// elements of it ([`Touched::elements`]): `was`, the sum before, less the ones
+/// [`gone_elements`] found and plus the added ones, asked for now; `None` when the set is
+/// to be listed instead (not written that way, or an element not found).
+fn keyed_sum(
+    nl: &mut Socket,
+    family: u8,
+    table: &str,
+    set: &str,
+    was: (u64, u64),
+    reuse: Option<Reuse>,
+) -> io::Result<Option<(u64, u64)>> {
+    let Some((w, gone)) = reuse.and_then(|r| {
+        let w = r.touched.elements.iter().find(|w| w.set == set)?;
+        Some((w, *r.gone.get(set)?))
+    }) else {
+        return Ok(None);
+    };
+    let Some(added) = sum_of(nl, family, table, set, &w.key_type, &w.added)? else {
+        return Ok(None);
+    };
+    let sum = was.0.wrapping_sub(gone.0).wrapping_add(added.0);
+    Ok((was.1 + added.1)
+        .checked_sub(gone.1)
+        .map(|count| (sum, count)))
+}
+
 /// Adds the elements of one `NEWSETELEM` message (a dump's or a get's) to (sum, count).
 fn add_elements(sum: &mut (u64, u64), msg: &[u8]) {
     for_each_attr(msg, |t, v| {
@@ -477,28 +504,15 @@ fn read(family: u8, table: &str, reuse: Option<Reuse>) -> io::Result<Digest> {
                 }
             }
             // Written element by element: before's sum, less what went, plus what came.
-            (Some((_, Some(was))), true) => match reuse.and_then(|r| {
-                let w = r.touched.elements.iter().find(|w| w.set == name)?;
-                Some((w, *r.gone.get(&name)?))
-            }) {
-                Some((w, gone)) => {
-                    match sum_of(&mut nl, family, table, &name, &w.key_type, &w.added)? {
-                        Some(added) => {
-                            let sum = was.0.wrapping_sub(gone.0).wrapping_add(added.0);
-                            let count = (was.1 + added.1).checked_sub(gone.1);
-                            match count {
-                                Some(count) => {
-                                    d.add_set(&name, set_hash, (sum, count));
-                                    d.keyed += 1;
-                                }
-                                None => read_sets.push((name, set_hash, dynamic)),
-                            }
-                        }
-                        None => read_sets.push((name, set_hash, dynamic)),
+            (Some((_, Some(was))), true) => {
+                match keyed_sum(&mut nl, family, table, &name, was, reuse)? {
+                    Some(sum) => {
+                        d.add_set(&name, set_hash, sum);
+                        d.keyed += 1;
                     }
+                    None => read_sets.push((name, set_hash, dynamic)),
                 }
-                None => read_sets.push((name, set_hash, dynamic)),
-            },
+            }
             _ => read_sets.push((name, set_hash, dynamic)),
         }
     }
