@@ -17,6 +17,7 @@
 //! `--nft-layout fast`), `SVC_BENCH_BIN` (another svc-compile binary). A size with 50
 //! endpoints runs for nftables only (the 5k × 50). Needs root and iproute2;
 //! otherwise it says so and exits 0.
+use svc_node::sys::libc;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

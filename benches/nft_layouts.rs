@@ -16,6 +16,7 @@
 //! Options: `--cap SECONDS` `--sizes 1000x50,5000x50` `--no-dataplane`
 //! `--dataplane-services N` (default 10000) `--dataplane-cap SECONDS` (how long a layout
 //! may take to load before its connection time is left out; default 900) `--no-loads`.
+use svc_node::sys::libc;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -19,6 +19,7 @@
 //! Options: `--sizes 1000,10000,20000,30000` `--runs 5` `--quick` (sizes 1000,2000, one
 //! run, no kernel loads) `--no-kernel` `--no-cli` `--only NAME` (just the stages whose name
 //! contains NAME, for a profiler).
+use svc_node::sys::libc;
 
 use rayon::prelude::*;
 use std::fmt::Write as _;

@@ -813,14 +813,14 @@ fn check_apply(
     apply: &ApplyArgs,
     targets: &[&'static Target],
 ) -> Result<(), String> {
-    let in_process = crate::ebpf_apply::applies(cmd.target);
+    let in_process = svc_node::ebpf::applies(cmd.target);
     if apply.cgroup.is_some() && !in_process {
         return Err("--cgroup is for apply --target ebpf".into());
     }
     if cmd.target.planner.is_none() && !in_process {
         let appliable = targets
             .iter()
-            .filter(|t| t.planner.is_some() || crate::ebpf_apply::applies(t))
+            .filter(|t| t.planner.is_some() || svc_node::ebpf::applies(t))
             .map(|t| format!("--target {}", t.name));
         let names: Vec<String> = appliable.collect();
         if names.is_empty() {

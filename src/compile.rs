@@ -204,7 +204,7 @@ mod tests {
             b.to_str().unwrap(),
         ]);
         let mut sources = SourceMap::default();
-        let params = target_params(&cmd, &mut sources).ok().expect("files read");
+        let params = target_params(&cmd, &mut sources).expect("files read");
         assert_eq!(params.all("template"), ["A {{x}}\n", "B\n"]);
         // In the source map too, for diagnostics that point into them.
         let files = params.files("template");

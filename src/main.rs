@@ -2,17 +2,11 @@
 //! All compiling happens in `svc_compiler`; all rendering in `svc_targets`.
 
 mod alloc;
-mod apply;
 mod cli;
 mod compile;
 mod diff;
-mod drift;
-mod ebpf_apply;
 mod inputs;
-mod netns;
-mod nfgen;
-mod nfnl;
-mod nftdigest;
+mod node;
 mod report;
 mod run;
 mod trace;
@@ -34,8 +28,8 @@ fn main() -> ExitCode {
             let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
             0
         }
-        Ok(cli::Parsed::Run(cmd)) if cmd.apply.is_some() => apply::run(&cmd),
-        Ok(cli::Parsed::Run(cmd)) if cmd.drift.is_some() => drift::run(&cmd),
+        Ok(cli::Parsed::Run(cmd)) if cmd.apply.is_some() => node::apply(&cmd),
+        Ok(cli::Parsed::Run(cmd)) if cmd.drift.is_some() => node::drift(&cmd),
         Ok(cli::Parsed::Run(cmd)) => run::run(*cmd),
         Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
         Ok(cli::Parsed::Diff(flags)) => diff::run(&flags),

@@ -6,7 +6,7 @@ use svc_compiler::diag::{self, Severity};
 use svc_compiler::source::SourceMap;
 
 /// A tool failure (exit 2): one line that says what to do.
-pub(crate) struct Fail(pub(crate) String);
+pub(crate) use svc_node::Fail;
 
 /// The exit code of a command's result, with a failure printed.
 pub(crate) fn exit_code(r: Result<u8, Fail>) -> u8 {

@@ -153,7 +153,7 @@ fn write_lock_file(cmd: &Command, lock: &Lock) -> Result<(), Fail> {
 /// Renders `view`, keeping the ids the lock holds for its node and family and recording
 /// the ones it used (see `NodeRenderer::render_locked`).
 fn render_locked(renderer: &dyn NodeRenderer, view: &NodeView, lock: &mut Lock, text: &mut String) {
-    let key = lock_key(view);
+    let key = NodeIds::key_of(view);
     if let Some(ids) = renderer.render_locked(view, lock.ebpf.get(&key), text) {
         lock.ebpf.insert(key, ids);
     }
@@ -224,7 +224,7 @@ fn write_per_node(
             };
             let ext = cmd.target.ext;
             if parts.is_empty() {
-                let key = lock_key(&view);
+                let key = NodeIds::key_of(&view);
                 if let Some(ids) = renderer.render_locked(&view, lock.ebpf.get(&key), text) {
                     locked.lock().expect("not poisoned").insert(key, ids);
                 }
@@ -247,15 +247,6 @@ fn write_per_node(
             Ok(())
         })?;
     Ok(locked.into_inner().expect("not poisoned"))
-}
-
-/// The lock's key for a view's eBPF ids: (node, `ipv4` or `ipv6`).
-pub(crate) fn lock_key(view: &NodeView) -> (String, String) {
-    let fam = match view.family {
-        IpFamily::IPv4 => "ipv4",
-        IpFamily::IPv6 => "ipv6",
-    };
-    (view.node_name.clone(), fam.to_string())
 }
 
 /// eBPF ids by (node, family), as the lock keeps them.

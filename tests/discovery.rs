@@ -4,6 +4,7 @@
 //!
 //! Both need root and Debian's servers (knot, knot-dnsutils, haproxy). Without them the
 //! tests print `skipped: ...`, unless `SVC_KERNEL=require` (CI) makes that a failure.
+use svc_node::sys::libc;
 
 use crate::kernel::lab::NODE;
 use crate::kernel::sys::run_bounded;

@@ -5,6 +5,7 @@
 //!
 //! Owned and foreign state are cut out of `iptables-save` / `nft` output here, independently
 //! of the planner: owned = `KUBE-*` chains and jumps to them, the table `kube-proxy`.
+use svc_node::sys::libc;
 
 use super::flows::{check_flows, parse_flows, BACKEND_PORT};
 use super::lab::EXEC_TIMEOUT;

@@ -13,6 +13,7 @@
 //!
 //! The loader here (open the object with aya, pin maps by name, write the entries in
 //! Cilium's order, attach eight programs) is what `apply --target ebpf` will do from src/.
+use svc_node::sys::{aya, libc};
 
 use super::echo::{probe_in, PROBE_TIMEOUT};
 use super::flows::{parse_flows, Expect, BACKEND_PORT};
@@ -21,7 +22,6 @@ use super::sys::enter_netns;
 use super::{Lab, LabSpec, Outcome, Proto};
 use crate::golden::{case_args, case_dirs, case_flows, compile_case, compile_case_with};
 use crate::support::root;
-use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::io::{self, Read};
@@ -35,6 +35,7 @@ use svc_compiler::ir::NodeView;
 use svc_compiler::net::{Cidr, IpFamily};
 use svc_compiler::passes::node::{node_view, NodeSelection};
 use svc_compiler::source::SourceMap;
+use svc_node::sys::aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use svc_targets::ebpf::{self, Layout};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);

@@ -8,6 +8,7 @@
 //! in parallel; [`Cleanup`] removes the instance's pins (which detaches its links) and the
 //! cgroup on drop, also when an assertion fails, and a later run sweeps what a killed one
 //! left.
+use svc_node::sys::libc;
 
 use super::ebpf::{
     cgroup2_mount, dump_pinned, json_entries, probe_set, probes, remove_dead, Cgroup, Seen,

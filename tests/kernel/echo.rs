@@ -6,6 +6,7 @@
 //! Wire format: the server answers one line, `<host-name> <peer-ip>\n`, where
 //! peer-ip is the source address it saw (IPv4-mapped addresses shown as IPv4).
 //! TCP: accept, write the line, close. UDP: each datagram gets the line back.
+use svc_node::sys::libc;
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};

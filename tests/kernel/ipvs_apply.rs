@@ -16,6 +16,7 @@
 //! The node's state is read here independently of the planner: `ipvsadm-save -n`,
 //! `ipset save`, kube-ipvs0's addresses and `iptables-save`, normalised (sorted, without
 //! counters and ipset's random `initval`).
+use svc_node::sys::libc;
 
 use super::flows::{check_flows, parse_flows, BACKEND_PORT};
 use super::{Lab, LabSpec, Proto};

@@ -1,6 +1,7 @@
 //! The lab: a Kubernetes node with local pods, a second node with remote
 //! pods, and a LAN with external clients, each host in its own network
 //! namespace. See `mod.rs` for the addressing plan.
+use svc_node::sys::libc;
 
 use std::collections::BTreeMap;
 use std::io;

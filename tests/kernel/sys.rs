@@ -9,6 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+use svc_node::sys::libc;
 
 /// Every namespace a [`super::Lab`] creates is named
 /// `sct-<tag>-<pid>-<counter>-<host>`.

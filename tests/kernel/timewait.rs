@@ -15,6 +15,7 @@
 //! [`Lab::reset_conntrack`] deletes what could mislead the next manifest (UDP flows, TCP
 //! ones still opening) but keeps TCP TIME_WAIT entries, as kube-proxy never flushes TCP
 //! ones either; this test pins that down with fixed source ports.
+use svc_node::sys::libc;
 
 use super::echo::Proto;
 use super::sys::in_netns;

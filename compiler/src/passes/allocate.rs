@@ -53,6 +53,17 @@ pub struct NodeIds {
     pub backends: BTreeMap<String, u32>,
 }
 
+impl NodeIds {
+    /// The lock file's key for a view's ids: (node, `ipv4` | `ipv6`).
+    pub fn key_of(view: &crate::ir::NodeView) -> (String, String) {
+        let fam = match view.family {
+            IpFamily::IPv4 => "ipv4",
+            IpFamily::IPv6 => "ipv6",
+        };
+        (view.node_name.to_string(), fam.to_string())
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockEntry {
     pub cluster_ips: Vec<IpAddr>,

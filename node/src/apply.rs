@@ -31,28 +31,82 @@
 //! the hash of the document it belongs to; a pair that does not match (a kill between the
 //! two writes) counts as no record, so the next apply loads everything.
 
-use crate::cli::{ApplyArgs, Command};
-use crate::compile::{compile_read, node_jobs, read_all, Compiled, Read};
-use crate::inputs::read_file;
 use crate::nfgen::{self, Generation};
 use crate::nftdigest::{self, Digest};
-use crate::report::{exit_code, print_diagnostics, Fail};
-use std::fs::{self, File, OpenOptions};
+use crate::proc::{
+    check_tools, first_line, run_captured, run_loader, shell_line, shell_word, tools_identity,
+};
+use crate::state::{
+    take_lock, write_atomic, write_atomic_parts, NextDocument, DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_STATE_ROOT,
+};
+use crate::times::Times;
+use crate::Fail;
+use std::collections::BTreeMap;
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{self, Stdio};
-use std::time::{Duration, Instant};
+use std::process;
+use std::time::Instant;
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
-use svc_compiler::passes::node::node_view;
+use svc_compiler::passes::allocate::NodeIds;
 use svc_compiler::source::SourceMap;
-use svc_targets::plan::{self, Commands, Family, Mode, Plan, Planner, Prepared, Previous, Tool};
-use svc_targets::{Render, Sharing, Target};
+use svc_targets::plan::{self, Commands, Family, Mode, Plan, Planner, Prepared, Previous};
+use svc_targets::{Params, Render, Sharing, Target};
 
-pub(crate) const DEFAULT_STATE_ROOT: &str = "/var/lib/svc-compile";
-pub(crate) const DEFAULT_LOCK_TIMEOUT: f64 = 30.0;
+/// Where and how `apply` (and `drift`) run on the node: the flags that concern the node.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// `--netns NS`: the node is the named network namespace.
+    pub netns: Option<String>,
+    pub dry_run: bool,
+    pub full: bool,
+    /// `--read-back`: read the node after a first load even where the generation proves it.
+    pub read_back: bool,
+    pub state_dir: Option<String>,
+    pub lock_timeout: Option<f64>,
+    /// `--cgroup` (ebpf only).
+    pub cgroup: Option<String>,
+    /// `--family`: that family only.
+    pub family: Option<IpFamily>,
+}
+
+/// What to apply.
+pub enum Input<'a> {
+    /// The manifests, read but not yet compiled: `key` fingerprints every byte the compile
+    /// reads ([`inputs_key`]); `compile` compiles them (printing the diagnostics), and is
+    /// not called when the key and the node show that the last apply's state stands.
+    Manifests {
+        key: String,
+        /// The reading's times; the compile and the render add theirs.
+        times: Times,
+        compile: Box<dyn FnOnce(&mut Times) -> Compile + 'a>,
+    },
+    /// `--from FILE`: a compiled document.
+    From(String),
+    /// `--rollback`: the previous documents of the state directory.
+    Rollback,
+}
+
+/// What [`Input::Manifests`]' compile gives: `Ok(Err(code))` when the input has errors.
+pub type Compile = Result<Result<Compiled, u8>, Fail>;
+
+/// The node's views as the caller compiled them (diagnostics already printed; what the
+/// compile built besides the views already freed).
+pub struct Compiled {
+    /// One per family, in family order.
+    pub views: Vec<NodeView>,
+    /// The target's flags.
+    pub params: Params,
+    /// The node's name (`--node`).
+    pub node: String,
+    /// No diagnostic was printed.
+    pub quiet: bool,
+    /// eBPF service and backend ids the `--lock` file holds, by (node, family).
+    pub locked_ids: BTreeMap<(String, String), NodeIds>,
+}
+
 /// The report's words for the fast path (tests look for them).
 const BY_GENERATION: &str = "node state known by its nf_tables generation, not read";
 /// The report's words when nf_tables changed but our table's fingerprint is the record's.
@@ -63,84 +117,62 @@ const BY_FINGERPRINT: &str =
 const BY_REPAIR: &str =
     "node state known by its fingerprint, not read: what differed from the record was mended";
 
-pub fn run(cmd: &Command) -> u8 {
-    // nftables plans from documents of tens of MB at 10k services: what the compile frees
-    // is what planning takes next (see `alloc`). Elsewhere freed memory goes back as in a
-    // compile (iptables at 1k: peak RSS 126 MB kept, 85 MB given back, against a compile's
-    // 56 MB; the budget is 2×).
-    if cmd
-        .target
-        .planner
-        .is_some_and(|p| p.fingerprint(Family::V4).is_some())
-    {
-        crate::alloc::purge_never();
-    }
-    exit_code(apply(cmd))
-}
-
 /// A document to apply: its family, its text, where it came from.
-pub(crate) type Document = (Family, String, String);
+pub type Document = (Family, String, String);
 
 /// Where and how this apply runs.
 struct Ctx<'a> {
-    args: &'a ApplyArgs,
+    args: &'a Options,
     target: &'static Target,
     planner: &'static dyn Planner,
     state: PathBuf,
     lock: Option<File>,
 }
 
-fn apply(cmd: &Command) -> Result<u8, Fail> {
-    let args = cmd.apply.as_ref().expect("an apply command");
-    let target = cmd.target;
+/// `svc-compile apply`: 0 applied (or nothing to do), 1 the input has errors (printed by
+/// the compile), `Err` anything else.
+pub fn apply(
+    target: &'static Target,
+    args: &Options,
+    params: &Params,
+    input: Input<'_>,
+) -> Result<u8, Fail> {
     // The socket load balancer is loaded in-process, not by a planner's commands.
-    if crate::ebpf_apply::applies(target) {
-        return crate::ebpf_apply::apply(cmd);
+    if crate::ebpf::applies(target) {
+        return crate::ebpf::apply(target, args, params, input);
     }
-    let planner = target.planner.expect("checked by cli");
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(Fail(
-            "apply needs root: it reads and loads the node's packet filter rules (run it as root, or in a privileged pod with hostNetwork)".into(),
-        ));
-    }
-    if let Some(ns) = &args.netns {
-        if !Path::new("/run/netns").join(ns).exists() {
-            return Err(Fail(format!(
-                "no network namespace `{ns}` (see `ip netns list`)"
-            )));
-        }
-    }
-    let state = PathBuf::from(args.state_dir.clone().unwrap_or_else(|| {
-        format!(
-            "{DEFAULT_STATE_ROOT}/{}",
-            args.netns.as_deref().unwrap_or("host")
-        )
-    }));
+    let Some(planner) = target.planner else {
+        return Err(Fail(format!(
+            "apply does not take --target {}",
+            target.name
+        )));
+    };
+    need_root("apply needs root: it reads and loads the node's packet filter rules (run it as root, or in a privileged pod with hostNetwork)")?;
+    check_netns(args.netns.as_deref())?;
     let mut ctx = Ctx {
         args,
         target,
         planner,
-        state,
+        state: state_dir(args),
         lock: None,
     };
 
-    let mut compile_times = Times::default();
-    // Read what a compile would read, and fingerprint it: the same inputs as the last
-    // apply's, with the node's nf_tables generation still the one it left, need no compile.
-    let read = match (args.rollback, &args.from) {
-        (false, None) => {
-            compile_times.mark("");
-            let read = read_all(cmd)?;
-            compile_times.mark("read the inputs");
-            Some(read)
-        }
-        _ => None,
+    // The inputs are read and fingerprinted: the same inputs as the last apply's, with the
+    // node's nf_tables generation still the one it left, need no compile.
+    let rollback = matches!(input, Input::Rollback);
+    let (mut key, compile, input_from) = match input {
+        Input::Manifests {
+            key,
+            times,
+            compile,
+        } => (
+            Some(key).filter(|_| !args.full && !args.dry_run),
+            Some((times, compile)),
+            None,
+        ),
+        Input::From(from) => (None, None, Some(from)),
+        Input::Rollback => (None, None, None),
     };
-    let mut key = read
-        .as_ref()
-        .filter(|_| !args.full && !args.dry_run)
-        .map(|r| inputs_key(&r.sources));
     if let Some(key) = &key {
         if ctx.state.exists() {
             ctx.lock = Some(take_lock(
@@ -154,42 +186,44 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
     }
 
     // What to apply: (family, document, where it came from).
-    let docs: Vec<Document> = if args.rollback {
-        Vec::new() // read under the lock
-    } else if let Some(from) = &args.from {
-        let doc = read_file(Path::new(from))?;
-        let family = match (cmd.family, planner.family_of(&doc)) {
-            (Some(f), _) => family_of_ip(f),
-            (None, Some(f)) => f,
-            (None, None) => {
-                return Err(Fail(format!(
-                    "cannot tell the IP family of {from}: give --family ipv4 or ipv6"
-                )))
-            }
-        };
-        vec![(family, doc, from.clone())]
-    } else {
-        // The last applied document's size, and some room to grow.
-        let size = |f: Family| {
-            let applied = ctx.dir(f).join(format!("applied.{}", target.ext));
-            fs::metadata(applied).map_or(0, |m| m.len() as usize + m.len() as usize / 16)
-        };
-        let compiled = compile(cmd, read.expect("read above"), &size, &mut compile_times)?;
-        compile_times.print("compile");
-        match compiled {
-            Ok((docs, quiet)) => {
-                // A fast path would not show the diagnostics again: only a quiet compile
-                // is fingerprinted.
-                if !quiet {
-                    key = None;
+    let docs: Vec<Document> = match (&input_from, compile) {
+        (_, _) if rollback => Vec::new(), // read under the lock
+        (Some(from), _) => {
+            let doc = read_file(Path::new(from))?;
+            let family = match (args.family, planner.family_of(&doc)) {
+                (Some(f), _) => family_of_ip(f),
+                (None, Some(f)) => f,
+                (None, None) => {
+                    return Err(Fail(format!(
+                        "cannot tell the IP family of {from}: give --family ipv4 or ipv6"
+                    )))
                 }
-                docs
-            }
-            Err(code) => return Ok(code),
+            };
+            vec![(family, doc, from.clone())]
         }
+        (None, Some((mut times, compile))) => {
+            // The last applied document's size, and some room to grow.
+            let size = |f: Family| {
+                let applied = ctx.dir(f).join(format!("applied.{}", target.ext));
+                fs::metadata(applied).map_or(0, |m| m.len() as usize + m.len() as usize / 16)
+            };
+            let compiled = match compile(&mut times)? {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            // A fast path would not show the diagnostics again: only a quiet compile is
+            // fingerprinted.
+            if !compiled.quiet {
+                key = None;
+            }
+            let docs = render(target, compiled, &size, &mut times);
+            times.print("compile");
+            docs
+        }
+        (None, None) => Vec::new(),
     };
-    let families: Vec<Family> = if args.rollback {
-        match cmd.family {
+    let families: Vec<Family> = if rollback {
+        match args.family {
             Some(f) => vec![family_of_ip(f)],
             None => vec![Family::V4, Family::V6],
         }
@@ -215,7 +249,7 @@ fn apply(cmd: &Command) -> Result<u8, Fail> {
         )?);
     }
 
-    let docs = if args.rollback {
+    let docs = if rollback {
         let mut docs = Vec::new();
         for f in families {
             let p = ctx.dir(f).join(format!("previous.{}", target.ext));
@@ -271,45 +305,29 @@ fn holds(path: &Path, text: &str) -> bool {
         && fs::read(path).is_ok_and(|b| b == text.as_bytes())
 }
 
-fn family_of_ip(f: IpFamily) -> Family {
+pub fn family_of_ip(f: IpFamily) -> Family {
     match f {
         IpFamily::IPv4 => Family::V4,
         IpFamily::IPv6 => Family::V6,
     }
 }
 
-/// Compiles the manifests for the node: one document per family (the `--family`, or every
-/// family of the service CIDRs), and whether the compile was quiet (no diagnostic printed).
-/// `Err(code)` when the input has errors (printed). `capacity` guesses a family's document
-/// size (the last one applied): a 58 MB document grown by doubling copies itself and
-/// touches twice the memory.
-#[allow(clippy::type_complexity)]
-pub(crate) fn compile(
-    cmd: &Command,
-    read: Read,
+/// The node's documents, one per family of `compiled`'s views, rendered by `target`.
+/// `capacity` guesses a family's document size (the last one applied): a 58 MB document
+/// grown by doubling copies itself and touches twice the memory.
+pub fn render(
+    target: &Target,
+    compiled: Compiled,
     capacity: &dyn Fn(Family) -> usize,
     times: &mut Times,
-) -> Result<Result<(Vec<Document>, bool), u8>, Fail> {
-    let Render::Node(new) = cmd.target.render else {
+) -> Vec<Document> {
+    let Render::Node(new) = target.render else {
         unreachable!("targets with a planner render per node")
     };
-    let (compiled, views, quiet) = match node_views(cmd, read)? {
-        Ok(x) => x,
-        Err(code) => return Ok(Err(code)),
-    };
-    times.mark("parse, passes and node views");
-    let params = compiled.params;
-    // Only the views are rendered: what the compile built besides them is freed first,
-    // and the renderer writes into that memory instead of new pages (apply keeps freed
-    // memory, see `run`; 10k services: ~90 MB less at the peak).
-    drop((compiled.sources, compiled.comp));
-    times.mark("free the compile's objects");
-    let what = format!(
-        "the manifests for node {}",
-        cmd.node.as_deref().expect("checked by cli")
-    );
-    let renderer = new(&params, Sharing::One);
-    let docs = views
+    let what = format!("the manifests for node {}", compiled.node);
+    let renderer = new(&compiled.params, Sharing::One);
+    let docs = compiled
+        .views
         .iter()
         .map(|v| {
             let family = family_of_ip(v.family);
@@ -319,215 +337,42 @@ pub(crate) fn compile(
         })
         .collect();
     times.mark("render");
-    Ok(Ok((docs, quiet)))
+    docs
 }
 
-/// Compiles the manifests and makes the view of every node `apply` is for (`--node`, each
-/// family), printing the diagnostics; `true` when there were none. `Err(1)` when the input
-/// has errors. `comp.diags` is left empty: they are printed here.
-#[allow(clippy::type_complexity)]
-pub(crate) fn node_views(
-    cmd: &Command,
-    read: Read,
-) -> Result<Result<(Compiled, Vec<NodeView>, bool), u8>, Fail> {
-    let mut compiled = compile_read(cmd, read);
-    let mut diags = std::mem::take(&mut compiled.comp.diags);
-    let mut views: Vec<NodeView> = Vec::new();
-    if !diags.has_errors() {
-        for (sel, f) in node_jobs(cmd, &compiled.comp, true) {
-            match node_view(&compiled.comp.module, &sel, f) {
-                Ok(v) => views.push(v),
-                Err(d) => diags.push(d),
-            }
-        }
-    }
-    print_diagnostics(cmd, &diags, &compiled.sources, compiled.checked);
-    if diags.has_errors() {
-        return Ok(Err(1));
-    }
-    let quiet = diags.items.is_empty();
-    Ok(Ok((compiled, views, quiet)))
+/// The state directory: `--state-dir`, else one per network namespace under
+/// [`DEFAULT_STATE_ROOT`].
+pub fn state_dir(args: &Options) -> PathBuf {
+    PathBuf::from(args.state_dir.clone().unwrap_or_else(|| {
+        format!(
+            "{DEFAULT_STATE_ROOT}/{}",
+            args.netns.as_deref().unwrap_or("host")
+        )
+    }))
 }
 
-/// One clear line when a program is missing: the planner's, the scratch namespace's
-/// (`unshare`, `sh`) and `ip` for `--netns`.
-pub(crate) fn check_tools(tools: Vec<Tool>, netns: bool) -> Result<(), Fail> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = |tool: &str| std::env::split_paths(&path).any(|d| d.join(tool).is_file());
-    let tool = |program, package| Tool { program, package };
-    let frame = [tool("unshare", "util-linux"), tool("sh", "dash")];
-    let ip = netns.then_some(tool("ip", "iproute2"));
-    for Tool {
-        program: tool,
-        package: pkg,
-    } in tools.into_iter().chain(frame).chain(ip)
-    {
-        if !found(tool) {
-            return Err(Fail(format!(
-                "{tool} not found in PATH; install {pkg} (Debian/Ubuntu: apt-get install {pkg})"
-            )));
-        }
+/// `Err` with `why` unless this process is root.
+pub fn need_root(why: &str) -> Result<(), Fail> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Fail(why.into()));
     }
     Ok(())
 }
 
-/// `flock` on the lock file, retried until `timeout_s`. The lock lives as long as the open
-/// file: in this process and in the loaders it is handed to.
-pub(crate) fn take_lock(path: &Path, timeout_s: f64) -> Result<File, Fail> {
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| Fail(format!("cannot open the lock file {}: {e}", path.display())))?;
-    let deadline = Instant::now() + Duration::from_secs_f64(timeout_s);
-    loop {
-        // SAFETY: flock on a file descriptor we own.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(f);
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(Fail(format!("cannot lock {}: {e}", path.display())));
-        }
-        if Instant::now() >= deadline {
-            return Err(Fail(format!(
-                "another apply holds {} (waited {timeout_s}s); try again later or raise --lock-timeout",
-                path.display()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(20));
+/// `Err` unless `ip netns` knows the network namespace `ns`.
+pub fn check_netns(ns: Option<&str>) -> Result<(), Fail> {
+    match ns {
+        Some(ns) if !Path::new("/run/netns").join(ns).exists() => Err(Fail(format!(
+            "no network namespace `{ns}` (see `ip netns list`)"
+        ))),
+        _ => Ok(()),
     }
 }
 
-/// A finished command: success, stdout, stderr.
-pub(crate) struct Output {
-    pub(crate) ok: bool,
-    pub(crate) stdout: String,
-    pub(crate) stderr: String,
-}
-
-pub(crate) fn run_captured(argv: &[String]) -> Result<Output, Fail> {
-    let out = process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Fail(format!("cannot run {}: {e}", argv[0])))?;
-    Ok(Output {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    })
-}
-
-/// Runs a loader so that it finishes even if this process is killed: its own process
-/// group (a terminal's Ctrl-C does not reach it), output to a file (no pipe to break),
-/// and the lock's file descriptor inherited (the lock is held until it exits).
-fn run_loader(argv: &[String], lock: Option<&File>, log: &Path) -> Result<Output, Fail> {
-    let out =
-        File::create(log).map_err(|e| Fail(format!("cannot write {}: {e}", log.display())))?;
-    let err = out
-        .try_clone()
-        .map_err(|e| Fail(format!("cannot write {}: {e}", log.display())))?;
-    let mut c = process::Command::new(&argv[0]);
-    c.args(&argv[1..])
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0);
-    if let Some(lock) = lock {
-        let fd = lock.as_raw_fd();
-        // SAFETY: only fcntl (async-signal-safe) between fork and exec.
-        unsafe {
-            c.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    let status = c
-        .status()
-        .map_err(|e| Fail(format!("cannot run {}: {e}", argv[0])))?;
-    let text = fs::read_to_string(log).unwrap_or_default();
-    Ok(Output {
-        ok: status.success(),
-        stdout: String::new(),
-        stderr: text.trim().to_string(),
-    })
-}
-
-/// Writes a file so that readers see the old or the new content, never a part.
-pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<(), Fail> {
-    write_atomic_parts(path, &[text])
-}
-
-/// [`write_atomic`] of the concatenation of `parts` (a record's header and a snapshot of
-/// 100 MB are not copied into one string first).
-fn write_atomic_parts(path: &Path, parts: &[&str]) -> Result<(), Fail> {
-    let tmp = path.with_extension("tmp");
-    let res = (|| {
-        let mut f = File::create(&tmp)?;
-        for p in parts {
-            f.write_all(p.as_bytes())?;
-        }
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    res.map_err(|e| Fail(format!("cannot write {}: {e}", path.display())))
-}
-
-/// Which programs `tools` are, as far as a cache needs to know: each one's resolved path
-/// in `PATH` with its size, modification time and inode (an upgrade, or an alternatives
-/// switch between iptables-nft and -legacy, changes it).
-fn tools_identity(tools: &[Tool], path: &std::ffi::OsStr) -> String {
-    use std::fmt::Write as _;
-    use std::os::unix::fs::MetadataExt;
-    let mut out = String::new();
-    for t in tools {
-        let found = std::env::split_paths(path)
-            .map(|d| d.join(t.program))
-            .find_map(|p| fs::canonicalize(&p).ok());
-        let meta = found.as_ref().and_then(|p| fs::metadata(p).ok());
-        match (found, meta) {
-            (Some(p), Some(m)) => {
-                let _ = writeln!(
-                    out,
-                    "{} {} {} {} {}",
-                    t.program,
-                    p.display(),
-                    m.len(),
-                    m.mtime(),
-                    m.ino()
-                );
-            }
-            _ => {
-                let _ = writeln!(out, "{} ?", t.program);
-            }
-        }
-    }
-    out
-}
-
-/// `sh` quoting for printing commands.
-fn shell_word(w: &str) -> String {
-    let plain = !w.is_empty()
-        && w.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c));
-    if plain {
-        w.to_string()
-    } else {
-        format!("'{}'", w.replace('\'', r"'\''"))
-    }
-}
-
-fn shell_line(argv: &[String]) -> String {
-    argv.iter()
-        .map(|w| shell_word(w))
-        .collect::<Vec<_>>()
-        .join(" ")
+/// A file's text, or a failure naming it.
+pub fn read_file(p: &Path) -> Result<String, Fail> {
+    fs::read_to_string(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
 }
 
 impl Ctx<'_> {
@@ -1399,7 +1244,7 @@ impl Ctx<'_> {
         }
         if applied_doc != Some(doc) {
             match written.map(NextDocument::finish) {
-                Some(Ok(next)) => fs::rename(&next, &applied)
+                Some(Some(next)) => fs::rename(&next, &applied)
                     .map_err(|e| Fail(format!("cannot move {}: {e}", next.display())))?,
                 _ => write_atomic(&applied, doc)?,
             }
@@ -1467,39 +1312,6 @@ enum Direct {
     Reread(String),
 }
 
-/// A document being written (and synced) to `next.EXT` in the state directory on a
-/// thread of its own, so that the record after the load only renames it (a 10k-service
-/// node's document is 25–60 MB: ~80 ms to write and sync, which the plan and the load
-/// hide). A kill leaves at most a `next.EXT` nothing reads; the next apply writes it again.
-struct NextDocument {
-    path: PathBuf,
-    thread: std::thread::JoinHandle<std::io::Result<()>>,
-}
-
-impl NextDocument {
-    /// Written here (into the page cache: ~15 ms for 25 MB, where a copy for the thread
-    /// would cost as much in new pages), synced on the thread.
-    fn start(dir: &Path, ext: &str, doc: &str) -> NextDocument {
-        let path = dir.join(format!("next.{ext}"));
-        let written = (|| -> std::io::Result<File> {
-            fs::create_dir_all(dir)?;
-            let mut f = File::create(&path)?;
-            f.write_all(doc.as_bytes())?;
-            Ok(f)
-        })();
-        let thread = std::thread::spawn(move || written?.sync_all());
-        NextDocument { path, thread }
-    }
-
-    /// The file, once whole and synced; `Err`: write the document the usual way.
-    fn finish(self) -> Result<PathBuf, ()> {
-        match self.thread.join() {
-            Ok(Ok(())) => Ok(self.path),
-            _ => Err(()),
-        }
-    }
-}
-
 /// The first line of a snapshot file: which document it was taken for.
 fn record_header(doc: &str) -> String {
     format!("# svc-compile snapshot of document {:016x}\n", fnv1a(doc))
@@ -1509,50 +1321,6 @@ fn record_header(doc: &str) -> String {
 /// [`record_header`] is `header`.
 fn generation_of(file: &str, header: &str) -> Option<Generation> {
     Generation::from_line(file.strip_prefix(header)?.trim_end())
-}
-
-/// Where one apply spent its time, printed on stderr when `SVC_COMPILE_APPLY_TIMES` is set
-/// (profiling; `cargo bench --bench apply` shows it).
-#[derive(Default)]
-pub(crate) struct Times {
-    last: Option<Instant>,
-    phases: Vec<(&'static str, Duration)>,
-    /// What a phase did, said after the phases.
-    notes: Vec<String>,
-}
-
-impl Times {
-    fn mark(&mut self, phase: &'static str) {
-        let now = Instant::now();
-        if let Some(last) = self.last {
-            self.phases.push((phase, now - last));
-        }
-        self.last = Some(now);
-    }
-
-    fn print(&self, what: &str) {
-        if std::env::var_os("SVC_COMPILE_APPLY_TIMES").is_none() {
-            return;
-        }
-        let phases: Vec<String> = self
-            .phases
-            .iter()
-            .map(|(p, d)| format!("{p} {} ms", d.as_millis()))
-            .collect();
-        // svc-compile's own peak, without the tools it ran (wait4 on it counts theirs).
-        // SAFETY: an all-zero rusage is valid; getrusage fills it.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: RUSAGE_SELF with a valid pointer.
-        let rss_kb = match unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } {
-            0 => usage.ru_maxrss,
-            _ => 0,
-        };
-        let notes: String = self.notes.iter().map(|n| format!("; {n}")).collect();
-        eprintln!(
-            "svc-compile: times: {what}: {}; own peak RSS {rss_kb} kB{notes}",
-            phases.join(", ")
-        );
-    }
 }
 
 /// The snapshot in `state` if it was taken for the document whose [`record_header`] is
@@ -1569,7 +1337,7 @@ const NOT_COMPILED: &str = "the inputs are the last apply's: not compiled";
 /// command line, and every file the compile reads, by name and bytes. 128 bits from two
 /// differently prefixed SipHash runs (a few ms for 20 MB); a fingerprint, not a defence
 /// against someone crafting collisions in their own manifests.
-fn inputs_key(sources: &SourceMap) -> String {
+pub fn inputs_key(sources: &SourceMap) -> String {
     use std::hash::{DefaultHasher, Hasher};
     use std::os::unix::fs::MetadataExt;
     let exe = fs::metadata("/proc/self/exe")
@@ -1653,16 +1421,6 @@ fn fnv1a(text: &str) -> u64 {
     })
 }
 
-pub(crate) fn first_line(s: &str) -> String {
-    let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    match lines.as_slice() {
-        [] => "no error message".into(),
-        // iptables-restore prints its name on one line and the reason on the next.
-        [a, b, ..] if a.ends_with(':') => format!("{a} {b}"),
-        [a, ..] => a.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1702,40 +1460,6 @@ mod tests {
         assert!(!holds(&p, "abc"));
         fs::remove_file(&p).unwrap();
         assert!(!holds(&p, "abc\n"));
-    }
-
-    #[test]
-    fn the_tools_identity_changes_with_the_program_and_only_then() {
-        let dir = std::env::temp_dir().join(format!("svc-compile-tools-{}", process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(dir.join("a")).unwrap();
-        fs::create_dir_all(dir.join("b")).unwrap();
-        let tools = [Tool {
-            program: "svc-fake-restore",
-            package: "x",
-        }];
-        let path = std::env::join_paths([dir.join("a"), dir.join("b")]).unwrap();
-        let id = || tools_identity(&tools, &path);
-        assert_eq!(id(), "svc-fake-restore ?\n");
-        fs::write(dir.join("b/svc-fake-restore"), "one").unwrap();
-        let first = id();
-        assert!(first.contains("/b/svc-fake-restore 3 "), "{first}");
-        assert_eq!(id(), first, "nothing changed");
-        fs::write(dir.join("b/svc-fake-restore"), "other").unwrap();
-        assert_ne!(id(), first, "the program changed");
-        // A symlink earlier in PATH (an alternatives switch) names another program.
-        let second = id();
-        std::os::unix::fs::symlink(
-            dir.join("b/svc-fake-restore"),
-            dir.join("a/svc-fake-restore"),
-        )
-        .unwrap();
-        assert_eq!(id(), second, "the same program through a link");
-        fs::write(dir.join("a/target"), "legacy!").unwrap();
-        fs::remove_file(dir.join("a/svc-fake-restore")).unwrap();
-        std::os::unix::fs::symlink(dir.join("a/target"), dir.join("a/svc-fake-restore")).unwrap();
-        assert_ne!(id(), second, "the link switched");
-        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

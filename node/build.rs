@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=bpf/sock_lb.c");
+    println!("cargo:rerun-if-changed=../bpf/sock_lb.c");
     println!("cargo:rerun-if-env-changed=SVC_COMPILE_CLANG");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let obj = out.join("sock_lb.o");
@@ -23,14 +23,14 @@ fn main() {
         .args(["-O2", "-g", "-Wall", "-Werror", "-target", "bpf"])
         .arg(format!("-I/usr/include/{arch}"))
         .arg("-c")
-        .arg("bpf/sock_lb.c")
+        .arg("../bpf/sock_lb.c")
         .arg("-o")
         .arg(&obj)
         .output();
     let why = match built {
         Ok(o) if o.status.success() => return,
         Ok(o) => format!(
-            "{clang} failed on bpf/sock_lb.c (libbpf-dev installed?): {}",
+            "{clang} failed on ../bpf/sock_lb.c (libbpf-dev installed?): {}",
             String::from_utf8_lossy(&o.stderr)
                 .lines()
                 .next()

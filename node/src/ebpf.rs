@@ -34,14 +34,10 @@
 //!
 //! Nothing outside the instance directory is ever pinned, changed or deleted.
 
-use crate::apply::{
-    check_tools, first_line, run_captured, take_lock, write_atomic, DEFAULT_LOCK_TIMEOUT,
-    DEFAULT_STATE_ROOT,
-};
-use crate::cli::Command;
-use crate::compile::Compiled;
-use crate::inputs::read_file;
-use crate::report::Fail;
+use crate::apply::{need_root, read_file, state_dir, Compiled, Input, Options};
+use crate::proc::{check_tools, first_line, run_captured};
+use crate::state::{take_lock, write_atomic, DEFAULT_LOCK_TIMEOUT};
+use crate::Fail;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::fs::{self, File};
@@ -49,16 +45,17 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+use svc_compiler::passes::allocate::NodeIds;
 use svc_targets::ebpf::plan::{self, Contents, Op, Shape, Wanted};
 use svc_targets::ebpf::{self, Ids, Layout};
 use svc_targets::plan::Tool;
-use svc_targets::Target;
+use svc_targets::{Params, Target};
 
 /// `bpf/sock_lb.c` as build.rs compiled it; empty when clang was missing.
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sock_lb.o"));
 
 /// The only directory apply pins under.
-pub(crate) const PIN_ROOT: &str = "/sys/fs/bpf/svc-compile";
+pub const PIN_ROOT: &str = "/sys/fs/bpf/svc-compile";
 
 /// The eight programs and their cgroup attach types (`enum bpf_attach_type`).
 const PROGRAMS: [(&str, u32); 8] = [
@@ -73,7 +70,7 @@ const PROGRAMS: [(&str, u32); 8] = [
 ];
 
 /// Whether `apply` of this target runs here (the socket load balancer).
-pub(crate) fn applies(t: &Target) -> bool {
+pub fn applies(t: &Target) -> bool {
     t.name == ebpf::TARGET.name
 }
 
@@ -84,15 +81,15 @@ struct Doc {
     layout: Option<Layout>,
 }
 
-pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
-    let args = cmd.apply.as_ref().expect("an apply command");
+/// `apply --target ebpf` (see the module doc).
+pub fn apply(
+    _target: &'static Target,
+    args: &Options,
+    params: &Params,
+    input: Input<'_>,
+) -> Result<u8, Fail> {
     let start = Instant::now();
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(Fail(
-            "apply needs root: it loads BPF programs and maps and attaches them to a cgroup".into(),
-        ));
-    }
+    need_root("apply needs root: it loads BPF programs and maps and attaches them to a cgroup")?;
     if OBJECT.is_empty() {
         return Err(Fail(
             "apply --target ebpf: this svc-compile was built without the socket load balancer (clang was not found when it was built); install clang and libbpf-dev (Debian/Ubuntu: apt-get install clang libbpf-dev) and rebuild".into(),
@@ -105,8 +102,7 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
         }],
         false,
     )?;
-    let params = crate::compile::target_params_of(cmd)?;
-    let opts = ebpf::options(&params).map_err(|e| Fail(format!("--target ebpf: {e}")))?;
+    let opts = ebpf::options(params).map_err(|e| Fail(format!("--target ebpf: {e}")))?;
     let pin_root = pin_root(&opts.pin_dir)?;
     let (cgroup, slug) = cgroup_of(args.cgroup.as_deref())?;
     let inst = pin_root.join(format!("cg-{slug}"));
@@ -114,26 +110,27 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
         Some(ns) => netns_cookie(ns)?,
         None => 0,
     };
-    let state = PathBuf::from(args.state_dir.clone().unwrap_or_else(|| {
-        format!(
-            "{DEFAULT_STATE_ROOT}/{}",
-            args.netns.as_deref().unwrap_or("host")
-        )
-    }));
+    let state = state_dir(args);
     let fam_dir = |f: &str| state.join(format!("ebpf-{f}"));
 
     // What to apply.
-    let docs: Vec<Doc> = if args.rollback {
-        Vec::new()
-    } else if let Some(from) = &args.from {
-        let json = read_file(Path::new(from))?;
-        vec![doc_of_json(json, from)?]
-    } else {
-        match compile(cmd, &opts, &|f| {
-            fs::read_to_string(fam_dir(f).join("applied.ebpf")).ok()
-        })? {
-            Ok(d) => d,
-            Err(code) => return Ok(code),
+    let rollback = matches!(input, Input::Rollback);
+    let docs: Vec<Doc> = match input {
+        Input::Rollback => Vec::new(),
+        Input::From(from) => {
+            let json = read_file(Path::new(&from))?;
+            vec![doc_of_json(json, &from)?]
+        }
+        Input::Manifests {
+            mut times, compile, ..
+        } => {
+            let compiled = match compile(&mut times)? {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            documents(compiled, &opts, &|f| {
+                fs::read_to_string(fam_dir(f).join("applied.ebpf")).ok()
+            })?
         }
     };
 
@@ -151,7 +148,7 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
     } else {
         None
     };
-    let docs = if args.rollback {
+    let docs = if rollback {
         let mut docs = Vec::new();
         let mut any = false;
         for f in ["ipv4", "ipv6"] {
@@ -300,23 +297,18 @@ pub(crate) fn apply(cmd: &Command) -> Result<u8, crate::report::Fail> {
 }
 
 /// The compiled documents for `--node` (every family), ids kept from the `--lock` file,
-/// else from the last applied document (`applied(family)`). `Err(code)` on input errors.
-fn compile(
-    cmd: &Command,
+/// else from the last applied document (`applied(family)`).
+fn documents(
+    compiled: Compiled,
     opts: &ebpf::Options,
     applied: &dyn Fn(&str) -> Option<String>,
-) -> Result<Result<Vec<Doc>, u8>, Fail> {
-    let (Compiled { comp, .. }, views, _) =
-        match crate::apply::node_views(cmd, crate::compile::read_all(cmd)?)? {
-            Ok(x) => x,
-            Err(code) => return Ok(Err(code)),
-        };
+) -> Result<Vec<Doc>, Fail> {
     let mut docs = Vec::new();
-    for v in &views {
+    for v in &compiled.views {
         ebpf::check(v).map_err(|e| Fail(format!("--target ebpf: node {}: {e}", v.node_name)))?;
-        let key = crate::run::lock_key(v);
+        let key = NodeIds::key_of(v);
         let family: &'static str = if key.1 == "ipv4" { "ipv4" } else { "ipv6" };
-        let previous = match comp.lock.ebpf.get(&key) {
+        let previous = match compiled.locked_ids.get(&key) {
             Some(locked) => Some(Ids::from_lock(locked)),
             None => applied(family).and_then(|j| ids_of_json(&j)),
         };
@@ -335,7 +327,7 @@ fn compile(
             layout: Some(l),
         });
     }
-    Ok(Ok(docs))
+    Ok(docs)
 }
 
 /// The ids of an applied JSON document (its `ids` section).

@@ -8,45 +8,46 @@
 //! Exit codes: 0 no drift, 1 drift, 2 anything else (including input errors, so that CI
 //! can tell drift from a broken manifest).
 
-use crate::apply::{check_tools, compile, first_line, run_captured};
-use crate::cli::Command;
-use crate::inputs::read_file;
-use crate::report::{exit_code, Fail};
+use crate::apply::{check_netns, need_root, read_file, render, Input, Options};
+use crate::proc::{check_tools, first_line, run_captured};
+use crate::Fail;
 use std::path::Path;
 use svc_targets::drift;
 use svc_targets::plan::{self, Family, Planner};
+use svc_targets::Target;
 
-pub fn run(cmd: &Command) -> u8 {
-    exit_code(drift_all(cmd))
-}
-
-fn drift_all(cmd: &Command) -> Result<u8, Fail> {
-    let args = cmd.drift.as_ref().expect("a drift command");
-    let planner = cmd.target.planner.expect("checked by cli");
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+/// `svc-compile drift`: 0 no drift, 1 drift, 2 (`Err`, or input errors) anything else.
+/// `from_saved`: a saved listing instead of the node's.
+pub fn drift(
+    target: &'static Target,
+    args: &Options,
+    from_saved: Option<&str>,
+    input: Input<'_>,
+) -> Result<u8, Fail> {
+    let Some(planner) = target.planner else {
+        return Err(Fail(format!(
+            "drift does not take --target {}",
+            target.name
+        )));
+    };
+    need_root("drift needs root: it loads the compiled ruleset into a throwaway network namespace to learn the kernel's spelling (and reads the node's rules)")?;
+    check_netns(args.netns.as_deref())?;
+    let Input::Manifests {
+        mut times, compile, ..
+    } = input
+    else {
         return Err(Fail(
-            "drift needs root: it loads the compiled ruleset into a throwaway network namespace to learn the kernel's spelling (and reads the node's rules)".into(),
+            "drift compares compiled manifests with the node".into(),
         ));
-    }
-    if let Some(ns) = &args.netns {
-        if !Path::new("/run/netns").join(ns).exists() {
-            return Err(Fail(format!(
-                "no network namespace `{ns}` (see `ip netns list`)"
-            )));
-        }
-    }
-    let docs = match compile(
-        cmd,
-        crate::compile::read_all(cmd)?,
-        &|_| 0,
-        &mut Default::default(),
-    )? {
-        Ok((docs, _)) => docs,
+    };
+    let compiled = match compile(&mut times)? {
+        Ok(c) => c,
         // Input errors are printed; 1 means drift here.
         Err(_) => return Ok(2),
     };
-    if args.from_saved.is_some() && docs.len() > 1 {
+    let node = compiled.node.clone();
+    let docs = render(target, compiled, &|_| 0, &mut times);
+    if from_saved.is_some() && docs.len() > 1 {
         return Err(Fail(
             "--from-saved is one family's listing: give --family ipv4 or ipv6".into(),
         ));
@@ -54,8 +55,8 @@ fn drift_all(cmd: &Command) -> Result<u8, Fail> {
     let mut drifted = false;
     for (family, doc, _) in &docs {
         check_tools(planner.tools(*family), args.netns.is_some())?;
-        let (listing, source) = match &args.from_saved {
-            Some(file) => (read_file(Path::new(file))?, file.clone()),
+        let (listing, source) = match from_saved {
+            Some(file) => (read_file(Path::new(file))?, file.to_string()),
             None => read_node(planner, *family, args.netns.as_deref())?,
         };
         let kernel =
@@ -71,9 +72,8 @@ fn drift_all(cmd: &Command) -> Result<u8, Fail> {
         let items = drift::compare(drift::syntax_of(&plan.expected), &plan.expected, &actual);
         drifted |= !items.is_empty();
         let title = format!(
-            "node {} ({}, {}) against {source}",
-            cmd.node.as_deref().unwrap_or_default(),
-            cmd.target.name,
+            "node {node} ({}, {}) against {source}",
+            target.name,
             family.as_str()
         );
         print!("{}", drift::render(&title, &items));
