@@ -9,7 +9,8 @@
 //! can tell drift from a broken manifest).
 
 use crate::apply::{check_netns, need_root, read_file, render, Input, Options};
-use crate::proc::{check_tools, first_line, run_captured};
+use crate::proc::check_tools;
+use crate::rules;
 use crate::Fail;
 use std::path::Path;
 use svc_targets::drift;
@@ -87,26 +88,8 @@ fn read_node(
     family: Family,
     netns: Option<&str>,
 ) -> Result<(String, String), Fail> {
-    let mut argv = planner.commands(family).read;
-    let source = match netns {
-        Some(ns) => {
-            argv.splice(0..0, ["ip", "netns", "exec", ns].map(String::from));
-            format!("network namespace {ns}")
-        }
-        None => "this host".into(),
-    };
-    let out = run_captured(&argv)?;
-    if out.ok {
-        Ok((out.stdout, source))
-    } else if planner.absent().is_some_and(|a| out.stderr.contains(a)) {
-        Ok((String::new(), source))
-    } else {
-        Err(Fail(format!(
-            "cannot read the node's rules (`{}`): {}",
-            argv.join(" "),
-            first_line(&out.stderr)
-        )))
-    }
+    let listing = rules::read_node(planner, planner.commands(family).read, netns)?;
+    Ok((listing, rules::describe(netns)))
 }
 
 /// The compiled document as the kernel spells it: loaded into a throwaway namespace.
@@ -118,20 +101,13 @@ fn scratch(prepared: &plan::Prepared, argv: &[String]) -> Result<String, Fail> {
     let path = dir.join("compiled");
     let res = std::fs::write(&path, &prepared.scratch)
         .map_err(|e| Fail(format!("cannot write {}: {e}", path.display())))
-        .and_then(|()| {
-            let mut argv = argv.to_vec();
-            argv.push(path.display().to_string());
-            run_captured(&argv)
-        });
+        .and_then(|()| rules::load_scratch(argv, &path));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = res?;
-    if !out.ok {
-        return Err(Fail(format!(
-            "the kernel refuses the compiled ruleset (loaded into an empty network namespace): {}",
-            first_line(&out.stderr)
-        )));
-    }
-    Ok(out.stdout)
+    res?.map_err(|e| {
+        Fail(format!(
+            "the kernel refuses the compiled ruleset (loaded into an empty network namespace): {e}"
+        ))
+    })
 }
 
 /// A fresh private directory for the scratch document.

@@ -16,6 +16,7 @@ pub mod nfgen;
 pub mod nfnl;
 pub mod nftdigest;
 pub mod proc;
+pub mod rules;
 pub mod state;
 pub mod times;
 

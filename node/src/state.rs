@@ -94,3 +94,238 @@ impl NextDocument {
         }
     }
 }
+
+/// The state directory of one node (`--state-dir`, else [`DEFAULT_STATE_ROOT`]`/NS`, `NS`
+/// the network namespace's name or `host`): its layout in one place.
+///
+/// ```text
+/// STATE/lock                      flock'd by every apply (and the loaders it starts)
+/// STATE/TARGET.inputs             the last apply's inputs fingerprint and generation
+/// STATE/TARGET-FAMILY/            one target's records for one family (`Records`)
+/// ```
+#[derive(Clone, Debug)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+impl StateDir {
+    /// `state_dir` (`--state-dir`), else the default for the network namespace `netns`.
+    pub fn new(state_dir: Option<&str>, netns: Option<&str>) -> StateDir {
+        let root = match state_dir {
+            Some(dir) => PathBuf::from(dir),
+            None => Path::new(DEFAULT_STATE_ROOT).join(netns.unwrap_or("host")),
+        };
+        StateDir { root }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn exists(&self) -> bool {
+        self.root.exists()
+    }
+
+    pub fn create(&self) -> Result<(), Fail> {
+        fs::create_dir_all(&self.root).map_err(|e| {
+            Fail(format!(
+                "cannot create the state directory {}: {e}",
+                self.root.display()
+            ))
+        })
+    }
+
+    /// Takes `STATE/lock` (see [`take_lock`]); `timeout_s` defaults to
+    /// [`DEFAULT_LOCK_TIMEOUT`].
+    pub fn lock(&self, timeout_s: Option<f64>) -> Result<File, Fail> {
+        take_lock(
+            &self.root.join("lock"),
+            timeout_s.unwrap_or(DEFAULT_LOCK_TIMEOUT),
+        )
+    }
+
+    /// `STATE/TARGET.inputs`.
+    pub fn inputs(&self, target: &str) -> PathBuf {
+        self.root.join(format!("{target}.inputs"))
+    }
+
+    /// The records of `target` (documents with extension `ext`) for `family`.
+    pub fn records(&self, target: &str, ext: &'static str, family: &str) -> Records {
+        Records {
+            dir: self.root.join(format!("{target}-{family}")),
+            ext,
+        }
+    }
+}
+
+/// One target's records for one family, `STATE/TARGET-FAMILY/`:
+///
+/// ```text
+/// applied.EXT    the document the node was last brought to
+/// applied.state  its owned state (or an UNREAD snapshot), headed by the document's hash
+/// applied.gen    the nf_tables generation that state was verified at (same header)
+/// applied.digest the fingerprint that stands for an unread state (same header)
+/// previous.EXT   the document before it (`--rollback`), previous.state its state
+/// next.EXT       a new document being written while the apply plans and loads
+/// load.EXT       the last load, load.log its loader's output
+/// revert.EXT     the last revert of a half-committed load, revert.log
+/// scratch.EXT    the last scratch document, scratch.out its read-back (a cache)
+/// ```
+///
+/// Invariant: a file headed by a document's hash belongs to that document only; a pair
+/// that disagrees (a kill between two writes) counts as no record.
+#[derive(Clone, Debug)]
+pub struct Records {
+    dir: PathBuf,
+    ext: &'static str,
+}
+
+impl Records {
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn create(&self) -> Result<(), Fail> {
+        fs::create_dir_all(&self.dir)
+            .map_err(|e| Fail(format!("cannot create {}: {e}", self.dir.display())))
+    }
+
+    fn doc(&self, stem: &str) -> PathBuf {
+        self.dir.join(format!("{stem}.{}", self.ext))
+    }
+
+    pub fn applied(&self) -> PathBuf {
+        self.doc("applied")
+    }
+    pub fn previous(&self) -> PathBuf {
+        self.doc("previous")
+    }
+    pub fn next(&self) -> PathBuf {
+        self.doc("next")
+    }
+    pub fn load(&self) -> PathBuf {
+        self.doc("load")
+    }
+    pub fn revert(&self) -> PathBuf {
+        self.doc("revert")
+    }
+    pub fn scratch(&self) -> PathBuf {
+        self.doc("scratch")
+    }
+    pub fn state(&self) -> PathBuf {
+        self.dir.join("applied.state")
+    }
+    pub fn previous_state(&self) -> PathBuf {
+        self.dir.join("previous.state")
+    }
+    pub fn generation(&self) -> PathBuf {
+        self.dir.join("applied.gen")
+    }
+    pub fn digest(&self) -> PathBuf {
+        self.dir.join("applied.digest")
+    }
+    pub fn load_log(&self) -> PathBuf {
+        self.dir.join("load.log")
+    }
+    pub fn revert_log(&self) -> PathBuf {
+        self.dir.join("revert.log")
+    }
+    pub fn scratch_out(&self) -> PathBuf {
+        self.dir.join("scratch.out")
+    }
+
+    /// The document `--rollback` goes back to: `previous.EXT` (`Some((path, text, true))`),
+    /// else, with `keep_applied`, `applied.EXT` (`false`: nothing to go back to, the
+    /// family stays as it is: for a loader that writes every family at once).
+    pub fn rollback_document(&self, keep_applied: bool) -> Option<(PathBuf, String, bool)> {
+        let previous = self.previous();
+        if let Ok(doc) = fs::read_to_string(&previous) {
+            return Some((previous, doc, true));
+        }
+        let applied = self.applied();
+        match fs::read_to_string(&applied) {
+            Ok(doc) if keep_applied => Some((applied, doc, false)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_is_the_documented_one() {
+        let s = StateDir::new(None, Some("node-a"));
+        assert_eq!(s.path(), Path::new("/var/lib/svc-compile/node-a"));
+        assert_eq!(
+            StateDir::new(None, None).path(),
+            Path::new("/var/lib/svc-compile/host")
+        );
+        let s = StateDir::new(Some("/x"), Some("ignored"));
+        assert_eq!(s.inputs("nftables"), Path::new("/x/nftables.inputs"));
+        let r = s.records("nftables", "nft", "ipv6");
+        let names: Vec<PathBuf> = vec![
+            r.applied(),
+            r.previous(),
+            r.next(),
+            r.load(),
+            r.revert(),
+            r.scratch(),
+            r.state(),
+            r.previous_state(),
+            r.generation(),
+            r.digest(),
+            r.load_log(),
+            r.revert_log(),
+            r.scratch_out(),
+        ];
+        let names: Vec<String> = names
+            .iter()
+            .map(|p| {
+                p.strip_prefix("/x/nftables-ipv6")
+                    .unwrap()
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "applied.nft",
+                "previous.nft",
+                "next.nft",
+                "load.nft",
+                "revert.nft",
+                "scratch.nft",
+                "applied.state",
+                "previous.state",
+                "applied.gen",
+                "applied.digest",
+                "load.log",
+                "revert.log",
+                "scratch.out"
+            ]
+        );
+    }
+
+    #[test]
+    fn rollback_takes_previous_else_keeps_applied_only_when_asked() {
+        let dir = std::env::temp_dir().join(format!("svc-node-state-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let s = StateDir::new(Some(dir.to_str().unwrap()), None);
+        let r = s.records("ebpf", "ebpf", "ipv4");
+        assert!(r.rollback_document(true).is_none(), "nothing recorded");
+        r.create().unwrap();
+        fs::write(r.applied(), "now").unwrap();
+        assert!(r.rollback_document(false).is_none());
+        let (p, doc, prev) = r.rollback_document(true).unwrap();
+        assert_eq!((p, doc.as_str(), prev), (r.applied(), "now", false));
+        fs::write(r.previous(), "before").unwrap();
+        for keep in [false, true] {
+            let (p, doc, prev) = r.rollback_document(keep).unwrap();
+            assert_eq!((p, doc.as_str(), prev), (r.previous(), "before", true));
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
