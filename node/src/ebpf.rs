@@ -34,9 +34,9 @@
 //!
 //! Nothing outside the instance directory is ever pinned, changed or deleted.
 
-use crate::apply::{need_root, read_file, state_dir, Compiled, Input, Options};
+use crate::apply::{need_root, read_file, Compiled, Input, Options};
 use crate::proc::{check_tools, first_line, run_captured};
-use crate::state::{take_lock, write_atomic, DEFAULT_LOCK_TIMEOUT};
+use crate::state::{write_atomic, Records, StateDir};
 use crate::Fail;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
@@ -110,8 +110,8 @@ pub fn apply(
         Some(ns) => netns_cookie(ns)?,
         None => 0,
     };
-    let state = state_dir(args);
-    let fam_dir = |f: &str| state.join(format!("ebpf-{f}"));
+    let state = StateDir::new(args.state_dir.as_deref(), args.netns.as_deref());
+    let fam_dir = |f: &str| state.records(ebpf::TARGET.name, ebpf::TARGET.ext, f);
 
     // What to apply.
     let rollback = matches!(input, Input::Rollback);
@@ -129,22 +129,14 @@ pub fn apply(
                 Err(code) => return Ok(code),
             };
             documents(compiled, &opts, &|f| {
-                fs::read_to_string(fam_dir(f).join("applied.ebpf")).ok()
+                fs::read_to_string(fam_dir(f).applied()).ok()
             })?
         }
     };
 
     let lock = if !args.dry_run || state.exists() {
-        fs::create_dir_all(&state).map_err(|e| {
-            Fail(format!(
-                "cannot create the state directory {}: {e}",
-                state.display()
-            ))
-        })?;
-        Some(take_lock(
-            &state.join("lock"),
-            args.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT),
-        )?)
+        state.create()?;
+        Some(state.lock(args.lock_timeout)?)
     } else {
         None
     };
@@ -154,26 +146,15 @@ pub fn apply(
         for f in ["ipv4", "ipv6"] {
             // A family without a previous document keeps the one it has (the maps of a
             // family no document names are emptied).
-            let p = fam_dir(f).join("previous.ebpf");
-            let (p, json) = match fs::read_to_string(&p) {
-                Ok(json) => {
-                    any = true;
-                    (p, json)
-                }
-                Err(_) => {
-                    let a = fam_dir(f).join("applied.ebpf");
-                    match fs::read_to_string(&a) {
-                        Ok(json) => (a, json),
-                        Err(_) => continue,
-                    }
-                }
-            };
-            docs.push(doc_of_json(json, &p.display().to_string())?);
+            if let Some((p, json, previous)) = fam_dir(f).rollback_document(true) {
+                any |= previous;
+                docs.push(doc_of_json(json, &p.display().to_string())?);
+            }
         }
         if !any {
             return Err(Fail(format!(
                 "nothing to roll back to: no earlier ebpf apply recorded in {}",
-                state.display()
+                state.path().display()
             )));
         }
         docs
@@ -653,13 +634,13 @@ fn counts(ops: &[Op]) -> (usize, usize) {
     (ops.len() - dels, dels)
 }
 
-fn record(docs: &[Doc], fam_dir: &dyn Fn(&str) -> PathBuf) -> Result<(), Fail> {
+fn record(docs: &[Doc], fam_dir: &dyn Fn(&str) -> Records) -> Result<(), Fail> {
     // Each family's document now (`None`: no document, its maps were emptied) and before.
     let states: Vec<(&str, Option<&str>, Option<String>)> = ["ipv4", "ipv6"]
         .into_iter()
         .map(|f| {
             let now = docs.iter().find(|d| d.family == f).map(|d| d.json.as_str());
-            let old = fs::read_to_string(fam_dir(f).join("applied.ebpf")).ok();
+            let old = fs::read_to_string(fam_dir(f).applied()).ok();
             (f, now, old)
         })
         .collect();
@@ -674,15 +655,14 @@ fn record(docs: &[Doc], fam_dir: &dyn Fn(&str) -> PathBuf) -> Result<(), Fail> {
         if now.is_none() && old.is_none() {
             continue;
         }
-        fs::create_dir_all(&dir)
-            .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
+        dir.create()?;
         if let Some(old) = old {
-            write_atomic(&dir.join("previous.ebpf"), old)?;
+            write_atomic(&dir.previous(), old)?;
         }
         match now {
-            Some(json) => write_atomic(&dir.join("applied.ebpf"), json)?,
+            Some(json) => write_atomic(&dir.applied(), json)?,
             None => {
-                let _ = fs::remove_file(dir.join("applied.ebpf"));
+                let _ = fs::remove_file(dir.applied());
             }
         }
     }
