@@ -11,7 +11,7 @@
 //! (iptables: kube-proxy's chains and the jumps to them; nftables: the `kube-proxy` table
 //! of the family, [`nft_table`] for a whole `nft -j list ruleset`). nftables chains that are
 //! empty, not base chains and not jumped to are left out: `apply` empties stale chains and
-//! deletes them later ([`crate::plan::nftables::without_leftovers`]).
+//! deletes them later ([`crate::nftables::plan::without_leftovers`]).
 //!
 //! Invariant: the report is deterministic: items are sorted by service, then place, then
 //! position; a clean node gives no items.
@@ -23,9 +23,9 @@ use std::fmt::Write as _;
 /// The syntax of the canonical owned-state text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Syntax {
-    /// `iptables-save` syntax (`plan::iptables`'s owned state).
+    /// `iptables-save` syntax (`iptables::plan`'s owned state).
     Iptables,
-    /// One JSON object per line (`plan::nftables::owned_state`).
+    /// One JSON object per line (`nftables::plan::owned_state`).
     Nftables,
 }
 
@@ -61,7 +61,7 @@ pub fn compare(syntax: Syntax, expected: &str, actual: &str) -> Vec<Item> {
     // Stale chains apply left emptied, for a later apply to delete, are not drift.
     fn settled(syntax: Syntax, s: &str) -> std::borrow::Cow<'_, str> {
         match syntax {
-            Syntax::Nftables => crate::plan::nftables::without_leftovers(s).into(),
+            Syntax::Nftables => crate::nftables::plan::without_leftovers(s).into(),
             Syntax::Iptables => s.into(),
         }
     }
@@ -393,7 +393,7 @@ fn is_counter(c: &str) -> bool {
 /// `nft -j list ruleset` (or `list table`) output cut to the `kube-proxy` table of
 /// `family` (`ip`, `ip6`), as `nft -j list table FAMILY kube-proxy` prints it.
 pub fn nft_table(json: &str, family: &str) -> Result<String, String> {
-    let Some(items) = crate::plan::nftables::nft_items(json)? else {
+    let Some(items) = crate::nftables::plan::nft_items(json)? else {
         return Ok(String::new());
     };
     let ours = |o: &serde_json::Map<String, Value>, name_key: &str| {

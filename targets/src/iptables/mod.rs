@@ -24,6 +24,7 @@
 //! service port's rules. Ports are rendered through [`common::render_ports`].
 
 pub(crate) mod document;
+pub mod plan;
 mod ports;
 
 use crate::common::{self, render_ports, PortCache, PortRendering};
@@ -84,7 +85,7 @@ pub const TARGET: Target = Target {
     ext: "rules",
     render: Render::Node(|_, sharing| Renderer::boxed(sharing)),
     flags: &[],
-    planner: Some(&crate::plan::iptables::Iptables),
+    planner: Some(&plan::Iptables),
 };
 
 /// Writes the documents of many nodes (see [`common::Renderer`]).

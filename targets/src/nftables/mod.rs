@@ -68,6 +68,7 @@
 
 mod json;
 mod model;
+pub mod plan;
 mod text;
 
 #[cfg(test)]
@@ -120,7 +121,7 @@ pub const TARGET: Target = Target {
     ext: "nft",
     render: Render::Node(|_, sharing| Renderer::boxed(sharing)),
     flags: &[],
-    planner: Some(&crate::plan::nftables::Nftables),
+    planner: Some(&plan::Nftables),
 };
 
 /// `--target nftables-json`.

@@ -23,8 +23,8 @@
 //! is canonical, ours is not (`-m tcp -p tcp` reads back as `-p tcp -m tcp`, addresses get
 //! `/32`, …).
 
-use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
-use super::{Previous, Step, Summary, Tool};
+use crate::plan::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
+use crate::plan::{Previous, Step, Summary, Tool};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -441,7 +441,7 @@ impl Planner for Iptables {
 
     /// The family a compiled document names in its first line, if any.
     fn family_of(&self, doc: &str) -> Option<Family> {
-        super::family_in_first_line(doc, "# svc-compile:", ';')
+        crate::plan::family_in_first_line(doc, "# svc-compile:", ';')
     }
 
     /// The snapshot holds every owned chain and jump, so it can stand in for the read;

@@ -35,8 +35,10 @@
 //! objects sorted by kind and name (rules stay in order within their chain), elements
 //! sorted, and the elements of dynamic sets left out (traffic fills them).
 
-use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
-use super::{is_unread, Drift, ElementWrites, Previous, Step, Summary, Tool, Touched, UNREAD};
+use crate::plan::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
+use crate::plan::{
+    is_unread, Drift, ElementWrites, Previous, Step, Summary, Tool, Touched, UNREAD,
+};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
