@@ -24,6 +24,7 @@
 //! service port's rules. Ports are rendered through [`common::render_ports`].
 
 pub(crate) mod document;
+pub(crate) mod names;
 pub mod plan;
 mod ports;
 

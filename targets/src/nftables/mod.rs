@@ -68,6 +68,7 @@
 
 mod json;
 mod model;
+pub(crate) mod names;
 pub mod plan;
 mod text;
 
