@@ -27,6 +27,7 @@ pub(crate) mod document;
 pub(crate) mod names;
 pub mod plan;
 mod ports;
+mod trace;
 
 use crate::common::{self, render_ports, PortCache, PortRendering};
 use crate::{Render, Target};
@@ -87,6 +88,7 @@ pub const TARGET: Target = Target {
     render: Render::Node(|_, sharing| Renderer::boxed(sharing)),
     flags: &[],
     planner: Some(&plan::Iptables),
+    trace: Some(&trace::Iptables),
 };
 
 /// Writes the documents of many nodes (see [`common::Renderer`]).

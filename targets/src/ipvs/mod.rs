@@ -34,6 +34,7 @@ mod iptables;
 mod ipvsadm;
 pub mod model;
 pub mod plan;
+mod trace;
 
 #[cfg(test)]
 mod tests;
@@ -53,6 +54,7 @@ pub const TARGET: Target = Target {
     render: Render::Node(|_, _| Box::new(Renderer)),
     flags: &[],
     planner: Some(&plan::Ipvs),
+    trace: Some(&trace::Ipvs),
 };
 
 /// The parts' names in [`Part::ALL`] order, as [`NodeRenderer::parts`] lists them.

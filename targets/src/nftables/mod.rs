@@ -71,6 +71,7 @@ mod model;
 pub(crate) mod names;
 pub mod plan;
 mod text;
+mod trace;
 
 #[cfg(test)]
 mod tests;
@@ -123,6 +124,7 @@ pub const TARGET: Target = Target {
     render: Render::Node(|_, sharing| Renderer::boxed(sharing)),
     flags: &[],
     planner: Some(&plan::Nftables),
+    trace: Some(&trace::Nftables),
 };
 
 /// `--target nftables-json`.
@@ -133,6 +135,7 @@ pub const JSON_TARGET: Target = Target {
     render: Render::Node(|_, _| Box::new(JsonRenderer)),
     flags: &[],
     planner: None,
+    trace: None,
 };
 
 /// [`write_json`] for the registry: the JSON is built whole, nothing is shared.
