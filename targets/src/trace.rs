@@ -108,7 +108,9 @@ pub(crate) struct Chains {
 
 /// How a back end that compiles to chains of rules (iptables, nftables) spells what
 /// [`chain_rules`] selects; its names come from the back end's own name module.
-pub(crate) trait ChainSyntax {
+pub(crate) trait ChainSyntax: Sync {
+    /// The proxy mode whose decisions its document implements ([`Tracer::mode`]).
+    fn mode(&self) -> Mode;
     /// `pv`'s chains, with the endpoint chains of `backends` (`ip:port`, in that order).
     fn chains(&self, pv: &PortView, backends: &[String]) -> Chains;
     /// The rules of `chain`, in document order.
@@ -127,8 +129,25 @@ pub(crate) trait ChainSyntax {
     fn is_node_port_line(&self, line: &str) -> bool;
 }
 
+/// A chain-based back end's tracer: [`chain_rules`] over its spelling.
+impl<S: ChainSyntax> Tracer for S {
+    fn mode(&self) -> Mode {
+        ChainSyntax::mode(self)
+    }
+    fn rules(
+        &self,
+        t: &Trace,
+        pv: &PortView,
+        dst: IpAddr,
+        port: u16,
+        doc: &str,
+    ) -> Vec<Vec<String>> {
+        chain_rules(self, t, pv, dst, port, doc)
+    }
+}
+
 /// [`Tracer::rules`] for a chain-based back end.
-pub(crate) fn chain_rules(
+fn chain_rules(
     s: &dyn ChainSyntax,
     t: &Trace,
     pv: &PortView,

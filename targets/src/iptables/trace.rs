@@ -2,31 +2,18 @@
 //! port's chains as [`super::names`] spells them (see [`crate::trace`]).
 
 use super::names::{PortChains, SepChain, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_SERVICES};
-use crate::trace::{chain_rules, ChainSyntax, Chains, Tracer};
+use crate::trace::{ChainSyntax, Chains};
 use std::net::IpAddr;
 use svc_compiler::ir::PortView;
-use svc_compiler::trace::{Mode, Trace};
+use svc_compiler::trace::Mode;
 
-/// The iptables target's [`Tracer`].
+/// The iptables target's tracer (`crate::trace::Tracer`, through [`ChainSyntax`]).
 pub(crate) struct Iptables;
 
-impl Tracer for Iptables {
+impl ChainSyntax for Iptables {
     fn mode(&self) -> Mode {
         Mode::Iptables
     }
-    fn rules(
-        &self,
-        t: &Trace,
-        pv: &PortView,
-        dst: IpAddr,
-        port: u16,
-        doc: &str,
-    ) -> Vec<Vec<String>> {
-        chain_rules(self, t, pv, dst, port, doc)
-    }
-}
-
-impl ChainSyntax for Iptables {
     fn chains(&self, pv: &PortView, backends: &[String]) -> Chains {
         let proto = pv.protocol.lower();
         let c = PortChains::new(&pv.spn, proto);

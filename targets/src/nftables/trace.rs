@@ -4,12 +4,12 @@
 
 use super::names::{EndpointNames, PortChains, FIREWALL_IPS, MARK_MASQ, NO_ENDPOINT_NODEPORTS};
 use super::names::{NO_ENDPOINT_SERVICES, SERVICE_NODEPORTS};
-use crate::trace::{chain_rules, ChainSyntax, Chains, Tracer};
+use crate::trace::{ChainSyntax, Chains};
 use std::net::IpAddr;
 use svc_compiler::ir::PortView;
-use svc_compiler::trace::{Mode, Trace};
+use svc_compiler::trace::Mode;
 
-/// The nftables target's [`Tracer`].
+/// The nftables target's tracer (`crate::trace::Tracer`, through [`ChainSyntax`]).
 pub(crate) struct Nftables;
 
 /// The set or map an `add element <family> <table> <set> { … }` line adds to.
@@ -17,23 +17,10 @@ fn element_set(l: &str) -> Option<&str> {
     l.strip_prefix("add element ")?.split(' ').nth(2)
 }
 
-impl Tracer for Nftables {
+impl ChainSyntax for Nftables {
     fn mode(&self) -> Mode {
         Mode::Nftables
     }
-    fn rules(
-        &self,
-        t: &Trace,
-        pv: &PortView,
-        dst: IpAddr,
-        port: u16,
-        doc: &str,
-    ) -> Vec<Vec<String>> {
-        chain_rules(self, t, pv, dst, port, doc)
-    }
-}
-
-impl ChainSyntax for Nftables {
     fn chains(&self, pv: &PortView, backends: &[String]) -> Chains {
         let c = PortChains::new(pv);
         Chains {
