@@ -879,6 +879,7 @@ mod tests {
             },
         ],
         planner: None,
+        trace: None,
     };
     const TARGETS: &[&Target] = &[&svc_targets::ir::TARGET, &FAKE];
 

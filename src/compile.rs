@@ -177,6 +177,7 @@ mod tests {
             file: true,
         }],
         planner: None,
+        trace: None,
     };
 
     fn command(args: &[&str]) -> Command {

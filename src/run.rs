@@ -283,6 +283,7 @@ mod tests {
         render: Render::Node(|_, _| Box::new(Refuses)),
         flags: &[],
         planner: None,
+        trace: None,
     };
 
     struct Refuses;

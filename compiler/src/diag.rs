@@ -4,8 +4,11 @@
 //! first error. [`Diagnostics::sort`] orders them by location, code and message (and drops
 //! exact duplicates) so output is deterministic whatever the order of files, documents or
 //! passes. The same renderer serves the CLI and the snapshot tests.
+//!
+//! `source` does not know this module: bytes that are not text come out of it as a
+//! [`DecodeError`], which [`SourceMap::add_bytes`], defined here, reports as SVC015.
 
-use crate::source::{SourceMap, Span};
+use crate::source::{DecodeError, FileId, SourceMap, Span};
 use serde::Serialize;
 use std::fmt::Write;
 
@@ -358,10 +361,43 @@ pub fn to_json<'a>(d: &'a Diagnostic, sources: &'a SourceMap) -> JsonDiagnostic<
     }
 }
 
+impl SourceMap {
+    /// [`SourceMap::add_decoded`], with bytes that are not text as diagnostic SVC015 (the
+    /// file is added all the same, for the code frame).
+    pub fn add_bytes(
+        &mut self,
+        name: impl Into<String>,
+        bytes: Vec<u8>,
+    ) -> (FileId, Option<Diagnostic>) {
+        let (id, err) = self.add_decoded(name, bytes);
+        (id, err.map(Diagnostic::from))
+    }
+}
+
+impl From<DecodeError> for Diagnostic {
+    fn from(e: DecodeError) -> Diagnostic {
+        Diagnostic::error("SVC015", format!("{}: the file was not read", e.what))
+            .at(e.span)
+            .hint("save the file as UTF-8")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::FileId;
+
+    /// Bytes that are not text are SVC015, located at the first bad byte; text is no
+    /// diagnostic.
+    #[test]
+    fn undecodable_bytes_are_svc015() {
+        let mut m = SourceMap::default();
+        let (_, d) = m.add_bytes("ok", b"a: 1\n".to_vec());
+        assert!(d.is_none());
+        let (f, d) = m.add_bytes("bad", b"a: 1\nbb: x\xFFy\n".to_vec());
+        let d = d.expect("invalid UTF-8");
+        assert_eq!((d.code, d.span), ("SVC015", Some(Span::new(f, 2, 6, 1))));
+        assert_eq!(d.hint.as_deref(), Some("save the file as UTF-8"));
+    }
 
     /// Colour adds escapes and nothing else: without them the text is the plain text; the
     /// source line of a code frame is never coloured, even when it looks like a header.

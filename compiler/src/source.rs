@@ -4,8 +4,11 @@
 //! characters, as editors do). Line text for code frames is looked up only when a
 //! diagnostic is rendered, through a per-file line index built on the first lookup, so
 //! rendering n diagnostics costs one pass over the file plus n lookups.
+//!
+//! This module knows nothing of diagnostics (`diag` builds on it, not the other way): a
+//! file that does not decode is reported as a plain [`DecodeError`], which `diag` turns
+//! into SVC015 ([`SourceMap::add_bytes`] lives there).
 
-use crate::diag::Diagnostic;
 use serde::Serialize;
 use std::sync::OnceLock;
 
@@ -60,6 +63,14 @@ fn after_newlines(text: &str) -> impl Iterator<Item = usize> + '_ {
         .map(|(i, _)| i + 1)
 }
 
+/// Bytes that are not text ([`SourceMap::add_decoded`]): where the first bad byte is, and
+/// what the bytes were taken for (e.g. `invalid UTF-8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeError {
+    pub span: Span,
+    pub what: &'static str,
+}
+
 /// Every input file of one compilation. Files keep the order they were added in, but
 /// nothing downstream depends on that order: objects are sorted by their identity.
 #[derive(Clone, Debug, Default)]
@@ -87,22 +98,23 @@ impl SourceMap {
     /// Add a file read as bytes. UTF-8 (a BOM is dropped) and UTF-16 with a BOM (as
     /// kubectl's file reader decodes it) are text; anything else is an error located at the
     /// first bad byte, and the file holds the text with U+FFFD in its place, for the code frame.
-    pub fn add_bytes(
+    pub fn add_decoded(
         &mut self,
         name: impl Into<String>,
         bytes: Vec<u8>,
-    ) -> (FileId, Option<Diagnostic>) {
+    ) -> (FileId, Option<DecodeError>) {
         let (text, bad) = decode(bytes);
         let id = self.add(name, text);
-        let diag = bad.map(|(at, what)| {
+        let err = bad.map(|(at, what)| {
             let before = &self.file(id).text[..at];
             let line = before.matches('\n').count() as u32 + 1;
             let col = before.rsplit('\n').next().unwrap_or("").chars().count() as u32 + 1;
-            Diagnostic::error("SVC015", format!("{what}: the file was not read"))
-                .at(Span::new(id, line, col, 1))
-                .hint("save the file as UTF-8")
+            DecodeError {
+                span: Span::new(id, line, col, 1),
+                what,
+            }
         });
-        (id, diag)
+        (id, err)
     }
 
     pub fn file(&self, id: FileId) -> &SourceFile {
@@ -233,31 +245,28 @@ mod tests {
         bytes.extend("a\u{6900}".encode_utf16().flat_map(u16::to_le_bytes));
         bytes.push(0xE9); // with the padding: U+00E9, two bytes in UTF-8
         let mut m = SourceMap::default();
-        let (f, d) = m.add_bytes("odd", bytes);
+        let (f, d) = m.add_decoded("odd", bytes);
         let chars = m.file(f).text.chars().count() as u32;
-        let s = d.expect("odd UTF-16").span.expect("located");
+        let s = d.expect("odd UTF-16").span;
         assert_eq!((s.line, s.col), (1, chars));
     }
 
     #[test]
     fn bytes_become_text_or_a_located_error() {
         let mut m = SourceMap::default();
-        let (f, d) = m.add_bytes("ok", b"\xEF\xBB\xBFa: 1\n".to_vec());
+        let (f, d) = m.add_decoded("ok", b"\xEF\xBB\xBFa: 1\n".to_vec());
         assert_eq!((m.file(f).text.as_str(), d), ("a: 1\n", None));
         let utf16: Vec<u8> = [0xFF, 0xFE]
             .into_iter()
             .chain("k: \u{e9}\n".encode_utf16().flat_map(u16::to_le_bytes))
             .collect();
-        let (f, d) = m.add_bytes("le", utf16);
+        let (f, d) = m.add_decoded("le", utf16);
         assert_eq!((m.file(f).text.as_str(), d), ("k: \u{e9}\n", None));
-        let (f, d) = m.add_bytes("bad", b"a: 1\nbb: x\xFFy\n".to_vec());
+        let (f, d) = m.add_decoded("bad", b"a: 1\nbb: x\xFFy\n".to_vec());
         let d = d.expect("invalid UTF-8");
-        assert_eq!((d.code, d.span), ("SVC015", Some(Span::new(f, 2, 6, 1))));
+        assert_eq!(d.span, Span::new(f, 2, 6, 1));
         let odd = vec![0xFE, 0xFF, 0, b'a', 0];
-        let (_, d) = m.add_bytes("odd", odd);
-        assert_eq!(
-            d.expect("odd UTF-16").span.map(|s| (s.line, s.col)),
-            Some((1, 2))
-        );
+        let (_, d) = m.add_decoded("odd", odd);
+        assert_eq!(d.map(|e| (e.span.line, e.span.col)), Some((1, 2)));
     }
 }

@@ -11,7 +11,8 @@
 //! (iptables: kube-proxy's chains and the jumps to them; nftables: the `kube-proxy` table
 //! of the family, [`nft_table`] for a whole `nft -j list ruleset`). nftables chains that are
 //! empty, not base chains and not jumped to are left out: `apply` empties stale chains and
-//! deletes them later ([`crate::plan::nftables::without_leftovers`]).
+//! deletes them later ([`crate::nftables::plan::without_leftovers`]). Which chain is one
+//! service's is the back ends' word (`iptables::names`, `nftables::names`), not restated.
 //!
 //! Invariant: the report is deterministic: items are sorted by service, then place, then
 //! position; a clean node gives no items.
@@ -23,9 +24,9 @@ use std::fmt::Write as _;
 /// The syntax of the canonical owned-state text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Syntax {
-    /// `iptables-save` syntax (`plan::iptables`'s owned state).
+    /// `iptables-save` syntax (`iptables::plan`'s owned state).
     Iptables,
-    /// One JSON object per line (`plan::nftables::owned_state`).
+    /// One JSON object per line (`nftables::plan::owned_state`).
     Nftables,
 }
 
@@ -61,7 +62,7 @@ pub fn compare(syntax: Syntax, expected: &str, actual: &str) -> Vec<Item> {
     // Stale chains apply left emptied, for a later apply to delete, are not drift.
     fn settled(syntax: Syntax, s: &str) -> std::borrow::Cow<'_, str> {
         match syntax {
-            Syntax::Nftables => crate::plan::nftables::without_leftovers(s).into(),
+            Syntax::Nftables => crate::nftables::plan::without_leftovers(s).into(),
             Syntax::Iptables => s.into(),
         }
     }
@@ -244,26 +245,14 @@ fn groups(syntax: Syntax, text: &str) -> BTreeMap<String, Group> {
 /// nftables chain whose name says its service.
 fn per_service(place: &str) -> bool {
     let chain = place.split(' ').nth(1).unwrap_or_default();
-    [
-        "KUBE-SVC-",
-        "KUBE-SVL-",
-        "KUBE-EXT-",
-        "KUBE-FW-",
-        "KUBE-SEP-",
-    ]
-    .iter()
-    .any(|p| chain.starts_with(p))
-        || name_service(place).is_some()
+    crate::iptables::names::is_service_chain(chain) || name_service(place).is_some()
 }
 
 /// The service an nftables place's name says: `chain service-HASH-ns/name/proto/port`,
 /// `chain endpoint-HASH-ns/name/proto/port__ip/port`, … → `ns/name/proto/port`.
 fn name_service(place: &str) -> Option<String> {
     let name = place.strip_prefix("chain ")?;
-    let (_, rest) = name.split_once('-')?;
-    let (_, rest) = rest.split_once('-')?;
-    let svc = rest.split("__").next()?;
-    (svc.matches('/').count() == 3).then(|| svc.to_string())
+    crate::nftables::names::port_of(name).map(str::to_string)
 }
 
 /// The service a line names in its comment: kube-proxy comments start with
@@ -393,12 +382,12 @@ fn is_counter(c: &str) -> bool {
 /// `nft -j list ruleset` (or `list table`) output cut to the `kube-proxy` table of
 /// `family` (`ip`, `ip6`), as `nft -j list table FAMILY kube-proxy` prints it.
 pub fn nft_table(json: &str, family: &str) -> Result<String, String> {
-    let Some(items) = crate::plan::nftables::nft_items(json)? else {
+    let Some(items) = crate::nftables::plan::nft_items(json)? else {
         return Ok(String::new());
     };
     let ours = |o: &serde_json::Map<String, Value>, name_key: &str| {
         o.get("family").and_then(Value::as_str) == Some(family)
-            && o.get(name_key).and_then(Value::as_str) == Some("kube-proxy")
+            && o.get(name_key).and_then(Value::as_str) == Some(crate::nftables::names::TABLE)
     };
     let kept: Vec<Value> = items
         .iter()

@@ -6,6 +6,7 @@
 //! its parser, reads the files they name, and hands their values over as [`Params`].
 
 use crate::plan::Planner;
+use crate::trace::Tracer;
 use std::collections::BTreeMap;
 use svc_compiler::diag::Diagnostic;
 use svc_compiler::ir::{Module, NodeView};
@@ -25,6 +26,9 @@ pub struct Target {
     pub flags: &'static [Flag],
     /// What `svc-compile apply` needs to load its output on a node; `None`: not appliable.
     pub planner: Option<&'static dyn Planner>,
+    /// Which lines of its output implement each step of `svc-compile trace`; `None`: its
+    /// rules are not traced.
+    pub trace: Option<&'static dyn Tracer>,
 }
 
 /// What a target renders from, which is also what it needs on the command line.
@@ -190,8 +194,9 @@ impl Params {
 mod tests {
     use crate::TARGETS;
 
-    /// What the CLI relies on: names it can parse and tell apart, one-line help, and
-    /// planners only on per-node targets (apply loads one node's document).
+    /// What the CLI relies on: names it can parse and tell apart, one-line help, planners
+    /// and tracers only on per-node targets (apply loads, and trace reads, one node's
+    /// document), and `trace::TRACEABLE` naming exactly the targets with a tracer.
     #[test]
     fn the_table_is_consistent() {
         for (i, t) in TARGETS.iter().enumerate() {
@@ -206,6 +211,13 @@ mod tests {
             assert!(!t.about.is_empty() && !t.about.contains('\n'), "{}", t.name);
             assert!(!t.ext.is_empty() && !t.ext.contains('.'), "{}", t.name);
             assert!(t.planner.is_none() || t.per_node(), "{}", t.name);
+            assert!(t.trace.is_none() || t.per_node(), "{}", t.name);
+            assert_eq!(
+                crate::trace::TRACEABLE.contains(&t.name),
+                t.trace.is_some(),
+                "{}",
+                t.name
+            );
             for (j, f) in t.flags.iter().enumerate() {
                 assert!(t.flags[..j].iter().all(|g| g.name != f.name), "{}", f.name);
             }

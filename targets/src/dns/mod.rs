@@ -95,6 +95,7 @@ pub const TARGET: crate::Target = crate::Target {
         file: false,
     }],
     planner: None,
+    trace: None,
 };
 
 fn render(module: &Module, params: &crate::Params) -> Result<Vec<crate::File>, crate::RenderError> {

@@ -68,6 +68,7 @@ pub const TARGET: Target = Target {
         },
     ],
     planner: None,
+    trace: None,
 };
 
 /// [`Options`] from the target's flags; an `Err` is a one-line usage error.

@@ -50,6 +50,7 @@ pub const TARGET: crate::Target = crate::Target {
     render: crate::Render::Cluster(|module, _, params| Ok(render_env(module, params)?)),
     flags: &[NAMESPACE],
     planner: None,
+    trace: None,
 };
 
 /// `--target env-json [--namespace NS]`: with NS, `NS.json`, a container's `env` list;
@@ -61,6 +62,7 @@ pub const JSON_TARGET: crate::Target = crate::Target {
     render: crate::Render::Cluster(|module, _, params| Ok(render_json(module, params)?)),
     flags: &[NAMESPACE],
     planner: None,
+    trace: None,
 };
 
 const NAMESPACE: crate::Flag = crate::Flag {

@@ -7,6 +7,9 @@
 //! [`Sections`], [`write_tables`] (nat first there), [`write_jumps`] for its setup, and the
 //! rules both modes share ([`masquerade_rules`], [`forward_rules`]).
 
+use super::names::KUBE_SERVICES;
+use super::names::{KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ};
+use super::names::{KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_PROXY_FIREWALL};
 use super::{MarkFormat, Options};
 use crate::common::quote;
 use std::fmt::{self, Display, Write as _};
@@ -93,24 +96,23 @@ pub(crate) type Jump = (
 /// kubelet's KUBE-FIREWALL jumps): (table, from, to, extra match, comment).
 #[rustfmt::skip]
 const JUMPS: &[Jump] = &[
-    ("filter", "INPUT", "KUBE-EXTERNAL-SERVICES", CT_NEW, "kubernetes externally-visible service portals"),
-    ("filter", "FORWARD", "KUBE-EXTERNAL-SERVICES", CT_NEW, "kubernetes externally-visible service portals"),
-    ("filter", "INPUT", "KUBE-NODEPORTS", "", "kubernetes health check service ports"),
-    ("filter", "FORWARD", "KUBE-SERVICES", CT_NEW, "kubernetes service portals"),
-    ("filter", "OUTPUT", "KUBE-SERVICES", CT_NEW, "kubernetes service portals"),
-    ("filter", "FORWARD", "KUBE-FORWARD", "", "kubernetes forwarding rules"),
-    ("filter", "INPUT", "KUBE-PROXY-FIREWALL", CT_NEW, "kubernetes load balancer firewall"),
-    ("filter", "OUTPUT", "KUBE-PROXY-FIREWALL", CT_NEW, "kubernetes load balancer firewall"),
-    ("filter", "FORWARD", "KUBE-PROXY-FIREWALL", CT_NEW, "kubernetes load balancer firewall"),
-    ("nat", "OUTPUT", "KUBE-SERVICES", "", "kubernetes service portals"),
-    ("nat", "PREROUTING", "KUBE-SERVICES", "", "kubernetes service portals"),
-    ("nat", "POSTROUTING", "KUBE-POSTROUTING", "", "kubernetes postrouting rules"),
-    ("filter", "INPUT", "KUBE-FIREWALL", "", ""),
-    ("filter", "OUTPUT", "KUBE-FIREWALL", "", ""),
+    ("filter", "INPUT", KUBE_EXTERNAL_SERVICES, CT_NEW, "kubernetes externally-visible service portals"),
+    ("filter", "FORWARD", KUBE_EXTERNAL_SERVICES, CT_NEW, "kubernetes externally-visible service portals"),
+    ("filter", "INPUT", KUBE_NODEPORTS, "", "kubernetes health check service ports"),
+    ("filter", "FORWARD", KUBE_SERVICES, CT_NEW, "kubernetes service portals"),
+    ("filter", "OUTPUT", KUBE_SERVICES, CT_NEW, "kubernetes service portals"),
+    ("filter", "FORWARD", KUBE_FORWARD, "", "kubernetes forwarding rules"),
+    ("filter", "INPUT", KUBE_PROXY_FIREWALL, CT_NEW, "kubernetes load balancer firewall"),
+    ("filter", "OUTPUT", KUBE_PROXY_FIREWALL, CT_NEW, "kubernetes load balancer firewall"),
+    ("filter", "FORWARD", KUBE_PROXY_FIREWALL, CT_NEW, "kubernetes load balancer firewall"),
+    ("nat", "OUTPUT", KUBE_SERVICES, "", "kubernetes service portals"),
+    ("nat", "PREROUTING", KUBE_SERVICES, "", "kubernetes service portals"),
+    ("nat", "POSTROUTING", KUBE_POSTROUTING, "", "kubernetes postrouting rules"),
+    ("filter", "INPUT", KUBE_FIREWALL, "", ""),
+    ("filter", "OUTPUT", KUBE_FIREWALL, "", ""),
 ];
 
 const CT_NEW: &str = "-m conntrack --ctstate NEW";
-const CANARY: &str = "KUBE-PROXY-CANARY";
 
 /// The canary chains and the jumps. Each jump is prepended, so later entries end up above
 /// earlier ones, exactly as kube-proxy's `EnsureRule(Prepend)` calls leave them.
@@ -118,9 +120,9 @@ pub(super) fn write_setup(out: &mut String) {
     out.push_str(
         "# Set up outside the restore data: canary chains and jumps (iptables -N / -I).\n",
     );
-    let _ = writeln!(out, "*mangle\n:{CANARY} - [0:0]\nCOMMIT");
+    let _ = writeln!(out, "*mangle\n:{KUBE_PROXY_CANARY} - [0:0]\nCOMMIT");
     for table in ["filter", "nat"] {
-        let _ = writeln!(out, "*{table}\n:{CANARY} - [0:0]");
+        let _ = writeln!(out, "*{table}\n:{KUBE_PROXY_CANARY} - [0:0]");
         let mut created: Vec<&str> = Vec::new();
         for &(t, _, to, _, _) in JUMPS {
             if t == table && !created.contains(&to) {
@@ -176,15 +178,6 @@ pub(crate) fn forward_rules(out: &mut Sections, mark: &str) {
     out.filter_rule(format_args!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"));
     out.filter_rule(format_args!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"));
 }
-
-pub(super) const KUBE_SERVICES: &str = "KUBE-SERVICES";
-pub(super) const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
-pub(super) const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
-const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
-pub(super) const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
-const KUBE_FORWARD: &str = "KUBE-FORWARD";
-pub(super) const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
-const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
 
 const NFACCT_INVALID: &str = "ct_state_invalid_dropped_pkts";
 

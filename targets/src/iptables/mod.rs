@@ -24,7 +24,10 @@
 //! service port's rules. Ports are rendered through [`common::render_ports`].
 
 pub(crate) mod document;
+pub(crate) mod names;
+pub mod plan;
 mod ports;
+mod trace;
 
 use crate::common::{self, render_ports, PortCache, PortRendering};
 use crate::{Render, Target};
@@ -84,7 +87,8 @@ pub const TARGET: Target = Target {
     ext: "rules",
     render: Render::Node(|_, sharing| Renderer::boxed(sharing)),
     flags: &[],
-    planner: Some(&crate::plan::iptables::Iptables),
+    planner: Some(&plan::Iptables),
+    trace: Some(&trace::Iptables),
 };
 
 /// Writes the documents of many nodes (see [`common::Renderer`]).

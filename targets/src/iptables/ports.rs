@@ -3,10 +3,11 @@
 //! endpoint. Sees only the port and [`PortSettings`], so a port's rules can be shared
 //! between nodes that agree on both.
 
-use super::document::{Sections, KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ, KUBE_NODEPORTS};
-use super::document::{KUBE_PROXY_FIREWALL, KUBE_SERVICES};
+use super::document::Sections;
+use super::names::{PortChains, SepChain, KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ};
+use super::names::{KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_SERVICES};
 use super::Options;
-use crate::common::{chain_hash, quote, ChainHash, Quoted};
+use crate::common::{quote, Quoted};
 use std::fmt::Display;
 use std::net::IpAddr;
 use svc_compiler::ir::{LocalDetector, NoEndpointsVerdict, NodeView, PortView};
@@ -45,23 +46,6 @@ struct PortWriter<'a> {
     probabilities: Probabilities,
 }
 
-/// The chain names of one service port; they share one hash.
-struct Chains {
-    svc: String,
-    svl: String,
-    ext: String,
-    fw: String,
-}
-
-/// `KUBE-SEP-<hash>`.
-struct SepChain(ChainHash);
-
-impl Display for SepChain {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KUBE-SEP-{}", self.0)
-    }
-}
-
 /// The KUBE-SEP- chain of each endpoint some chain dispatches to, hashed once; indexed
 /// like `PortView::endpoints`.
 struct SepChains(Vec<Option<SepChain>>);
@@ -75,7 +59,7 @@ impl SepChains {
         let proto = p.protocol.lower();
         for &i in reachable {
             let addr = &p.endpoints[i as usize].addr;
-            seps[i as usize] = Some(SepChain(chain_hash(&[&p.spn, proto, addr])));
+            seps[i as usize] = Some(SepChain::new(&p.spn, proto, addr));
         }
         SepChains(seps)
     }
@@ -129,7 +113,7 @@ struct Port<'a> {
     p: &'a PortView,
     proto: &'static str,
     spn: &'a str,
-    c: Chains,
+    c: PortChains,
     /// The endpoints either endpoint set can reach, and their KUBE-SEP- chains.
     reachable: Vec<u32>,
     seps: SepChains,
@@ -142,13 +126,7 @@ impl<'a> Port<'a> {
     fn new(p: &'a PortView) -> Self {
         let proto = p.protocol.lower();
         let spn = p.spn.as_str();
-        let hash = chain_hash(&[spn, proto]);
-        let c = Chains {
-            svc: format!("KUBE-SVC-{hash}"),
-            svl: format!("KUBE-SVL-{hash}"),
-            ext: format!("KUBE-EXT-{hash}"),
-            fw: format!("KUBE-FW-{hash}"),
-        };
+        let c = PortChains::new(spn, proto);
         let reachable = p.reachable_endpoints();
         let seps = SepChains::new(p, &reachable);
         let (verdict, verdict_comment) = match p.no_endpoints_verdict {

@@ -40,7 +40,8 @@ pub(super) fn write(st: &State, opts: &Options, out: &mut String) {
     }
 }
 
-fn service(proto: Protocol, addr: &IpAddr, port: u16) -> String {
+/// A virtual server as `ipvsadm` names it: `-t ip:port` (`-u`, `--sctp-service`).
+pub(super) fn service(proto: Protocol, addr: &IpAddr, port: u16) -> String {
     let flag = match proto {
         Protocol::TCP => "-t",
         Protocol::UDP => "-u",

@@ -33,6 +33,8 @@ mod ipset;
 mod iptables;
 mod ipvsadm;
 pub mod model;
+pub mod plan;
+mod trace;
 
 #[cfg(test)]
 mod tests;
@@ -51,7 +53,8 @@ pub const TARGET: Target = Target {
     ext: "ipvs",
     render: Render::Node(|_, _| Box::new(Renderer)),
     flags: &[],
-    planner: Some(&crate::plan::ipvs::Ipvs),
+    planner: Some(&plan::Ipvs),
+    trace: Some(&trace::Ipvs),
 };
 
 /// The parts' names in [`Part::ALL`] order, as [`NodeRenderer::parts`] lists them.

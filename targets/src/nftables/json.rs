@@ -17,6 +17,7 @@
 //! Layout: `{"nftables": [` then one command per line, so diffs stay line-oriented.
 
 use super::model::*;
+use super::names::{TABLE, TABLE_COMMENT};
 use super::Options;
 use nftables::expr::{self as ne, Expression, NamedExpression, SetItem};
 use nftables::schema::{self as ns, NfCmd, NfListObject, NfObject, SetTypeValue};

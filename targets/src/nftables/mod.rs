@@ -68,7 +68,10 @@
 
 mod json;
 mod model;
+pub(crate) mod names;
+pub mod plan;
 mod text;
+mod trace;
 
 #[cfg(test)]
 mod tests;
@@ -120,7 +123,8 @@ pub const TARGET: Target = Target {
     ext: "nft",
     render: Render::Node(|_, sharing| Renderer::boxed(sharing)),
     flags: &[],
-    planner: Some(&crate::plan::nftables::Nftables),
+    planner: Some(&plan::Nftables),
+    trace: Some(&trace::Nftables),
 };
 
 /// `--target nftables-json`.
@@ -131,6 +135,7 @@ pub const JSON_TARGET: Target = Target {
     render: Render::Node(|_, _| Box::new(JsonRenderer)),
     flags: &[],
     planner: None,
+    trace: None,
 };
 
 /// [`write_json`] for the registry: the JSON is built whole, nothing is shared.

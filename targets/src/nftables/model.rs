@@ -5,6 +5,11 @@
 //! pass); `text` and `json` only spell the same items in two syntaxes, so the two forms cannot
 //! drift apart.
 
+use super::names::SERVICE_NODEPORTS;
+use super::names::{EndpointNames, PortChains, CLUSTER_IPS, CLUSTER_IPS_CHECK, FIREWALL_CHECK};
+use super::names::{FIREWALL_IPS, HAIRPIN_ENDPOINTS, MARK_MASQ, MASQUERADING, NODEPORT_IPS};
+use super::names::{NODEPORT_ENDPOINTS_CHECK, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES};
+use super::names::{REJECT_CHAIN, SERVICES, SERVICE_ENDPOINTS_CHECK, SERVICE_IPS};
 use crate::common::hash_and_truncate;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,28 +19,6 @@ use svc_compiler::ir::{
     LocalDetector, NftLayout, NoEndpointsVerdict, NodePortAddresses, NodeView, PortView, Protocol,
 };
 use svc_compiler::net::{Cidr, FastIp, IpFamily};
-
-pub(super) const TABLE: &str = "kube-proxy";
-pub(super) const TABLE_COMMENT: &str = "rules for kube-proxy";
-
-// Top-level chains, sets and maps (kube-proxy's names).
-const SERVICES: &str = "services";
-const SERVICE_IPS: &str = "service-ips";
-const SERVICE_NODEPORTS: &str = "service-nodeports";
-const NODEPORT_IPS: &str = "nodeport-ips";
-const CLUSTER_IPS: &str = "cluster-ips";
-const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
-const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
-const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
-const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
-const REJECT_CHAIN: &str = "reject-chain";
-const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
-const FIREWALL_IPS: &str = "firewall-ips";
-const FIREWALL_CHECK: &str = "firewall-check";
-const MARK_MASQ: &str = "mark-for-masquerade";
-const MASQUERADING: &str = "masquerading";
-/// The fast layout's endpoint addresses, each as `addr . addr` (see [`NftLayout::Fast`]).
-const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum ChainType {
@@ -505,39 +488,17 @@ impl PortBuilder<'_> {
     fn service_port(&mut self, p: &PortView) {
         let view = self.s;
         let proto = p.protocol;
-        let base = hash_and_truncate(&format!(
-            "{}/{}/{}/{}",
-            p.namespace,
-            p.name,
-            proto.lower(),
-            p.port_name
-        ));
-        let cluster_chain: Name = format!("service-{base}").into();
-        let local_chain: Name = format!("local-{base}").into();
-        let external_chain: Name = format!("external-{base}").into();
-        let firewall_chain: Name = format!("firewall-{base}").into();
+        let chains = PortChains::new(p);
+        let cluster_chain: Name = chains.cluster.into();
+        let local_chain: Name = chains.local.into();
+        let external_chain: Name = chains.external.into();
+        let firewall_chain: Name = chains.firewall.into();
         let reachable = p.reachable_endpoints();
-        // Each reachable endpoint's names, hashed once: `endpoint-<base>`, `affinity-<base>`.
+        // Each reachable endpoint's names, hashed once.
         let mut names: Vec<Option<(Name, Name)>> = vec![None; p.endpoints.len()];
         for &i in &reachable {
-            let ep = &p.endpoints[i as usize];
-            let base = hash_and_truncate(&format!(
-                "{}/{}/{}/{}__{}/{}",
-                p.namespace,
-                p.name,
-                proto.lower(),
-                p.port_name,
-                // kube-proxy writes IPv6 colons as dots here.
-                match ep.ip {
-                    IpAddr::V4(_) => FastIp(&ep.ip).to_string(),
-                    IpAddr::V6(a) => a.to_string().replace(':', "."),
-                },
-                ep.port
-            ));
-            names[i as usize] = Some((
-                format!("endpoint-{base}").into(),
-                format!("affinity-{base}").into(),
-            ));
+            let n = EndpointNames::new(p, &p.endpoints[i as usize]);
+            names[i as usize] = Some((n.chain.into(), n.affinity.into()));
         }
         let name = |i: u32| names[i as usize].as_ref().expect("a reachable endpoint");
         let endpoint_chain = |i: u32| name(i).0.clone();

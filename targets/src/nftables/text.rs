@@ -1,6 +1,7 @@
 //! The `nft -f` text form, in knftables' spelling (`add chain ip kube-proxy x { … ; }`).
 
 use super::model::*;
+use super::names::{TABLE, TABLE_COMMENT};
 use super::Options;
 use crate::common::quote;
 use std::fmt::Write;

@@ -15,7 +15,8 @@
 //!    load, what the kernel's owned state must look like afterwards, and (iptables) the
 //!    document that undoes a partly committed load.
 //!
-//! A planner may live in its target's own module: it builds [`Prepared`] with its
+//! This module is the shared face; each planner lives in its target's own module
+//! (`iptables::plan`, `nftables::plan`, `ipvs::plan`): it builds [`Prepared`] with its
 //! `Step` and [`Plan`] with its `Owned` (crate-visible), and may use `argv` and
 //! `scratch` for its [`Commands`].
 //!
@@ -25,9 +26,9 @@
 //! per-service chains of kube-proxy's layout (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`,
 //! `KUBE-FW-`, `KUBE-SEP-`) and chains an earlier apply declared, and the jump rules from
 //! built-in chains, identified by their exact `iptables-save` text. nftables: the table
-//! `kube-proxy` of the family. ipvs: see [`ipvs`] (sets, servers and addresses it wrote,
-//! plus the iptables ownership for its iptables part). Nothing else is ever written,
-//! flushed or deleted.
+//! `kube-proxy` of the family. ipvs: see [`crate::ipvs::plan`] (sets, servers and
+//! addresses it wrote, plus the iptables ownership for its iptables part). Nothing else is
+//! ever written, flushed or deleted.
 //!
 //! # Modes
 //!
@@ -44,9 +45,11 @@
 //!
 //! Architecture Invariant: no I/O here; the CLI hands in text and runs what comes out.
 
-pub mod iptables;
-pub mod ipvs;
-pub mod nftables;
+// Each planner lives with its back end (`iptables/plan.rs`, `nftables/plan.rs`,
+// `ipvs/plan.rs`, `ebpf/plan.rs`). These two paths stay because code outside the crate
+// (the kernel tests) names them.
+pub use crate::iptables::plan as iptables;
+pub use crate::nftables::plan as nftables;
 
 use std::fmt;
 use std::sync::Arc;
@@ -289,7 +292,7 @@ pub struct Summary {
     /// nftables map and set elements added or deleted.
     pub elements: usize,
     /// nftables chains no longer wanted, emptied now and deleted by a later apply (a
-    /// delete costs `nft` a listing of every chain; see `plan::nftables`).
+    /// delete costs `nft` a listing of every chain; see `nftables::plan`).
     pub emptied: usize,
     /// Objects someone else changed, added or deleted, put back as the document has them
     /// ([`Planner::prepare_repair`]); also counted above.

@@ -224,6 +224,7 @@ pub const TARGET: crate::Target = crate::Target {
         file: true,
     }],
     planner: None,
+    trace: None,
 };
 
 fn render_target(

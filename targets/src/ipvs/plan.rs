@@ -19,7 +19,7 @@
 //!   load that was killed before its record left is still ours). A virtual server on any
 //!   other address and port (a user's) is never touched;
 //! - the IPVS timeouts, only when the document has a `--set` line;
-//! - iptables: what the iptables planner owns ([`super::iptables`], reused for the part).
+//! - iptables: what the iptables planner owns ([`crate::iptables::plan`], reused for the part).
 //!
 //! # Order of the load script
 //!
@@ -48,8 +48,9 @@
 //! iptables planner's (full when there is no record; incremental when its chains drifted,
 //! which it mends chain by chain), made full by a drift of the IPVS parts.
 
-use super::{iptables::Iptables, scratch, Commands, Family, Mode, Owned, Plan, Planner};
-use super::{Prepared, Previous, Step, Summary, Tool};
+use crate::iptables::plan::Iptables;
+use crate::plan::{scratch, Commands, Family, Mode, Owned, Plan, Planner};
+use crate::plan::{Prepared, Previous, Step, Summary, Tool};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -629,11 +630,11 @@ impl Planner for Ipvs {
     fn commands(&self, family: Family) -> Commands {
         let read = read_script(family);
         Commands {
-            read: super::argv(&["sh", "-c", &read, "svc-compile-read"]),
+            read: crate::plan::argv(&["sh", "-c", &read, "svc-compile-read"]),
             // The load script with `--check`: `sh -n` and the iptables part's `--test`
             // where the node already has the sets it names (see `check_line`).
-            check: super::argv(&["sh", "-c", CHECK, "svc-compile-check"]),
-            load: super::argv(&["sh"]),
+            check: crate::plan::argv(&["sh", "-c", CHECK, "svc-compile-check"]),
+            load: crate::plan::argv(&["sh"]),
             // Its virtual servers are cleared before it exits: the kernel would remove
             // them with the namespace, later, while the node is read (`STABLE_IPVSADM`).
             scratch: scratch(&format!(
@@ -643,7 +644,7 @@ impl Planner for Ipvs {
     }
 
     fn family_of(&self, doc: &str) -> Option<Family> {
-        super::family_in_first_line(doc, "# ==== ", ')')
+        crate::plan::family_in_first_line(doc, "# ==== ", ')')
     }
 
     fn tools(&self, family: Family) -> Vec<Tool> {
@@ -810,7 +811,7 @@ struct Prep {
 impl Step for Prep {
     fn plan(&self, prepared: &Prepared, scratch_output: &str) -> Result<Plan, String> {
         let sc = read_parts(scratch_output).map_err(|e| format!("scratch namespace: {e}"))?;
-        let ipt = super::plan(&self.ipt, sc.get("iptables").map_or("", String::as_str))?;
+        let ipt = crate::plan::plan(&self.ipt, sc.get("iptables").map_or("", String::as_str))?;
         // The new state in the kernel's spelling: everything the scratch namespace shows
         // (it held nothing else), with the node's timeouts where the document keeps them.
         let mut want = sc_state(&sc)?;

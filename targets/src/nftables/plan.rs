@@ -35,15 +35,16 @@
 //! objects sorted by kind and name (rules stay in order within their chain), elements
 //! sorted, and the elements of dynamic sets left out (traffic fills them).
 
-use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
-use super::{is_unread, Drift, ElementWrites, Previous, Step, Summary, Tool, Touched, UNREAD};
+use super::names::TABLE;
+use crate::plan::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
+use crate::plan::{
+    is_unread, Drift, ElementWrites, Previous, Step, Summary, Tool, Touched, UNREAD,
+};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::ops::Range;
 use std::sync::Arc;
-
-const TABLE: &str = "kube-proxy";
 
 /// The nftables back end's [`Planner`].
 pub struct Nftables;

@@ -23,31 +23,18 @@
 //! is canonical, ours is not (`-m tcp -p tcp` reads back as `-p tcp -m tcp`, addresses get
 //! `/32`, …).
 
-use super::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
-use super::{Previous, Step, Summary, Tool};
+use super::names::is_service_chain;
+use crate::plan::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
+use crate::plan::{Previous, Step, Summary, Tool};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
-
-/// kube-proxy's per-service chain prefixes: chains with these names belong to us even when
-/// no document we remember declared them (kube-proxy deletes them the same way).
-const SERVICE_PREFIXES: [&str; 5] = [
-    "KUBE-SVC-",
-    "KUBE-SVL-",
-    "KUBE-EXT-",
-    "KUBE-FW-",
-    "KUBE-SEP-",
-];
 
 /// The order tables are written in; others follow alphabetically.
 const TABLE_ORDER: [&str; 5] = ["raw", "mangle", "filter", "nat", "security"];
 
 /// The iptables back end's [`Planner`].
 pub struct Iptables;
-
-fn is_service_chain(name: &str) -> bool {
-    SERVICE_PREFIXES.iter().any(|p| name.starts_with(p))
-}
 
 /// One table of a restore document or of `iptables-save` output.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -441,7 +428,7 @@ impl Planner for Iptables {
 
     /// The family a compiled document names in its first line, if any.
     fn family_of(&self, doc: &str) -> Option<Family> {
-        super::family_in_first_line(doc, "# svc-compile:", ';')
+        crate::plan::family_in_first_line(doc, "# svc-compile:", ';')
     }
 
     /// The snapshot holds every owned chain and jump, so it can stand in for the read;
