@@ -11,6 +11,7 @@
 use crate::apply::{check_netns, need_root, read_file, render, Input, Options};
 use crate::proc::check_tools;
 use crate::rules;
+use crate::state::StateDir;
 use crate::Fail;
 use std::path::Path;
 use svc_targets::drift;
@@ -53,8 +54,12 @@ pub fn drift(
             "--from-saved is one family's listing: give --family ipv4 or ipv6".into(),
         ));
     }
+    let state = StateDir::new(args.state_dir.as_deref(), args.netns.as_deref());
     let mut drifted = false;
     for (family, doc, _) in &docs {
+        if from_saved.is_none() {
+            same_layout(planner, target, &state, *family, doc)?;
+        }
         check_tools(planner.tools(*family), args.netns.is_some())?;
         let (listing, source) = match from_saved {
             Some(file) => (read_file(Path::new(file))?, file.to_string()),
@@ -80,6 +85,32 @@ pub fn drift(
         print!("{}", drift::render(&title, &items));
     }
     Ok(u8::from(drifted))
+}
+
+/// `Err` when the last apply on this node (its record in `state`) wrote another layout
+/// than `doc`'s: every object would differ, so the layouts are named instead.
+fn same_layout(
+    planner: &dyn Planner,
+    target: &Target,
+    state: &StateDir,
+    family: Family,
+    doc: &str,
+) -> Result<(), Fail> {
+    let applied = state
+        .records(target.name, target.ext, family.as_str())
+        .applied();
+    let Ok(applied_doc) = std::fs::read_to_string(&applied) else {
+        return Ok(());
+    };
+    match (planner.layout_of(&applied_doc), planner.layout_of(doc)) {
+        (Some((flag, was)), Some((_, now))) if was != now => Err(Fail(format!(
+            "{} {}: the node was applied with {flag} {was} ({}), these manifests compile with {flag} {now}: every object would differ; run drift with {flag} {was}",
+            target.name,
+            family.as_str(),
+            applied.display()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The node's listing (`Commands::read`, inside `netns`), and where it came from.

@@ -35,7 +35,7 @@
 //! objects sorted by kind and name (rules stay in order within their chain), elements
 //! sorted, and the elements of dynamic sets left out (traffic fills them).
 
-use super::names::TABLE;
+use super::names::{HAIRPIN_ENDPOINTS, TABLE};
 use crate::plan::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
 use crate::plan::{
     is_unread, Drift, ElementWrites, Previous, Step, Summary, Tool, Touched, UNREAD,
@@ -640,6 +640,24 @@ impl Planner for Nftables {
     }
 
     /// The family of a compiled document (its `add table` line).
+    /// `--nft-layout fast` declares the hairpin set; kube-proxy's layout does not.
+    fn layout_of(&self, doc: &str) -> Option<(&'static str, &'static str)> {
+        let fast = doc.lines().any(|l| {
+            let mut w = l.split_whitespace();
+            matches!(
+                (w.next(), w.next(), w.next(), w.next(), w.next()),
+                (
+                    Some("add"),
+                    Some("set"),
+                    Some(_),
+                    Some(TABLE),
+                    Some(HAIRPIN_ENDPOINTS)
+                )
+            )
+        });
+        Some(("--nft-layout", if fast { "fast" } else { "kube-proxy" }))
+    }
+
     fn family_of(&self, doc: &str) -> Option<Family> {
         doc.lines().find_map(|l| {
             let mut w = l.split_whitespace();

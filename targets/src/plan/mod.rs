@@ -70,6 +70,12 @@ pub trait Planner: Sync {
     fn absent(&self) -> Option<&'static str> {
         None
     }
+    /// The layout a document of this back end is written in, as its option spells it
+    /// (nftables: `--nft-layout kube-proxy|fast`), where the back end has several; `None`
+    /// (the default): one. `drift` refuses to compare documents of two layouts.
+    fn layout_of(&self, _doc: &str) -> Option<(&'static str, &'static str)> {
+        None
+    }
     /// Whether `svc-compile drift` can compare this planner's owned-state text
     /// (`targets::drift` reads iptables-save and nft JSON lines only).
     fn drift(&self) -> bool {

@@ -509,3 +509,26 @@ fn element_places_sort_like_keys() {
     by_place.sort_by_key(|e| e.place());
     assert_eq!(by_key, by_place);
 }
+
+/// The planner tells the layouts apart by what each renders, in both families and with no
+/// endpoint at all (drift refuses to compare two layouts).
+#[test]
+fn the_planner_names_each_documents_layout() {
+    use crate::plan::Planner;
+    use svc_compiler::ir::NftLayout;
+    let empty = service("ns1", "none", "p", "172.30.0.42", 80, vec![]);
+    for mut view in [view_v4(vec![svc1()]), view_v6(vec![]), view_v4(vec![empty])] {
+        for (layout, name) in [
+            (NftLayout::KubeProxy, "kube-proxy"),
+            (NftLayout::Fast, "fast"),
+        ] {
+            view.nft_layout = layout;
+            let doc = write_string(&view, &Options::default());
+            assert_eq!(
+                crate::nftables::plan::Nftables.layout_of(&doc),
+                Some(("--nft-layout", name))
+            );
+        }
+    }
+    assert_eq!(crate::iptables::plan::Iptables.layout_of(""), None);
+}
