@@ -250,6 +250,14 @@ pub struct Service {
     /// proxy, and kube-proxy's informers do not see it (its DNS names stay).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy_name: Option<String>,
+    /// The label `service.kubernetes.io/headless` (the EndpointSlice controller's mark of a
+    /// headless service's slices): kube-proxy's informers select
+    /// `!service.kubernetes.io/headless` as they select `!…/service-proxy-name`
+    /// (`cmd/kube-proxy/app/server.go`, the informer factory's label selector), and
+    /// Cilium's watcher does the same, so no proxy sees such a Service, whatever its
+    /// cluster IP (its DNS names stay: CoreDNS does not filter on the label).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub headless_label: bool,
     /// In spec order (port order is part of the Service's identity for users).
     pub ports: Vec<ServicePort>,
     /// A service without ports: its endpoints all the same (port 0), which only DNS

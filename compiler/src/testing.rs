@@ -110,6 +110,7 @@ pub fn service(
         topology_keys: vec![],
         traffic_distribution: None,
         proxy_name: None,
+        headless_label: false,
         ports,
         allocated: vec![],
         portless_endpoints: vec![],

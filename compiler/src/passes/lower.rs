@@ -104,6 +104,7 @@ pub fn lower(
                     .meta
                     .label("service.kubernetes.io/service-proxy-name")
                     .map(str::to_string),
+                headless_label: s.meta.label("service.kubernetes.io/headless").is_some(),
                 ports: s
                     .ports
                     .iter()

@@ -315,8 +315,13 @@ fn node_port_ips(
 /// The cluster IP the proxier of `family` uses, `Some(None)` for a port kept without one
 /// (`--no-allocate`), `None` when the service is not proxied on this family.
 fn proxied_cluster_ip(svc: &Service, family: IpFamily) -> Option<Option<IpAddr>> {
-    // kube-proxy watches Services without `service.kubernetes.io/service-proxy-name` only.
-    if svc.headless || svc.kind == ServiceType::ExternalName || svc.proxy_name.is_some() {
+    // kube-proxy watches Services without `service.kubernetes.io/service-proxy-name` and
+    // `service.kubernetes.io/headless` only.
+    if svc.headless
+        || svc.kind == ServiceType::ExternalName
+        || svc.proxy_name.is_some()
+        || svc.headless_label
+    {
         return None;
     }
     if let Some(ip) = svc.cluster_ips.iter().find(|ip| IpFamily::of(ip) == family) {
@@ -1433,8 +1438,15 @@ mod tests {
     fn services_of_another_proxy_are_not_proxied() {
         let mut other = svc("other", ServiceType::NodePort, vec![ep("10.244.2.5", "n2")]);
         other.proxy_name = Some("other-proxy".into());
+        // Labelled as the EndpointSlice controller labels a headless service's slices.
+        let mut labelled = svc(
+            "labelled",
+            ServiceType::NodePort,
+            vec![ep("10.244.2.7", "n2")],
+        );
+        labelled.headless_label = true;
         let ours = svc("ours", ServiceType::ClusterIP, vec![ep("10.244.2.6", "n2")]);
-        let v = view(&module(vec![other, ours], nodes()));
+        let v = view(&module(vec![other, labelled, ours], nodes()));
         let names: Vec<&str> = v.ports.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["ours"]);
     }
