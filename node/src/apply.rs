@@ -21,6 +21,10 @@
 //! 7. record the document and that owned state (`applied.*`, the one before moved to
 //!    `previous.*` for `--rollback`), and the generation it holds at (`applied.gen`).
 //!
+//! What comes next at each point (the fast paths, a repair, a retry in full after a
+//! refusal, a read back, a restart) is `decide::Decider`'s choice; this module carries
+//! out the steps it names.
+//!
 //! A failed load leaves the previous state: nftables loads one transaction; iptables
 //! commits table by table, so tables a failed load did commit are put back from what the
 //! node showed before (`Plan::revert`).
