@@ -21,6 +21,10 @@
 //! 7. record the document and that owned state (`applied.*`, the one before moved to
 //!    `previous.*` for `--rollback`), and the generation it holds at (`applied.gen`).
 //!
+//! What comes next at each point (the fast paths, a repair, a retry in full after a
+//! refusal, a read back, a restart) is `decide::Decider`'s choice; this module carries
+//! out the steps it names.
+//!
 //! A failed load leaves the previous state: nftables loads one transaction; iptables
 //! commits table by table, so tables a failed load did commit are put back from what the
 //! node showed before (`Plan::revert`).
@@ -30,6 +34,8 @@
 //! last `load.*` document and `load.log` (the loader's output). A `.state` file starts with
 //! the hash of the document it belongs to; a pair that does not match (a kill between the
 //! two writes) counts as no record, so the next apply loads everything.
+
+mod decide;
 
 use crate::nfgen::{self, Generation};
 use crate::nftdigest::{self, Digest};
@@ -42,6 +48,7 @@ use crate::state::{
 };
 use crate::times::Times;
 use crate::Fail;
+use decide::{By, Decider, Failure, Note, Outcome, PlanFrom, Planned, Seen, Setup, Step};
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -528,6 +535,21 @@ impl Ctx<'_> {
         doc: &str,
         source: &str,
     ) -> Result<Option<Generation>, Fail> {
+        loop {
+            if let Some(end) = self.apply_once(family, doc, source)? {
+                return Ok(end);
+            }
+        }
+    }
+
+    /// One pass of [`Ctx::apply_one`]: carries out the steps [`Decider`] names, and feeds
+    /// back what each found. `None`: start again ([`Step::Restart`]).
+    fn apply_once(
+        &self,
+        family: Family,
+        doc: &str,
+        source: &str,
+    ) -> Result<Option<Option<Generation>>, Fail> {
         let start = Instant::now();
         let mut times = Times::default();
         let cmds = self.planner.commands(family);
@@ -562,16 +584,14 @@ impl Ctx<'_> {
                 dir.display()
             );
         }
-        // The fast path: the generation recorded with the snapshot is still the node's,
-        // so nothing was committed since and the snapshot is what the node shows.
+        // The generation recorded with the snapshot: while it is still the node's, nothing
+        // was committed since and the snapshot is what the node shows.
         let recorded_gen = match (&applied_header, previous) {
             (Some(h), Some(_)) => fs::read_to_string(dir.join("applied.gen"))
                 .ok()
                 .and_then(|g| generation_of(&g, h)),
             _ => None,
         };
-        let mut known = !self.args.full && recorded_gen.is_some() && recorded_gen == gen_start;
-        let mut kernel: Option<String> = None;
         times.mark("start");
         // A record that is not a read ([`plan::UNREAD`]) comes with the fingerprint of our
         // table at that moment. nf_tables moved since: the same fingerprint now means the
@@ -589,428 +609,433 @@ impl Ctx<'_> {
                 }),
             _ => None,
         };
-        // The generation at which the record is known to be the node's state.
-        let mut base_gen = recorded_gen.clone();
-        let mut by_fingerprint = false;
-        // The fingerprint the record's objects are known by (after a load, what it did not
-        // touch keeps its hash from here), and how the node differs from the record when
-        // it does in chains and sets only: those are rewritten, not everything.
-        let mut base_digest = recorded_digest.clone();
-        let mut repair: Option<plan::Drift> = None;
-        if let (false, false, Some(rec)) = (known, self.args.full, &recorded_digest) {
-            match self.fingerprint(family, gen_start.as_ref(), None) {
-                Some(now) if &now == rec => {
-                    known = true;
-                    by_fingerprint = true;
-                    base_gen = gen_start.clone();
-                    // The same hashes; its sets' element sums too, which an older record
-                    // may not have.
-                    base_digest = Some(now);
-                }
-                Some(now) => {
-                    if let Some(changed) = rec.first_difference(&now) {
-                        eprintln!("svc-compile: note: {what}: {changed} since the last apply");
-                    }
-                    repair = rec.drift(&now);
-                    base_digest = Some(now);
-                }
-                None => eprintln!(
-                    "svc-compile: note: {what}: the node's fingerprint could not be taken (nf_tables changed while it was read, or netlink refused); reading the node"
-                ),
-            }
-            times.mark("fingerprint the node");
-        }
-        // Known and the same document: nothing to plan, load or record.
-        if known && !self.args.dry_run && previous.is_some_and(|p| p.document == doc) {
-            if by_fingerprint {
-                if let (Some(g), Some(h)) = (&base_gen, &applied_header) {
-                    write_atomic(&dir.join("applied.gen"), &format!("{h}{}\n", g.to_line()))?;
-                }
-            }
-            println!(
-                "svc-compile: {what} unchanged in {}: {}: {}; verified in {} ms ({})",
-                self.where_(),
-                Mode::Unchanged,
-                plan::Summary::default(),
-                start.elapsed().as_millis(),
-                if by_fingerprint {
-                    BY_FINGERPRINT
-                } else {
-                    BY_GENERATION
-                }
-            );
-            times.mark("compare with the record");
-            times.print(&what);
-            return Ok(base_gen);
-        }
-        // A repair plans from the record and the drift, both as of the generation of now.
-        if repair.is_some() {
-            known = true;
-            base_gen = gen_start.clone();
-        }
+        let mut decider = Decider::new(Setup {
+            dry_run: self.args.dry_run,
+            full: self.args.full,
+            gen_start: gen_start.clone(),
+            record: previous.map(|p| decide::Record {
+                same_document: p.document == doc,
+                generation: recorded_gen.clone(),
+                fingerprint: recorded_digest.is_some(),
+            }),
+            scratch_proves_first_load: self.planner.scratch_proves_first_load(),
+        });
 
-        // Plan; an incremental nftables transaction a pre-6.2 kernel refuses is retried
-        // as a full load.
-        let mut full = self.args.full;
-        let mut loaded = false;
-        let mut note = None;
-        // The generation right after a direct first load (see `load_direct`).
-        let mut direct: Option<Generation> = None;
+        // What the steps produce. The node's read, to plan from.
+        let mut kernel: Option<String> = None;
+        // The fingerprint the record's objects are known by (after a load, what it did not
+        // touch keeps its hash from here), and how the node differs from the record when it
+        // does in chains and sets only.
+        let mut base_digest = recorded_digest.clone();
+        let mut drift: Option<plan::Drift> = None;
+        let mut prep: Option<Prepared> = None;
+        let mut plan: Option<Plan> = None;
+        let mut load_path: Option<PathBuf> = None;
         // The node's fingerprint once this apply's load is in, for an unread record.
         let mut digest_now: Option<Digest> = None;
-        // A direct first load went in but could not be proven: tried once, planned again
-        // from the node, and said in every message after it.
-        let mut reread = false;
         // Before a partial load: what it deletes of the sets it writes element by element
         // ([`nftdigest::gone_elements`]).
         let mut gone_before = nftdigest::Gone::new();
-        let unrecorded = |reread: bool| {
-            match reread {
-            true => "; the first load made before it is in place, not recorded: the next apply reads the node and loads everything",
-            false => "",
-        }
-        };
-        let (plan, load_path) = loop {
-            let prepared = match (known, previous, &repair) {
-                (true, Some(p), Some(drift)) => self.planner.prepare_repair(doc, family, p, drift),
-                (true, Some(p), None) => self.planner.prepare_unchanged(doc, family, p),
-                _ => None,
-            };
-            let prep = match prepared {
-                Some(prep) => prep,
-                None => {
-                    known = false;
-                    if kernel.is_none() {
-                        kernel = Some(self.read_node(&cmds)?);
-                        times.mark("read the node");
+        // The owned part of the read back, when the node was read back.
+        let mut owned: Option<String> = None;
+        // The last command the node refused: its command line and the first line it said.
+        let mut refusal = (String::new(), String::new());
+        // What putting back a failed load did.
+        let mut undone = String::new();
+
+        let mut seen = Seen::Done;
+        loop {
+            let step = decider.next(seen);
+            seen = match step {
+                Step::Fingerprint => {
+                    let rec = recorded_digest
+                        .as_ref()
+                        .expect("a record with a fingerprint");
+                    let f = match self.fingerprint(family, gen_start.as_ref(), None) {
+                        Some(now) if &now == rec => {
+                            // The same hashes; its sets' element sums too, which an older
+                            // record may not have.
+                            base_digest = Some(now);
+                            decide::Fingerprint::Same
+                        }
+                        Some(now) => {
+                            if let Some(changed) = rec.first_difference(&now) {
+                                eprintln!(
+                                    "svc-compile: note: {what}: {changed} since the last apply"
+                                );
+                            }
+                            drift = rec.drift(&now);
+                            base_digest = Some(now);
+                            decide::Fingerprint::Differs {
+                                mendable: drift.is_some(),
+                            }
+                        }
+                        None => {
+                            eprintln!(
+                                "svc-compile: note: {what}: the node's fingerprint could not be taken (nf_tables changed while it was read, or netlink refused); reading the node"
+                            );
+                            decide::Fingerprint::Untaken
+                        }
+                    };
+                    times.mark("fingerprint the node");
+                    Seen::Fingerprint(f)
+                }
+                Step::RecordGeneration(g) => {
+                    if let Some(h) = &applied_header {
+                        write_atomic(&dir.join("applied.gen"), &format!("{h}{}\n", g.to_line()))?;
                     }
-                    let k = kernel.as_deref().unwrap_or("");
-                    self.planner.prepare(doc, family, previous, k, full)
+                    Seen::Done
                 }
-            }
-            .map_err(|e| Fail(format!("cannot apply {source}: {e}")))?;
-            times.mark("plan");
-            let tried = match reread {
-                true => Direct::Skipped,
-                false => self.load_direct(&prep, kernel.as_deref(), &cmds, &dir)?,
-            };
-            match tried {
-                Direct::Done(plan, path, g, digest) => {
-                    times.mark(match digest {
-                        Some(_) => "load and fingerprint",
-                        None => "load and read back",
-                    });
-                    loaded = true;
-                    direct = Some(g);
-                    digest_now = digest;
-                    break (*plan, Some(path));
+                Step::ReadNode => {
+                    kernel = Some(self.read_node(&cmds)?);
+                    times.mark("read the node");
+                    Seen::Done
                 }
-                // Loaded, but not provably alone, or not as planned: plan again from
-                // what the node shows now.
-                Direct::Reread(after) => {
-                    times.mark("load and read back");
+                Step::Prepare(from) => {
+                    let record =
+                        || previous.expect("the decider plans from a record only if one exists");
+                    let prepared = match from {
+                        PlanFrom::Record => self.planner.prepare_unchanged(doc, family, record()),
+                        PlanFrom::Repair => self.planner.prepare_repair(
+                            doc,
+                            family,
+                            record(),
+                            drift.as_ref().expect("a repair has its drift"),
+                        ),
+                        PlanFrom::Read { full } => Some(self.planner.prepare(
+                            doc,
+                            family,
+                            previous,
+                            kernel.as_deref().unwrap_or(""),
+                            full,
+                        )),
+                    };
+                    match prepared {
+                        None => Seen::Prepared(false),
+                        Some(p) => {
+                            prep =
+                                Some(p.map_err(|e| Fail(format!("cannot apply {source}: {e}")))?);
+                            times.mark("plan");
+                            Seen::Prepared(true)
+                        }
+                    }
+                }
+                Step::LoadDirect => {
+                    let p = prep.as_ref().expect("prepared");
+                    Seen::Direct(match self.load_direct(p, kernel.as_deref(), &cmds, &dir)? {
+                        DirectLoad::Skipped => decide::Direct::Skipped,
+                        DirectLoad::Done(done, path, g, digest) => {
+                            times.mark(match digest {
+                                Some(_) => "load and fingerprint",
+                                None => "load and read back",
+                            });
+                            let facts = self.planned(&done);
+                            plan = Some(*done);
+                            load_path = Some(path);
+                            digest_now = digest;
+                            decide::Direct::Done { at: g, plan: facts }
+                        }
+                        DirectLoad::Reread(after) => {
+                            times.mark("load and read back");
+                            kernel = Some(after);
+                            decide::Direct::Reread
+                        }
+                    })
+                }
+                Step::Unrecord => {
                     // The record no longer describes the node: until this apply records
                     // again, the next one reads the node and loads everything.
                     let _ = fs::remove_file(dir.join("applied.state"));
-                    kernel = Some(after);
-                    reread = true;
-                    continue;
+                    Seen::Done
                 }
-                Direct::Skipped => {}
-            }
-            let canonical = self
-                .scratch(&prep, &cmds, ext, source)
-                .map_err(|f| Fail(format!("{}{}", f.0, unrecorded(reread))))?;
-            times.mark("scratch namespace");
-            let plan = plan::plan(&prep, &canonical)
-                .map_err(|e| Fail(format!("cannot plan {what}: {e}")))?;
-            times.mark("plan step two");
-            // A first load (the node read shows nothing owned) that the scratch namespace
-            // proved whole needs no check on the node (`Planner::scratch_proves_first_load`).
-            // Asked only where a check would run: it parses the node read again.
-            let first = |plan: &Plan| {
-                !known
-                    && self.planner.scratch_proves_first_load()
-                    && kernel
-                        .as_deref()
-                        .is_some_and(|k| plan.owned(k).is_ok_and(|o| o.trim().is_empty()))
-            };
-            if self.args.dry_run {
-                // One transaction: refused, it changes nothing; no check either.
-                let check = plan
-                    .load
-                    .as_deref()
-                    .is_some_and(|l| self.planner.transactions(l) != Some(1))
-                    && !first(&plan);
-                self.print_dry_run(&what, &plan, &cmds, &dir, ext, check);
-                return Ok(None);
-            }
-            let Some(load) = &plan.load else {
-                break (plan, None);
-            };
-            fs::create_dir_all(&dir)
-                .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
-            let path = dir.join(format!("load.{ext}"));
-            write_atomic(&path, load)?;
-            // The elements the load deletes from sets it writes element by element, read
-            // while the record is still the node's: the fingerprint after it needs their
-            // hashes, not a listing of those sets.
-            gone_before = match (&plan.touched, known && plan::is_unread(&plan.expected)) {
-                (Some(t), true) if !t.elements.is_empty() => {
-                    let gone = self.gone_elements(family, t);
-                    times.mark("read what goes");
-                    gone
+                Step::Scratch => {
+                    let p = prep.as_ref().expect("prepared");
+                    let canonical = self
+                        .scratch(p, &cmds, ext, source)
+                        .map_err(|f| Fail(format!("{}{}", f.0, unrecorded(decider.reread()))))?;
+                    times.mark("scratch namespace");
+                    let new = plan::plan(p, &canonical)
+                        .map_err(|e| Fail(format!("cannot plan {what}: {e}")))?;
+                    times.mark("plan step two");
+                    let facts = self.planned(&new);
+                    plan = Some(new);
+                    load_path = None;
+                    Seen::Planned(facts)
                 }
-                _ => nftdigest::Gone::new(),
-            };
-            // A load that is one transaction needs no check first: refused, it changes
-            // nothing (and the scratch namespace has loaded what it writes).
-            if self.planner.transactions(load) == Some(1) {
-                let argv = self.on_node(cmds.load.clone(), Some(&path));
-                let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
-                times.mark("load");
-                if out.ok {
-                    loaded = true;
-                    break (plan, Some(path));
+                Step::OwnsNothing => {
+                    let p = plan.as_ref().expect("planned");
+                    Seen::OwnsNothing(
+                        kernel
+                            .as_deref()
+                            .is_some_and(|k| p.owned(k).is_ok_and(|o| o.trim().is_empty())),
+                    )
                 }
-                if known {
-                    known = false;
-                    if repair.take().is_some() {
-                        eprintln!(
+                Step::WriteLoad { gone } => {
+                    let p = plan.as_ref().expect("planned");
+                    fs::create_dir_all(&dir)
+                        .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
+                    let path = dir.join(format!("load.{ext}"));
+                    write_atomic(&path, p.load.as_deref().unwrap_or(""))?;
+                    load_path = Some(path);
+                    // The elements the load deletes from sets it writes element by element,
+                    // read while the record is still the node's: the fingerprint after it
+                    // needs their hashes, not a listing of those sets.
+                    gone_before = match (&p.touched, gone) {
+                        (Some(t), true) => {
+                            let gone = self.gone_elements(family, t);
+                            times.mark("read what goes");
+                            gone
+                        }
+                        _ => nftdigest::Gone::new(),
+                    };
+                    Seen::Done
+                }
+                Step::Check | Step::Load => {
+                    let (argv, out) = if step == Step::Check {
+                        let argv = self.on_node(cmds.check.clone(), load_path.as_deref());
+                        let out = run_captured(&argv)?;
+                        times.mark("check on the node");
+                        (argv, out)
+                    } else {
+                        let argv = self.on_node(cmds.load.clone(), load_path.as_deref());
+                        let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
+                        times.mark("load");
+                        (argv, out)
+                    };
+                    if !out.ok {
+                        refusal = (shell_line(&argv), first_line(&out.stderr));
+                    }
+                    Seen::Accepted(out.ok)
+                }
+                Step::Note(note) => {
+                    match note {
+                        Note::RepairRefused => eprintln!(
                             "svc-compile: note: {what}: rewriting what differs was refused ({}); reading the node",
-                            first_line(&out.stderr)
+                            refusal.1
+                        ),
+                        Note::IncrementalRefused => eprintln!(
+                            "svc-compile: note: {what}: the incremental load was refused ({}); loading everything instead",
+                            refusal.1
+                        ),
+                    }
+                    Seen::Done
+                }
+                Step::Warn => {
+                    for w in &plan.as_ref().expect("planned").warnings {
+                        eprintln!("svc-compile: warning: {what}: {w}");
+                    }
+                    Seen::Done
+                }
+                Step::Undo => {
+                    // Without a read, the record is what the node showed before.
+                    let before = match (&kernel, previous) {
+                        (Some(k), _) => k.as_str(),
+                        (None, Some(p)) => p.snapshot,
+                        (None, None) => "",
+                    };
+                    let p = plan.as_ref().expect("planned");
+                    undone = self.undo(p, &cmds, before, &dir, ext)?;
+                    Seen::Done
+                }
+                Step::Generation => Seen::Generation(nfgen::generation(netns)),
+                Step::Refingerprint(at) => {
+                    let p = plan.as_ref().expect("planned");
+                    digest_now = match &p.load {
+                        None => base_digest.clone(),
+                        Some(_) => {
+                            let reuse = base_digest.as_ref().zip(p.touched.as_ref()).map(
+                                |(before, touched)| nftdigest::Reuse {
+                                    before,
+                                    touched,
+                                    gone: &gone_before,
+                                },
+                            );
+                            self.fingerprint(family, at.as_ref(), reuse)
+                        }
+                    };
+                    times.mark("fingerprint the node");
+                    if let Some(n) = digest_now.as_ref().map(|d| d.keyed).filter(|n| *n > 0) {
+                        times
+                            .notes
+                            .push(format!("{n} set(s) fingerprinted by key, not listed"));
+                    }
+                    Seen::Done
+                }
+                Step::ReadBack { reuse } => {
+                    let p = plan.as_ref().expect("planned");
+                    let (g, after) = match (reuse, kernel.take()) {
+                        (true, Some(k)) => (gen_start.clone(), k),
+                        _ => (nfgen::generation(netns), self.read_node(&cmds)?),
+                    };
+                    times.mark("read back");
+                    let read = p
+                        .owned(&after)
+                        .map_err(|e| Fail(format!("{what}: cannot read the node back: {e}")))?;
+                    let tracked = self.planner.tracked_by_generation(family, &after);
+                    let g = g.filter(|g| tracked && nfgen::generation(netns).as_ref() == Some(g));
+                    let same = read == p.expected;
+                    owned = Some(read);
+                    Seen::ReadBack { at: g, same }
+                }
+                Step::Record { at, rewrite } => {
+                    let p = plan.as_ref().expect("planned");
+                    let owned = owned.as_deref().unwrap_or(&p.expected);
+                    times.mark("compare");
+                    let same_doc = applied_doc.as_deref() == Some(doc);
+                    let header = match &applied_header {
+                        Some(h) if same_doc => h.clone(),
+                        _ => record_header(doc),
+                    };
+                    // After a reread the record was removed (the direct load made it stale):
+                    // written again even when this apply found the node as it says.
+                    let same_record =
+                        !rewrite && same_doc && previous.is_some_and(|p| p.snapshot == owned);
+                    // An unread record needs its fingerprint, written first: a kill between
+                    // the two leaves the old state (a read one ignores it) or one of the same
+                    // document.
+                    let digest_file = dir.join("applied.digest");
+                    match (&digest_now, plan::is_unread(&p.expected)) {
+                        (Some(d), true) if !same_record || recorded_digest.as_ref() != Some(d) => {
+                            fs::create_dir_all(&dir).map_err(|e| {
+                                Fail(format!("cannot create {}: {e}", dir.display()))
+                            })?;
+                            write_atomic_parts(
+                                &digest_file,
+                                &[&header, &digest_line(owned), &d.to_text()],
+                            )?
+                        }
+                        (Some(_), true) => {}
+                        _ => {
+                            let _ = fs::remove_file(&digest_file);
+                        }
+                    }
+                    if !same_record {
+                        self.record(
+                            &dir,
+                            doc,
+                            &header,
+                            owned,
+                            applied_doc.as_deref(),
+                            written.take(),
+                        )?;
+                    }
+                    let gen_file = dir.join("applied.gen");
+                    match &at {
+                        Some(g) if recorded_gen.as_ref() != Some(g) || !same_record => {
+                            write_atomic(&gen_file, &format!("{header}{}\n", g.to_line()))?
+                        }
+                        Some(_) => {}
+                        None => {
+                            let _ = fs::remove_file(&gen_file);
+                        }
+                    }
+                    times.mark("record");
+                    Seen::Done
+                }
+                Step::Restart => {
+                    // Loaded from an unread record, but someone else committed too: nothing
+                    // to compare a read with. The record goes, and everything is loaded (the
+                    // usual way, which reads the node) now.
+                    for f in ["applied.state", "applied.digest"] {
+                        let _ = fs::remove_file(dir.join(f));
+                    }
+                    eprintln!(
+                        "svc-compile: note: {what}: nf_tables changed during the load and the last apply's state was not read back; loading everything"
+                    );
+                    // The document's file is written again by the next pass: this one first
+                    // ends.
+                    if let Some(w) = written.take() {
+                        let _ = w.finish();
+                    }
+                    return Ok(None);
+                }
+                Step::Done(Outcome::DryRun { check }) => {
+                    let p = plan.as_ref().expect("planned");
+                    self.print_dry_run(&what, p, &cmds, &dir, ext, check);
+                    return Ok(Some(None));
+                }
+                Step::Done(Outcome::Unchanged { by, at }) => {
+                    println!(
+                        "svc-compile: {what} unchanged in {}: {}: {}; verified in {} ms ({})",
+                        self.where_(),
+                        Mode::Unchanged,
+                        plan::Summary::default(),
+                        start.elapsed().as_millis(),
+                        by_words(by)
+                    );
+                    times.mark("compare with the record");
+                    times.print(&what);
+                    return Ok(Some(at));
+                }
+                Step::Done(Outcome::Applied {
+                    loaded,
+                    by,
+                    at,
+                    refused_incremental,
+                }) => {
+                    if refused_incremental {
+                        eprintln!(
+                            "svc-compile: note: {what}: the incremental load was refused ({}); loaded everything instead",
+                            refusal.1
                         );
                     }
-                    continue;
+                    let p = plan.as_ref().expect("planned");
+                    println!(
+                        "svc-compile: {what} {} in {}: {}: {}; verified in {} ms ({})",
+                        if loaded { "applied" } else { "unchanged" },
+                        self.where_(),
+                        p.mode,
+                        p.summary,
+                        start.elapsed().as_millis(),
+                        by_words(by)
+                    );
+                    times.print(&what);
+                    return Ok(Some(at));
                 }
-                if plan.mode == Mode::Incremental && !full {
-                    // Said once the full load is in: if it is refused too, its error says why.
-                    note = Some(format!(
-                        "svc-compile: note: {what}: the incremental load was refused ({}); loaded everything instead",
-                        first_line(&out.stderr)
-                    ));
-                    full = true;
-                    continue;
+                Step::Fail(failure) => {
+                    return Err(Fail(match failure {
+                        Failure::Refused { reread, .. } => format!(
+                            "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed{}",
+                            refusal.0,
+                            refusal.1,
+                            unrecorded(reread)
+                        ),
+                        Failure::LoadFailed { reread } => format!(
+                            "{what}: loading failed (`{}`): {}; {undone}{}",
+                            refusal.0,
+                            refusal.1,
+                            unrecorded(reread)
+                        ),
+                        Failure::NotAsLoaded => {
+                            let p = plan.as_ref().expect("planned");
+                            let _ = fs::remove_file(dir.join("applied.state"));
+                            let _ = fs::remove_file(dir.join("scratch.out"));
+                            format!(
+                                "{what}: after loading, the node does not show what was loaded: {}; the next apply will load everything",
+                                Plan::first_difference(&p.expected, owned.as_deref().unwrap_or(""))
+                            )
+                        }
+                    }));
                 }
-                return Err(Fail(format!(
-                    "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed{}",
-                    shell_line(&argv),
-                    first_line(&out.stderr),
-                    unrecorded(reread)
-                )));
-            }
-            if first(&plan) {
-                break (plan, Some(path));
-            }
-            let check = self.on_node(cmds.check.clone(), Some(&path));
-            let out = run_captured(&check)?;
-            times.mark("check on the node");
-            if out.ok {
-                break (plan, Some(path));
-            }
-            if known {
-                // Planned from the record: plan again from what the node shows.
-                known = false;
-                repair = None;
-                continue;
-            }
-            if plan.mode == Mode::Incremental && !full {
-                eprintln!(
-                    "svc-compile: note: {what}: the incremental load was refused ({}); loading everything instead",
-                    first_line(&out.stderr)
-                );
-                full = true;
-                continue;
-            }
-            return Err(Fail(format!(
-                "{what}: the node refuses the ruleset (`{}`): {}; nothing was changed{}",
-                shell_line(&check),
-                first_line(&out.stderr),
-                unrecorded(reread)
-            )));
-        };
-        for w in &plan.warnings {
-            eprintln!("svc-compile: warning: {what}: {w}");
-        }
-
-        if let Some(path) = load_path.as_ref().filter(|_| !loaded) {
-            let argv = self.on_node(cmds.load.clone(), Some(path));
-            let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
-            times.mark("load");
-            if !out.ok {
-                // Without a read, the record is what the node showed before.
-                let before = match (&kernel, previous) {
-                    (Some(k), _) => k.as_str(),
-                    (None, Some(p)) => p.snapshot,
-                    (None, None) => "",
-                };
-                let outcome = self.undo(&plan, &cmds, before, &dir, ext)?;
-                return Err(Fail(format!(
-                    "{what}: loading failed (`{}`): {}; {outcome}{}",
-                    shell_line(&argv),
-                    first_line(&out.stderr),
-                    unrecorded(reread)
-                )));
-            }
-        }
-
-        // What the kernel shows now must be what was meant. Known path: the generation
-        // advanced by exactly this load's transactions (nobody else committed), and what
-        // it wrote was read back in the scratch namespace. Otherwise a read: the one
-        // before when nothing was loaded, else a fresh one.
-        // `Some(generation)`: proven so, taken once. A commit after this check must not be
-        // recorded as ours (what is recorded and fingerprinted is checked against it).
-        let proven: Option<Option<Generation>> = match (known, &plan.load, &base_gen) {
-            (true, None, g) => Some(g.clone()),
-            (true, Some(load), Some(g)) => self
-                .planner
-                .transactions(load)
-                .map(|n| g.after(n))
-                .filter(|after| nfgen::generation(netns).as_ref() == Some(after))
-                .map(Some),
-            _ => None,
-        };
-        let loaded_only = proven.is_some();
-        // `None`: the expectation itself (nothing to copy or compare).
-        let unread_plan = plan::is_unread(&plan.expected);
-        if unread_plan && !loaded_only && direct.is_none() {
-            // Loaded from an unread record, but someone else committed too: nothing to
-            // compare a read with. The record goes, and everything is loaded (the usual
-            // way, which reads the node) now.
-            for f in ["applied.state", "applied.digest"] {
-                let _ = fs::remove_file(dir.join(f));
-            }
-            eprintln!(
-                "svc-compile: note: {what}: nf_tables changed during the load and the last apply's state was not read back; loading everything"
-            );
-            // The document's file is written again by that apply: this one first ends.
-            if let Some(w) = written.take() {
-                let _ = w.finish();
-            }
-            return self.apply_one(family, doc, source);
-        }
-        let (owned, gen_end, how) = if let Some(g) = proven {
-            if unread_plan {
-                // The record's fingerprint still holds for what the load did not touch.
-                digest_now = match &plan.load {
-                    None => base_digest.clone(),
-                    Some(_) => {
-                        let reuse = base_digest.as_ref().zip(plan.touched.as_ref()).map(
-                            |(before, touched)| nftdigest::Reuse {
-                                before,
-                                touched,
-                                gone: &gone_before,
-                            },
-                        );
-                        self.fingerprint(family, g.as_ref(), reuse)
-                    }
-                };
-                times.mark("fingerprint the node");
-                if let Some(n) = digest_now.as_ref().map(|d| d.keyed).filter(|n| *n > 0) {
-                    times
-                        .notes
-                        .push(format!("{n} set(s) fingerprinted by key, not listed"));
-                }
-            }
-            (None, g, "generation")
-        } else if let (Some(g), true) = (&direct, unread_plan) {
-            // A direct first load the generation proved, fingerprinted instead of read.
-            (None, Some(g.clone()), "generation")
-        } else if let Some(g) = direct {
-            // A direct first load was planned from the read taken right after it, with the
-            // generation as proof that nothing else was in it: the plan's expectation is
-            // that read's owned part (normalising it again would only repeat it).
-            (None, Some(g), "read")
-        } else {
-            let (g, after) = match (&load_path, kernel) {
-                (None, Some(k)) => (gen_start.clone(), k),
-                _ => (nfgen::generation(netns), self.read_node(&cmds)?),
             };
-            times.mark("read back");
-            let owned = plan
-                .owned(&after)
-                .map_err(|e| Fail(format!("{what}: cannot read the node back: {e}")))?;
-            let tracked = self.planner.tracked_by_generation(family, &after);
-            let g = g.filter(|g| tracked && nfgen::generation(netns).as_ref() == Some(g));
-            (Some(owned), g, "read")
-        };
-        if let Some(read) = owned.as_deref().filter(|o| *o != plan.expected) {
-            let _ = fs::remove_file(dir.join("applied.state"));
-            let _ = fs::remove_file(dir.join("scratch.out"));
-            return Err(Fail(format!(
-                "{what}: after loading, the node does not show what was loaded: {}; the next apply will load everything",
-                Plan::first_difference(&plan.expected, read)
-            )));
         }
-        let owned = owned.as_deref().unwrap_or(&plan.expected);
-        times.mark("compare");
-        let same_doc = applied_doc.as_deref() == Some(doc);
-        let header = match &applied_header {
-            Some(h) if same_doc => h.clone(),
-            _ => record_header(doc),
-        };
-        // After a reread the record was removed (the direct load made it stale): written
-        // again even when this apply found the node as it says.
-        let same_record = !reread && same_doc && previous.is_some_and(|p| p.snapshot == owned);
-        // An unread record needs its fingerprint, written first: a kill between the two
-        // leaves the old state (a read one ignores it) or one of the same document.
-        let digest_file = dir.join("applied.digest");
-        match (&digest_now, unread_plan) {
-            (Some(d), true) if !same_record || recorded_digest.as_ref() != Some(d) => {
-                fs::create_dir_all(&dir)
-                    .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
-                write_atomic_parts(&digest_file, &[&header, &digest_line(owned), &d.to_text()])?
-            }
-            (Some(_), true) => {}
-            _ => {
-                let _ = fs::remove_file(&digest_file);
-            }
-        }
-        if !same_record {
-            self.record(
-                &dir,
-                doc,
-                &header,
-                owned,
-                applied_doc.as_deref(),
-                written.take(),
-            )?;
-        }
-        let gen_file = dir.join("applied.gen");
-        match &gen_end {
-            Some(g) if recorded_gen.as_ref() != Some(g) || !same_record => {
-                write_atomic(&gen_file, &format!("{header}{}\n", g.to_line()))?
-            }
-            Some(_) => {}
-            None => {
-                let _ = fs::remove_file(&gen_file);
-            }
-        }
-        times.mark("record");
+    }
 
-        if let Some(note) = note {
-            eprintln!("{note}");
+    /// What the decider needs to know of a plan.
+    fn planned(&self, plan: &Plan) -> Planned {
+        Planned {
+            loads: plan.load.is_some(),
+            transactions: plan
+                .load
+                .as_deref()
+                .and_then(|l| self.planner.transactions(l)),
+            incremental: plan.mode == Mode::Incremental,
+            unread: plan::is_unread(&plan.expected),
+            elements: plan
+                .touched
+                .as_ref()
+                .is_some_and(|t| !t.elements.is_empty()),
         }
-        let verb = if load_path.is_some() || reread {
-            "applied"
-        } else {
-            "unchanged"
-        };
-        let path = match how {
-            "generation" if repair.is_some() => BY_REPAIR,
-            "generation" if by_fingerprint => BY_FINGERPRINT,
-            "generation" => BY_GENERATION,
-            _ => "node state read",
-        };
-        println!(
-            "svc-compile: {what} {verb} in {}: {}: {}; verified in {} ms ({path})",
-            self.where_(),
-            plan.mode,
-            plan.summary,
-            start.elapsed().as_millis()
-        );
-        times.print(&what);
-        Ok(gen_end)
     }
 
     /// A first load into a node that shows nothing of ours, where the scratch document is
@@ -1024,7 +1049,7 @@ impl Ctx<'_> {
         kernel: Option<&str>,
         cmds: &Commands,
         dir: &Path,
-    ) -> Result<Direct, Fail> {
+    ) -> Result<DirectLoad, Fail> {
         let netns = self.args.netns.as_deref();
         // An empty read (no table at all) cannot say whether iptables is iptables-nft; the
         // read after the load does, and a load the generation cannot prove is planned again.
@@ -1033,10 +1058,10 @@ impl Ctx<'_> {
         });
         let n = self.planner.transactions(&prep.scratch);
         if self.args.dry_run || !prep.direct || !matches!(prep.mode, Mode::Full(_)) || !tracked {
-            return Ok(Direct::Skipped);
+            return Ok(DirectLoad::Skipped);
         }
         let (Some(n), Some(before)) = (n, nfgen::generation(netns)) else {
-            return Ok(Direct::Skipped);
+            return Ok(DirectLoad::Skipped);
         };
         fs::create_dir_all(dir)
             .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
@@ -1047,7 +1072,7 @@ impl Ctx<'_> {
         if !out.ok && n <= 1 {
             // One transaction changed nothing: the usual way (the scratch namespace) says
             // why.
-            return Ok(Direct::Skipped);
+            return Ok(DirectLoad::Skipped);
         }
         if !out.ok {
             // Several may have committed some tables, which come off again. Then the
@@ -1076,7 +1101,7 @@ impl Ctx<'_> {
                     )));
                 }
             }
-            return Ok(Direct::Skipped);
+            return Ok(DirectLoad::Skipped);
         }
         // Proven by the generation alone (nobody else committed): a fingerprint of our table
         // instead of a read, which `nft` does in time growing with the square of the rules.
@@ -1084,7 +1109,7 @@ impl Ctx<'_> {
         if !self.args.read_back && nfgen::generation(netns).as_ref() == Some(&g) {
             if let Some(plan) = prep.unread_plan() {
                 if let Some(d) = self.fingerprint(prep.family, Some(&g), None) {
-                    return Ok(Direct::Done(Box::new(plan), path, g, Some(d)));
+                    return Ok(DirectLoad::Done(Box::new(plan), path, g, Some(d)));
                 }
             }
         }
@@ -1092,7 +1117,7 @@ impl Ctx<'_> {
         let proven = nfgen::generation(netns).as_ref() == Some(&g)
             && self.planner.tracked_by_generation(prep.family, &after);
         if !proven {
-            return Ok(Direct::Reread(after));
+            return Ok(DirectLoad::Reread(after));
         }
         let view = prep
             .direct_view(&after)
@@ -1100,9 +1125,9 @@ impl Ctx<'_> {
         let plan = plan::plan(prep, view.as_deref().unwrap_or(&after))
             .map_err(|e| Fail(format!("cannot plan: {e}")))?;
         if plan.load.as_deref() != Some(prep.scratch.as_str()) {
-            return Ok(Direct::Reread(after));
+            return Ok(DirectLoad::Reread(after));
         }
-        Ok(Direct::Done(Box::new(plan), path, g, None))
+        Ok(DirectLoad::Done(Box::new(plan), path, g, None))
     }
 
     /// Loads the scratch document into an empty namespace; returns its read-back. A
@@ -1302,7 +1327,7 @@ impl Ctx<'_> {
 }
 
 /// What [`Ctx::load_direct`] did.
-enum Direct {
+enum DirectLoad {
     /// Nothing loaded (or a failed load taken off again): take the usual way.
     Skipped,
     /// Loaded and proven: the plan, the load's path, the generation after it, and the
@@ -1310,6 +1335,24 @@ enum Direct {
     Done(Box<Plan>, PathBuf, Generation, Option<Digest>),
     /// Loaded, not proven: the node's read after it, to plan from.
     Reread(String),
+}
+
+/// The report's words for how the state after an apply is known.
+fn by_words(by: By) -> &'static str {
+    match by {
+        By::Generation => BY_GENERATION,
+        By::Fingerprint => BY_FINGERPRINT,
+        By::Repair => BY_REPAIR,
+        By::Read => "node state read",
+    }
+}
+
+/// Said after a failure when a direct first load went in unproven ([`Decider::reread`]).
+fn unrecorded(reread: bool) -> &'static str {
+    match reread {
+        true => "; the first load made before it is in place, not recorded: the next apply reads the node and loads everything",
+        false => "",
+    }
 }
 
 /// The first line of a snapshot file: which document it was taken for.
