@@ -1,7 +1,7 @@
-//! From a command to compiled IR and rendered documents: what `compile`, `check` and
-//! `apply` share.
+//! From the compile options to compiled IR and node views: what `check`, `compile`,
+//! `apply`, `drift` and `trace` share.
 
-use crate::cli::Command;
+use crate::cli::{CompileOpts, Nodes, TargetArgs};
 use crate::inputs::{read_file, read_inputs, Filters, Inputs};
 use crate::report::Fail;
 use std::path::Path;
@@ -34,23 +34,29 @@ pub(crate) struct Read {
 
 /// Read the inputs (and the lock file, if it exists) and compile them; read the files the
 /// target's flags name.
-pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
-    Ok(compile_read(cmd, read_all(cmd)?))
+pub(crate) fn compile_inputs(
+    opts: &CompileOpts,
+    target: Option<&TargetArgs>,
+) -> Result<Compiled, Fail> {
+    Ok(compile_read(opts, read_all(opts, target)?))
 }
 
 /// The reading half of [`compile_inputs`].
-pub(crate) fn read_all(cmd: &Command) -> Result<Read, Fail> {
+pub(crate) fn read_all(opts: &CompileOpts, target: Option<&TargetArgs>) -> Result<Read, Fail> {
     let mut sources = SourceMap::default();
     let filters = Filters {
-        exclude: &cmd.exclude,
-        include: &cmd.include,
+        exclude: &opts.exclude,
+        include: &opts.include,
     };
-    let inputs = read_inputs(&cmd.paths, &filters, &mut sources)?;
-    let lock = match &cmd.lock {
+    let inputs = read_inputs(&opts.paths, &filters, &mut sources)?;
+    let lock = match &opts.lock {
         Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
         _ => None,
     };
-    let params = target_params(cmd, &mut sources)?;
+    let params = match target {
+        Some(t) => target_params(t, &mut sources)?,
+        None => Params::default(),
+    };
     Ok(Read {
         sources,
         inputs,
@@ -60,24 +66,24 @@ pub(crate) fn read_all(cmd: &Command) -> Result<Read, Fail> {
 }
 
 /// The compiling half of [`compile_inputs`]: no I/O.
-pub(crate) fn compile_read(cmd: &Command, read: Read) -> Compiled {
+pub(crate) fn compile_read(opts: &CompileOpts, read: Read) -> Compiled {
     let Read {
         sources,
         inputs,
         lock,
         params,
     } = read;
-    let opts = svc_compiler::Options {
-        service_cidrs: cmd.service_cidrs.clone(),
-        node_port_range: cmd.node_port_range,
-        cluster_domain: cmd.cluster_domain.clone(),
-        allocate: cmd.allocate,
+    let options = svc_compiler::Options {
+        service_cidrs: opts.service_cidrs.clone(),
+        node_port_range: opts.node_port_range,
+        cluster_domain: opts.cluster_domain.clone(),
+        allocate: opts.allocate,
         lock,
-        random_fully: cmd.random_fully,
-        nfacct: cmd.nfacct,
-        nft_layout: cmd.nft_layout,
+        random_fully: opts.random_fully,
+        nfacct: opts.nfacct,
+        nft_layout: opts.nft_layout,
     };
-    let mut comp = svc_compiler::compile(&sources, &inputs.files, &opts);
+    let mut comp = svc_compiler::compile(&sources, &inputs.files, &options);
     let checked = inputs.files.len();
     // Files that could not be read as text, and skipped kustomize patches, report among
     // the others in file order.
@@ -97,11 +103,11 @@ pub(crate) fn compile_read(cmd: &Command, read: Read) -> Compiled {
 /// manifest with `--all-nodes`; `--family`, or else every family of the service CIDRs
 /// (`every_family`) or only the primary one.
 pub(crate) fn node_jobs(
-    cmd: &Command,
+    sel: &Nodes,
     comp: &svc_compiler::Compilation,
     every_family: bool,
 ) -> Vec<(NodeSelection, IpFamily)> {
-    let nodes: Vec<NodeSelection> = if cmd.all_nodes {
+    let nodes: Vec<NodeSelection> = if sel.all_nodes {
         comp.module
             .nodes
             .iter()
@@ -111,15 +117,15 @@ pub(crate) fn node_jobs(
             })
             .collect()
     } else {
-        cmd.node
+        sel.node
             .iter()
             .map(|n| NodeSelection {
                 name: n.clone(),
-                ips: cmd.node_ips.clone(),
+                ips: sel.node_ips.clone(),
             })
             .collect()
     };
-    let families: Vec<IpFamily> = match cmd.family {
+    let families: Vec<IpFamily> = match sel.family {
         Some(f) => vec![f],
         None => comp
             .settings
@@ -136,16 +142,16 @@ pub(crate) fn node_jobs(
 }
 
 /// [`target_params`] for a command that compiles nothing (`apply --from`, `--rollback`).
-pub(crate) fn target_params_of(cmd: &Command) -> Result<Params, Fail> {
-    target_params(cmd, &mut SourceMap::default())
+pub(crate) fn target_params_of(target: &TargetArgs) -> Result<Params, Fail> {
+    target_params(target, &mut SourceMap::default())
 }
 
 /// The target's own flags, with the files they name read and added to `sources` (so that
 /// a diagnostic of the target can point into them).
-fn target_params(cmd: &Command, sources: &mut SourceMap) -> Result<Params, Fail> {
+fn target_params(target: &TargetArgs, sources: &mut SourceMap) -> Result<Params, Fail> {
     let mut params = Params::default();
-    for flag in cmd.target.flags {
-        for v in cmd.params.all(flag.name) {
+    for flag in target.target.flags {
+        for v in target.params.all(flag.name) {
             if flag.file {
                 let text = read_file(Path::new(v))?;
                 let id = sources.add(v.clone(), text.clone());
@@ -161,7 +167,7 @@ fn target_params(cmd: &Command, sources: &mut SourceMap) -> Result<Params, Fail>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{parse_with, Parsed};
+    use crate::cli::{parse_with, Run};
     use svc_targets::{Flag, Render, Target};
 
     const TEMPLATES: Target = Target {
@@ -179,11 +185,11 @@ mod tests {
         planner: None,
     };
 
-    fn command(args: &[&str]) -> Command {
+    fn command(args: &[&str]) -> TargetArgs {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         match parse_with(&args, &[&TEMPLATES]) {
-            Ok(Parsed::Run(cmd)) => *cmd,
-            _ => panic!("not a run"),
+            Ok(Run::Compile(cmd)) => cmd.target,
+            _ => panic!("not a compile"),
         }
     }
 
