@@ -23,66 +23,36 @@ Multi-document YAML, JSON and `kind: List` dumps (kubectl get ... -o yaml) are a
 `svc-compile PATHS... [OPTIONS]` is `svc-compile compile PATHS... [OPTIONS]`.";
 
 /// Each command's exit codes, for its `--help` (the program's: `None`).
-fn exit_codes(sub: Option<&str>) -> &'static str {
-    match sub {
-        Some("check") => {
-            "\
-Exit codes:
-  0  no errors (warnings may have been printed)
-  1  the input has errors (each printed as error[SVCnnn] at file:line:col)
-  2  usage or I/O failure"
-        }
-        Some("compile") => {
-            "\
-Exit codes:
-  0  written (warnings may have been printed)
-  1  the input has errors (printed; nothing is written)
-  2  usage, I/O or rendering failure"
-        }
-        Some("apply") => {
-            "\
-Exit codes:
-  0  applied, or nothing to do
-  1  the input has errors (printed; nothing is loaded)
-  2  usage, I/O or apply failure (nothing or the previous state is loaded)"
-        }
-        Some("drift") => {
-            "\
-Exit codes:
-  0  no drift
-  1  drift (the report is printed)
-  2  anything else: usage, I/O, a tool's failure, or errors in the input (printed)"
-        }
-        Some("trace") => {
-            "\
-Exit codes:
-  0  traced
-  1  the input has errors (printed)
-  2  usage or I/O failure"
-        }
-        Some("diff") => {
-            "\
-Exit codes:
-  0  no change
-  1  changes (the report is printed)
-  2  usage, I/O or git failure, or input errors in either revision (printed)"
-        }
-        Some("gen") => {
-            "\
-Exit codes:
-  0  written
-  2  usage or I/O failure"
-        }
-        _ => {
-            "\
-Exit codes:
-  0  success (warnings may have been printed)
-  1  the input has errors (each printed as error[SVCnnn] at file:line:col);
-     drift and diff: drift or changes
-  2  usage, I/O or apply failure (apply: nothing or the previous state is loaded)"
-        }
-    }
+fn exit_codes(sub: Option<&str>) -> String {
+    let (ok, one, two) = match sub {
+        Some("check") => ("no errors (warnings may have been printed)", ERRORS, USAGE),
+        Some("compile") => ("written (warnings may have been printed)", ERRORS, USAGE),
+        Some("apply") => (
+            "applied, or nothing to do",
+            "the input has errors (printed; nothing is loaded)",
+            "usage, I/O or apply failure (nothing or the previous state is loaded)",
+        ),
+        Some("drift") => ("no drift", "drift (the report is printed)", DIFFERS),
+        Some("trace") => ("traced", ERRORS, USAGE),
+        Some("diff") => ("no change", "changes (the report is printed)", DIFFERS),
+        Some(_) => ("written", "-", USAGE),
+        None => (
+            "success (warnings may have been printed)",
+            "the input has errors; drift and diff: drift or changes",
+            "usage, I/O or apply failure (apply: nothing or the previous state is loaded)",
+        ),
+    };
+    let one = match one {
+        "-" => String::new(),
+        _ => format!("  1  {one}\n"),
+    };
+    format!("Exit codes:\n  0  {ok}\n{one}  2  {two}")
 }
+
+const ERRORS: &str = "the input has errors (each printed as error[SVCnnn] at file:line:col)";
+const USAGE: &str = "usage, I/O or rendering failure";
+const DIFFERS: &str =
+    "anything else: usage, I/O, a tool's failure, or errors in the input (printed)";
 
 #[derive(Parser)]
 #[command(
@@ -628,8 +598,8 @@ fn command(targets: &[&'static Target]) -> clap::Command {
         }
     };
     let plain = |c: clap::Command| {
-        let name = c.get_name().to_string();
-        c.after_help(exit_codes(Some(&name)))
+        let codes = exit_codes(Some(c.get_name()));
+        c.after_help(codes)
     };
     let diff_targets: Vec<PossibleValue> = targets_of("diff", targets)
         .iter()

@@ -571,6 +571,27 @@ fn template_renders_and_its_errors_are_diagnostics() {
         e.stderr
     );
     assert!(e.stderr.contains("2 | {{ s.nmae }}"), "{}", e.stderr);
+    // A template file that cannot be read: exit 2, one line.
+    let missing = svc(
+        &[
+            "examples/",
+            "--target",
+            "template",
+            "--template",
+            "no/such.j2",
+        ],
+        None,
+        &root(),
+    );
+    missing.expect(2);
+    assert!(
+        missing
+            .stderr
+            .starts_with("svc-compile: cannot read no/such.j2")
+            && missing.stderr.lines().count() == 1,
+        "{}",
+        missing.stderr
+    );
     let none = svc(&["examples/", "--target", "template"], None, &root());
     none.expect(2);
     assert!(
