@@ -1,11 +1,16 @@
 //! Arguments, in two stages: clap reads the flags as written ([`Cli`]), then they are
-//! checked and turned into a [`Command`] with the same one-line messages as every other
-//! usage error. Targets, their `--help` lines and their own flags come from the registry
-//! ([`svc_targets::TARGETS`]); nothing here names a target.
+//! checked and turned into one [`Run`] per subcommand, with the same one-line messages as
+//! every other usage error. Each subcommand owns its flags; the targets it takes, their
+//! `--help` lines and their own flags come from the registry ([`svc_targets::TARGETS`]);
+//! nothing here names a target.
+//!
+//! Plain data: this module imports nothing of the crate (the commands import it).
 
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use std::net::{IpAddr, SocketAddr};
+use svc_compiler::ir::{NftLayout, Protocol};
 use svc_compiler::net::{Cidr, IpFamily};
 use svc_compiler::passes::{parse_port_range, parse_service_cidrs};
 use svc_targets::{Params, Target};
@@ -17,11 +22,37 @@ PATHS are files, directories (read recursively: *.yaml, *.yml, *.json) or `-` fo
 Multi-document YAML, JSON and `kind: List` dumps (kubectl get ... -o yaml) are accepted.
 `svc-compile PATHS... [OPTIONS]` is `svc-compile compile PATHS... [OPTIONS]`.";
 
-const EXIT_CODES: &str = "\
-Exit codes:
-  0  success (warnings may have been printed)
-  1  the input has errors (each printed as error[SVCnnn] at file:line:col)
-  2  usage, I/O or apply failure (apply: nothing or the previous state is loaded)";
+/// Each command's exit codes, for its `--help` (the program's: `None`).
+fn exit_codes(sub: Option<&str>) -> String {
+    let (ok, one, two) = match sub {
+        Some("check") => ("no errors (warnings may have been printed)", ERRORS, USAGE),
+        Some("compile") => ("written (warnings may have been printed)", ERRORS, USAGE),
+        Some("apply") => (
+            "applied, or nothing to do",
+            "the input has errors (printed; nothing is loaded)",
+            "usage, I/O or apply failure (nothing or the previous state is loaded)",
+        ),
+        Some("drift") => ("no drift", "drift (the report is printed)", DIFFERS),
+        Some("trace") => ("traced", ERRORS, USAGE),
+        Some("diff") => ("no change", "changes (the report is printed)", DIFFERS),
+        Some(_) => ("written", "-", USAGE),
+        None => (
+            "success (warnings may have been printed)",
+            "the input has errors; drift and diff: drift or changes",
+            "usage, I/O or apply failure (apply: nothing or the previous state is loaded)",
+        ),
+    };
+    let one = match one {
+        "-" => String::new(),
+        _ => format!("  1  {one}\n"),
+    };
+    format!("Exit codes:\n  0  {ok}\n{one}  2  {two}")
+}
+
+const ERRORS: &str = "the input has errors (each printed as error[SVCnnn] at file:line:col)";
+const USAGE: &str = "usage, I/O or rendering failure";
+const DIFFERS: &str =
+    "anything else: usage, I/O, a tool's failure, or errors in the input (printed)";
 
 #[derive(Parser)]
 #[command(
@@ -30,7 +61,6 @@ Exit codes:
     about = ABOUT,
     args_override_self = true,
     propagate_version = true,
-    disable_help_subcommand = true,
     subcommand_required = true
 )]
 struct Cli {
@@ -41,27 +71,47 @@ struct Cli {
 #[derive(Subcommand)]
 enum Sub {
     /// Validate the manifests; exit 1 on errors
-    Check(CompileFlags),
+    Check {
+        #[command(flatten)]
+        inputs: InputFlags,
+        #[command(flatten)]
+        lock: WriteLockFlag,
+    },
     /// Compile the manifests for a target (the default command)
-    Compile(CompileFlags),
+    Compile {
+        #[command(flatten)]
+        inputs: InputFlags,
+        #[command(flatten)]
+        node: NodeFlags,
+        #[command(flatten)]
+        output: OutputFlags,
+        #[command(flatten)]
+        lock: WriteLockFlag,
+    },
     /// Compile for this node and load the result here (needs root; see README.md)
     Apply {
         #[command(flatten)]
-        compile: CompileFlags,
+        inputs: InputFlags,
+        #[command(flatten)]
+        node: NodeFlags,
         #[command(flatten)]
         apply: ApplyFlags,
     },
     /// Compare a node's live (or saved) rules with the compiled ruleset; exit 1 on drift
     Drift {
         #[command(flatten)]
-        compile: CompileFlags,
+        inputs: InputFlags,
+        #[command(flatten)]
+        node: NodeFlags,
         #[command(flatten)]
         drift: DriftFlags,
     },
     /// What the node does with one packet, step by step, and the rules that do it
     Trace {
         #[command(flatten)]
-        compile: CompileFlags,
+        inputs: InputFlags,
+        #[command(flatten)]
+        node: NodeFlags,
         #[command(flatten)]
         trace: TraceFlags,
     },
@@ -78,26 +128,19 @@ enum Sub {
     Diff(DiffFlags),
 }
 
-/// `svc-compile trace`: the packet (`--target iptables|nftables` adds their rules; the
-/// compile flags' `--format text|json` is the report's format).
-#[derive(Args)]
-pub(crate) struct TraceFlags {
-    /// The sender: IP[:PORT] (a node IP = the node itself; the local-traffic detector decides pod or outside)
-    #[arg(long, value_name = "IP[:PORT]")]
-    pub from: Option<String>,
-    /// The destination: IP:PORT
-    #[arg(long, value_name = "IP:PORT")]
-    pub to: Option<String>,
-    /// The protocol
-    #[arg(long, value_name = "PROTO", default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
-    pub proto: String,
-    /// Another address local to the node (repeatable): node ports are reached there too
-    #[arg(long, value_name = "IP")]
-    pub local_ip: Vec<String>,
-    /// Trace many packets: one `FROM TO [PROTO]` per line (`#` comments); one report each
-    #[arg(long, value_name = "FILE")]
-    pub flows: Option<String>,
-}
+/// The subcommands in help order (and the words that are not paths of the default command).
+const SUBCOMMANDS: &[&str] = &[
+    "check",
+    "compile",
+    "apply",
+    "drift",
+    "trace",
+    "gen",
+    "completions",
+    "man",
+    "diff",
+    "help",
+];
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Shell {
@@ -106,35 +149,12 @@ enum Shell {
     Fish,
 }
 
+/// What every compiling command reads and how it reports.
 #[derive(Args)]
-struct CompileFlags {
+struct InputFlags {
     /// Files, directories or `-` for stdin
     #[arg(value_name = "PATHS")]
     paths: Vec<String>,
-    /// What to write
-    #[arg(long, value_name = "TARGET", default_value = "ir")]
-    target: String,
-    /// Compile for this node (a Node manifest, or --node-ip)
-    #[arg(long, value_name = "NAME")]
-    node: Option<String>,
-    /// The node's IP (repeatable); for nodes without a manifest
-    #[arg(long, value_name = "IP")]
-    node_ip: Vec<String>,
-    /// The IP family to compile for [default: the primary family of --service-cluster-ip-range]
-    #[arg(long, value_name = "ipv4|ipv6")]
-    family: Option<String>,
-    /// Compile for every Node manifest (needs --out)
-    #[arg(long)]
-    all_nodes: bool,
-    /// Write one file per node and family into DIR
-    #[arg(long, value_name = "DIR")]
-    out: Option<String>,
-    /// Write only this part, for a target whose output has several (see Targets)
-    #[arg(long, value_name = "PART")]
-    part: Option<String>,
-    /// Write the output to FILE instead of stdout
-    #[arg(short = 'o', long, value_name = "FILE")]
-    output: Option<String>,
     /// Comma-separated, one per family [default: 10.96.0.0/12, kubeadm's; kube-apiserver's
     /// own is 10.0.0.0/24; with --no-allocate: inferred from the input]
     #[arg(long, value_name = "CIDRS")]
@@ -142,7 +162,7 @@ struct CompileFlags {
     /// [default: 30000-32767]
     #[arg(long, value_name = "RANGE")]
     service_node_port_range: Option<String>,
-    /// [default: cluster.local]
+    /// RFC 1123 labels joined by dots (a trailing dot is dropped) [default: cluster.local]
     #[arg(long, value_name = "DOMAIN")]
     cluster_domain: Option<String>,
     /// Compile objects exactly as given (a live-cluster dump)
@@ -151,9 +171,6 @@ struct CompileFlags {
     /// Keep allocations stable across commits (read if present)
     #[arg(long, value_name = "FILE")]
     lock: Option<String>,
-    /// Write the allocations back to the --lock file
-    #[arg(long)]
-    write_lock: bool,
     /// How diagnostics are printed (sarif: for code scanning in CI)
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "sarif"])]
     format: String,
@@ -168,6 +185,30 @@ struct CompileFlags {
     /// Colour text diagnostics: auto = on a terminal unless NO_COLOR is set
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
     color: String,
+}
+
+#[derive(Args)]
+struct WriteLockFlag {
+    /// Write the allocations back to the --lock file
+    #[arg(long)]
+    write_lock: bool,
+}
+
+/// The target and the node a command compiles for.
+#[derive(Args)]
+struct NodeFlags {
+    /// What to write (see Targets)
+    #[arg(long, value_name = "TARGET")]
+    target: Option<String>,
+    /// Compile for this node (a Node manifest, or --node-ip)
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// The node's IP (repeatable); for nodes without a manifest
+    #[arg(long, value_name = "IP")]
+    node_ip: Vec<String>,
+    /// The IP family to compile for [default: the primary family of --service-cluster-ip-range]
+    #[arg(long, value_name = "ipv4|ipv6")]
+    family: Option<String>,
     /// The node's iptables supports MASQUERADE --random-fully (kube-proxy detects it)
     /// [default: ClusterConfig `randomFully`, else on]
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
@@ -181,6 +222,23 @@ struct CompileFlags {
     /// else kube-proxy]
     #[arg(long, value_name = "LAYOUT", value_parser = ["kube-proxy", "fast"])]
     nft_layout: Option<String>,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "Output options")]
+struct OutputFlags {
+    /// Compile for every Node manifest (needs --out)
+    #[arg(long)]
+    all_nodes: bool,
+    /// Write one file per node and family into DIR
+    #[arg(long, value_name = "DIR")]
+    out: Option<String>,
+    /// Write only this part, for a target whose output has several (see Targets)
+    #[arg(long, value_name = "PART")]
+    part: Option<String>,
+    /// Write the output to FILE instead of stdout
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<String>,
 }
 
 #[derive(Args)]
@@ -229,11 +287,25 @@ struct DriftFlags {
     from_saved: Option<String>,
 }
 
-/// The flags only `drift` takes.
-#[derive(Debug, Default)]
-pub struct DriftArgs {
-    pub netns: Option<String>,
-    pub from_saved: Option<String>,
+/// `svc-compile trace`: the packet (`--target iptables|nftables|ipvs` adds their rules).
+#[derive(Args)]
+#[command(next_help_heading = "Trace options")]
+struct TraceFlags {
+    /// The sender: IP[:PORT] (a node IP = the node itself; the local-traffic detector decides pod or outside)
+    #[arg(long, value_name = "IP[:PORT]")]
+    from: Option<String>,
+    /// The destination: IP:PORT ([IPv6]:PORT), of the sender's family
+    #[arg(long, value_name = "IP:PORT")]
+    to: Option<String>,
+    /// The protocol
+    #[arg(long, value_name = "PROTO", default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
+    proto: String,
+    /// Another address local to the node (repeatable): node ports are reached there too
+    #[arg(long, value_name = "IP")]
+    local_ip: Vec<String>,
+    /// Trace many packets: one `FROM TO [PROTO]` per line (`#` comments); one report each
+    #[arg(long, value_name = "FILE")]
+    flows: Option<String>,
 }
 
 #[derive(Args)]
@@ -258,40 +330,54 @@ struct GenFlags {
     output: Option<String>,
 }
 
-/// `svc-compile diff` (checked and run by `diff.rs`).
-#[derive(Args, Debug)]
-#[command(after_help = "\
-Exit codes:
-  0  no change
-  1  changes (the report is printed)
-  2  usage, I/O or git failure, or input errors in either revision (printed)")]
-pub struct DiffFlags {
+#[derive(Args)]
+struct DiffFlags {
     /// The old revision: a path, or `git:REV:PATH` (read with git, no checkout)
     #[arg(value_name = "OLD")]
-    pub old: String,
+    old: String,
     /// The new revision, like OLD
     #[arg(value_name = "NEW")]
-    pub new: String,
+    new: String,
     /// Also compare what this node does (a Node manifest)
     #[arg(long, value_name = "NAME")]
-    pub node: Option<String>,
+    node: Option<String>,
     /// Compare every Node manifest of either revision
     #[arg(long, conflicts_with = "node")]
-    pub all_nodes: bool,
+    all_nodes: bool,
     /// The per-node target whose rulesets --rules compares
     #[arg(long, value_name = "TARGET", default_value = "iptables")]
-    pub target: String,
+    target: String,
     /// Add the unified diff of the compiled rulesets per node and family
     #[arg(long)]
-    pub rules: bool,
+    rules: bool,
     /// How the report is printed
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "markdown"])]
-    pub format: String,
+    format: String,
     /// Compile objects exactly as given (live-cluster dumps)
     #[arg(long)]
-    pub no_allocate: bool,
+    no_allocate: bool,
+    /// Colour the diagnostics of a revision with errors: auto = on a terminal unless NO_COLOR is set
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
+    color: String,
 }
 
+// ---------------------------------------------------------------------------------------
+// The checked values: one per subcommand.
+
+/// What the command line asks for.
+pub enum Run {
+    /// Text to print on stdout, then exit 0 (help, version, completions, man page).
+    Print(String),
+    Check(CheckCmd),
+    Compile(Box<CompileCmd>),
+    Apply(Box<ApplyCmd>),
+    Drift(Box<DriftCmd>),
+    Trace(Box<TraceCmd>),
+    Diff(DiffCmd),
+    Gen(GenCmd),
+}
+
+/// How diagnostics are printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Text,
@@ -299,191 +385,352 @@ pub enum Format {
     Sarif,
 }
 
-pub struct Command {
-    pub check: bool,
+/// What every compile shares: the inputs, the compiler's settings and how diagnostics are
+/// printed.
+pub struct CompileOpts {
     pub paths: Vec<String>,
+    pub service_cidrs: Option<Vec<Cidr>>,
+    pub node_port_range: Option<(u16, u16)>,
+    /// Checked: RFC 1123 labels, without a trailing dot.
+    pub cluster_domain: Option<String>,
+    pub allocate: bool,
+    pub lock: Option<String>,
+    /// `--exclude GLOB` / `--include GLOB` (repeatable): which files are read.
+    pub exclude: Vec<String>,
+    pub include: Vec<String>,
+    pub format: Format,
+    /// `--color`: `None` = auto (a terminal, and NO_COLOR unset), else always / never.
+    pub color: Option<bool>,
+    /// `--random-fully on|off`, `--nfacct on|off`: node capabilities (`None` for check).
+    pub random_fully: Option<bool>,
+    pub nfacct: Option<bool>,
+    /// `--nft-layout kube-proxy|fast`.
+    pub nft_layout: Option<NftLayout>,
+}
+
+/// The target and its own flags, as given (a file flag's value is still the path).
+pub struct TargetArgs {
     pub target: &'static Target,
-    /// The target's own flags, as given (a file flag's value is still the path).
     pub params: Params,
+}
+
+/// Which node views: `--node` (with `--node-ip`) or `--all-nodes`, and `--family`.
+#[derive(Default)]
+pub struct Nodes {
     pub node: Option<String>,
-    pub node_ips: Vec<std::net::IpAddr>,
+    pub node_ips: Vec<IpAddr>,
     pub family: Option<IpFamily>,
     pub all_nodes: bool,
+}
+
+/// `svc-compile check`.
+pub struct CheckCmd {
+    pub opts: CompileOpts,
+    pub write_lock: bool,
+}
+
+/// `svc-compile compile` (and `svc-compile PATHS...`).
+pub struct CompileCmd {
+    pub opts: CompileOpts,
+    pub target: TargetArgs,
+    pub nodes: Nodes,
     pub out_dir: Option<String>,
     /// `--part`: checked against the target's renderer when it is made (`run.rs`).
     pub part: Option<String>,
     pub output: Option<String>,
-    pub service_cidrs: Option<Vec<Cidr>>,
-    pub node_port_range: Option<(u16, u16)>,
-    pub cluster_domain: Option<String>,
-    pub allocate: bool,
-    pub lock: Option<String>,
     pub write_lock: bool,
-    pub format: Format,
-    /// `--exclude GLOB` / `--include GLOB` (repeatable): which files are read.
-    pub exclude: Vec<String>,
-    pub include: Vec<String>,
-    /// `--color`: `None` = auto (a terminal, and NO_COLOR unset), else always / never.
-    pub color: Option<bool>,
-    /// `--random-fully on|off`, `--nfacct on|off`: node capabilities.
-    pub random_fully: Option<bool>,
-    pub nfacct: Option<bool>,
-    /// `--nft-layout kube-proxy|fast`.
-    pub nft_layout: Option<svc_compiler::ir::NftLayout>,
-    /// `svc-compile apply ...`.
-    pub apply: Option<Box<ApplyArgs>>,
-    /// `svc-compile drift ...`.
-    pub drift: Option<Box<DriftArgs>>,
 }
 
-/// The flags only `apply` takes.
-#[derive(Debug, Default)]
-pub struct ApplyArgs {
-    pub netns: Option<String>,
-    pub dry_run: bool,
-    pub from: Option<String>,
-    pub rollback: bool,
-    pub full: bool,
-    /// `--read-back`.
-    pub read_back: bool,
-    pub state_dir: Option<String>,
-    pub lock_timeout: Option<f64>,
-    /// `--cgroup` (ebpf only).
-    pub cgroup: Option<String>,
+/// Where `apply` takes the document from.
+pub enum ApplySource {
+    Manifests,
+    From(String),
+    Rollback,
 }
 
-pub enum Parsed {
-    /// Text to print on stdout, then exit 0 (help, version, completions, man page).
-    Print(String),
-    /// Boxed: a `Command` is several times the size of the other variants.
-    Run(Box<Command>),
-    Gen(GenCommand),
-    Diff(Box<DiffFlags>),
-    /// `svc-compile trace`: the compile part checked like `compile`'s.
-    Trace(Box<Command>, TraceFlags),
+/// `svc-compile apply`.
+pub struct ApplyCmd {
+    pub opts: CompileOpts,
+    pub target: TargetArgs,
+    /// One node (`all_nodes` is false).
+    pub nodes: Nodes,
+    pub source: ApplySource,
+    /// `--netns`, `--dry-run`, `--full`, `--read-back`, `--state-dir`, `--lock-timeout`,
+    /// `--cgroup` and `--family`, as the node crate takes them.
+    pub apply: svc_node::apply::Options,
 }
 
+/// `svc-compile drift`.
+pub struct DriftCmd {
+    pub opts: CompileOpts,
+    pub target: TargetArgs,
+    /// One node, given.
+    pub nodes: Nodes,
+    /// `--netns` and `--family`.
+    pub drift: svc_node::apply::Options,
+    pub from_saved: Option<String>,
+}
+
+/// One packet as written: `FROM TO [PROTO]`.
 #[derive(Debug)]
-pub struct GenCommand {
+pub struct Query {
+    pub from: IpAddr,
+    pub to: SocketAddr,
+    pub proto: Protocol,
+    pub line: String,
+}
+
+/// The packets `trace` follows.
+pub enum Packets {
+    One(Query),
+    /// `--flows FILE`, read by the command.
+    Flows(String),
+}
+
+/// `svc-compile trace`.
+pub struct TraceCmd {
+    pub opts: CompileOpts,
+    pub target: TargetArgs,
+    /// One node, given.
+    pub nodes: Nodes,
+    pub packets: Packets,
+    pub local_ips: Vec<IpAddr>,
+}
+
+/// The format of `diff`'s report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiffFormat {
+    Text,
+    Json,
+    Markdown,
+}
+
+/// `svc-compile diff`.
+pub struct DiffCmd {
+    pub old: String,
+    pub new: String,
+    pub node: Option<String>,
+    pub all_nodes: bool,
+    /// With `--rules`: the per-node target whose rulesets are compared.
+    pub rules: Option<&'static Target>,
+    pub format: DiffFormat,
+    pub allocate: bool,
+    pub color: Option<bool>,
+}
+
+/// `svc-compile gen`.
+#[derive(Debug)]
+pub struct GenCmd {
     pub shape: svc_compiler::synth::Shape,
     pub format: svc_compiler::synth::Format,
     pub output: Option<String>,
 }
 
-/// The parser, with every target of `targets` and its flags.
-fn command(targets: &[&'static Target]) -> clap::Command {
+// ---------------------------------------------------------------------------------------
+// The parser.
+
+/// The targets a subcommand takes.
+fn targets_of(sub: &str, targets: &[&'static Target]) -> Vec<&'static Target> {
+    let takes = |t: &Target| match sub {
+        "apply" => t.planner.is_some() || svc_node::ebpf::applies(t),
+        "drift" => t.planner.is_some_and(|p| p.drift()),
+        "trace" => t.name == "ir" || svc_targets::trace::TRACEABLE.contains(&t.name),
+        "diff" => t.per_node(),
+        _ => true,
+    };
+    targets.iter().copied().filter(|t| takes(t)).collect()
+}
+
+/// `Targets:` and a line per target, for `--help`.
+fn target_list(targets: &[&'static Target]) -> String {
     let mut help = String::from("Targets:\n");
     let width = targets.iter().map(|t| t.name.len()).max().unwrap_or(0);
     for t in targets {
         help += &format!("  {:width$}  {}\n", t.name, t.about);
     }
-    let after = format!("{AFTER_HELP}\n\n{help}\n{EXIT_CODES}");
-    let values: Vec<PossibleValue> = targets
+    help
+}
+
+/// The parser, with every target of `targets` and its flags, each subcommand with the
+/// targets it takes.
+fn command(targets: &[&'static Target]) -> clap::Command {
+    let with_targets = |c: clap::Command| {
+        let name = c.get_name().to_string();
+        let own = targets_of(&name, targets);
+        let values: Vec<PossibleValue> = own
+            .iter()
+            .map(|t| PossibleValue::new(t.name).help(t.about))
+            .collect();
+        let mut flags: Vec<clap::Arg> = Vec::new();
+        for f in own.iter().flat_map(|t| t.flags) {
+            if flags.iter().any(|a| a.get_id() == f.name) {
+                continue; // two targets may share a flag name
+            }
+            flags.push(
+                clap::Arg::new(f.name)
+                    .long(f.name)
+                    .value_name(f.value_name)
+                    .help(f.help)
+                    .help_heading("Target options")
+                    .action(ArgAction::Append),
+            );
+        }
+        let c = c
+            .mut_arg("target", |a| {
+                let a = a.value_parser(PossibleValuesParser::new(values));
+                match name.as_str() {
+                    "compile" | "trace" => a.default_value("ir"),
+                    _ => a,
+                }
+            })
+            .args(flags)
+            .after_help(format!(
+                "{}\n{}",
+                target_list(&own),
+                exit_codes(Some(&name))
+            ));
+        match name.as_str() {
+            "trace" => c.mut_arg("format", |a| {
+                a.value_parser(["text", "json"])
+                    .help("How the report and diagnostics are printed")
+            }),
+            _ => c,
+        }
+    };
+    let plain = |c: clap::Command| {
+        let codes = exit_codes(Some(c.get_name()));
+        c.after_help(codes)
+    };
+    let diff_targets: Vec<PossibleValue> = targets_of("diff", targets)
         .iter()
         .map(|t| PossibleValue::new(t.name).help(t.about))
         .collect();
-    let mut flags: Vec<clap::Arg> = Vec::new();
-    for f in targets.iter().flat_map(|t| t.flags) {
-        if flags.iter().any(|a| a.get_id() == f.name) {
-            continue; // two targets may share a flag name
-        }
-        flags.push(
-            clap::Arg::new(f.name)
-                .long(f.name)
-                .value_name(f.value_name)
-                .help(f.help)
-                .help_heading("Target options")
-                .action(ArgAction::Append),
-        );
-    }
-    let compiling = |c: clap::Command| {
-        c.mut_arg("target", |a| {
-            a.value_parser(PossibleValuesParser::new(values.clone()))
-        })
-        .args(flags.clone())
-        .after_help(EXIT_CODES)
-    };
     Cli::command()
-        .after_help(after)
-        .mut_subcommand("check", compiling)
-        .mut_subcommand("compile", compiling)
-        .mut_subcommand("apply", compiling)
-        .mut_subcommand("drift", compiling)
-        .mut_subcommand("trace", compiling)
+        .after_help(format!(
+            "{AFTER_HELP}\n\n{}\n{}",
+            target_list(targets),
+            exit_codes(None)
+        ))
+        .mut_subcommand("check", plain)
+        .mut_subcommand("compile", with_targets)
+        .mut_subcommand("apply", with_targets)
+        .mut_subcommand("drift", with_targets)
+        .mut_subcommand("trace", with_targets)
+        .mut_subcommand("gen", plain)
+        .mut_subcommand("diff", |c| {
+            plain(c).mut_arg("target", |a| {
+                a.value_parser(PossibleValuesParser::new(diff_targets))
+            })
+        })
 }
 
-const SUBCOMMANDS: &[&str] = &[
-    "check",
-    "compile",
-    "apply",
-    "drift",
-    "trace",
-    "gen",
-    "completions",
-    "man",
-    "diff",
-];
-
-pub fn parse(args: &[String]) -> Result<Parsed, String> {
+pub fn parse(args: &[String]) -> Result<Run, String> {
     parse_with(args, svc_targets::TARGETS)
 }
 
 /// [`parse`] with the targets given (tests use made-up ones).
-pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result<Parsed, String> {
+pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result<Run, String> {
     let mut cmd = command(targets);
     // `svc-compile PATHS...` compiles, as it always has.
-    let first = args.first().map(String::as_str);
-    let default = match first {
-        None => true,
-        Some(a) => !SUBCOMMANDS.contains(&a) && !matches!(a, "-h" | "--help" | "-V" | "--version"),
+    let sub = match args.first().map(String::as_str) {
+        Some(a) if SUBCOMMANDS.contains(&a) => a,
+        Some("-h" | "--help" | "-V" | "--version") => "",
+        _ => "compile",
     };
+    let default = sub == "compile" && args.first().map(String::as_str) != Some("compile");
     let argv = std::iter::once("svc-compile")
         .chain(default.then_some("compile"))
         .chain(args.iter().map(String::as_str));
     let matches = match cmd.try_get_matches_from_mut(argv) {
         Ok(m) => m,
         Err(e) if e.kind() == ErrorKind::DisplayHelp => {
-            return Ok(Parsed::Print(e.render().to_string()));
+            return Ok(Run::Print(e.render().to_string()));
         }
         // clap names the subcommand (`svc-compile-check`); the program is one.
         Err(e) if e.kind() == ErrorKind::DisplayVersion => {
-            return Ok(Parsed::Print(format!(
+            return Ok(Run::Print(format!(
                 "svc-compile {}\n",
                 env!("CARGO_PKG_VERSION")
             )));
         }
-        Err(e) => return Err(message(&e, targets)),
+        Err(e) => return Err(message(&e, sub, targets)),
     };
-    let cli = Cli::from_arg_matches(&matches).map_err(|e| message(&e, targets))?;
-    let sub_matches = matches.subcommand().map(|(_, m)| m);
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| message(&e, sub, targets))?;
+    let m = matches.subcommand().map(|(_, m)| m);
     match cli.sub {
-        Sub::Check(c) => compile_command(c, None, true, sub_matches, targets),
-        Sub::Compile(c) => compile_command(c, None, false, sub_matches, targets),
-        Sub::Apply { compile, apply } => {
-            compile_command(compile, Some(apply), false, sub_matches, targets)
-        }
-        Sub::Drift { compile, drift } => drift_command(compile, drift, sub_matches, targets),
-        Sub::Trace { compile, trace } => {
-            match compile_command(compile, None, true, sub_matches, targets)? {
-                Parsed::Run(cmd) => Ok(Parsed::Trace(cmd, trace)),
-                other => Ok(other),
+        Sub::Check { inputs, lock } => {
+            let opts = compile_opts(inputs, None)?;
+            if lock.write_lock && opts.lock.is_none() {
+                return Err("--write-lock needs --lock FILE".into());
             }
+            if opts.paths.is_empty() {
+                return Err(NO_INPUT.into());
+            }
+            Ok(Run::Check(CheckCmd {
+                opts,
+                write_lock: lock.write_lock,
+            }))
         }
-        Sub::Gen(g) => gen_command(g),
+        Sub::Compile {
+            inputs,
+            node,
+            output,
+            lock,
+        } => compile_cmd(inputs, node, output, lock, m, targets),
+        Sub::Apply {
+            inputs,
+            node,
+            apply,
+        } => apply_cmd(inputs, node, apply, m, targets),
+        Sub::Drift {
+            inputs,
+            node,
+            drift,
+        } => drift_cmd(inputs, node, drift, m, targets),
+        Sub::Trace {
+            inputs,
+            node,
+            trace,
+        } => trace_cmd(inputs, node, trace, m, targets),
+        Sub::Gen(g) => gen_cmd(g),
         Sub::Completions { shell } => {
             let shell = match shell {
                 Shell::Bash => clap_complete::Shell::Bash,
                 Shell::Zsh => clap_complete::Shell::Zsh,
                 Shell::Fish => clap_complete::Shell::Fish,
             };
-            let mut out = Vec::new();
-            clap_complete::generate(shell, &mut cmd, "svc-compile", &mut out);
-            Ok(Parsed::Print(String::from_utf8_lossy(&out).into_owned()))
+            Ok(Run::Print(completions(shell, command(targets))))
         }
-        Sub::Man => man_page(cmd).map(Parsed::Print),
-        Sub::Diff(d) => Ok(Parsed::Diff(Box::new(d))),
+        Sub::Man => man_page(command(targets)).map(Run::Print),
+        Sub::Diff(d) => diff_cmd(d, targets),
     }
 }
+
+/// The completion script for `shell`. clap_complete's bash script names its states from
+/// the program's name with `-` made `__` in one place and `__subcmd__` in another, so that
+/// for `svc-compile` no subcommand's state is ever reached: bash's is generated for a name
+/// without `-` and registered for the real one.
+fn completions(shell: clap_complete::Shell, mut cmd: clap::Command) -> String {
+    let mut out = Vec::new();
+    if shell != clap_complete::Shell::Bash {
+        clap_complete::generate(shell, &mut cmd, "svc-compile", &mut out);
+        return String::from_utf8_lossy(&out).into_owned();
+    }
+    clap_complete::generate(shell, &mut cmd, "svc_compile", &mut out);
+    let text = String::from_utf8_lossy(&out);
+    let mut script = String::new();
+    for line in text.lines() {
+        match line.strip_suffix(" svc_compile") {
+            Some(head) if line.trim_start().starts_with("complete ") => {
+                script += &format!("{head} svc-compile\n");
+            }
+            _ => script += &format!("{line}\n"),
+        }
+    }
+    script
+}
+
+const NO_INPUT: &str = "no input: give files, directories or `-` for stdin";
 
 /// One roff page: the program's, then each command's synopsis and options (rather than
 /// references to per-command pages that are not installed).
@@ -519,8 +766,8 @@ fn man_page(cmd: clap::Command) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
-/// A clap error as one line, in the words of the rest of the CLI.
-fn message(e: &clap::Error, targets: &[&'static Target]) -> String {
+/// A clap error of subcommand `sub` as one line, in the words of the rest of the CLI.
+fn message(e: &clap::Error, sub: &str, targets: &[&'static Target]) -> String {
     let get = |kind| match e.get(kind) {
         Some(ContextValue::String(s)) => Some(s.clone()),
         _ => None,
@@ -541,19 +788,23 @@ fn message(e: &clap::Error, targets: &[&'static Target]) -> String {
             }
             _ => "an argument is missing".into(),
         },
-        (ErrorKind::UnknownArgument, Some(f)) if APPLY_FLAGS.contains(&f.as_str()) => {
-            format!("{f} belongs to `svc-compile apply`")
-        }
         (ErrorKind::UnknownArgument, Some(f)) if f.starts_with('-') => {
-            format!("unknown flag `{f}`")
+            unknown_flag(&f, sub, targets)
         }
         (ErrorKind::UnknownArgument, Some(a)) => format!("unexpected argument `{a}`"),
         (ErrorKind::InvalidValue, Some(f)) => match get(ContextKind::InvalidValue) {
             Some(v) if v.is_empty() => format!("{f} needs a value"),
-            Some(v) if f == "--target" => format!(
-                "unknown target `{v}`: use {}",
-                one_of(targets.iter().map(|t| t.name))
-            ),
+            Some(v) if f == "--target" => {
+                let own = targets_of(sub, targets);
+                let names = one_of(own.iter().map(|t| t.name));
+                if own.is_empty() {
+                    format!("`svc-compile {sub}` takes none of the targets")
+                } else if targets.iter().any(|t| t.name == v) {
+                    format!("`svc-compile {sub}` does not take --target {v}: use {names}")
+                } else {
+                    format!("unknown target `{v}`: use {names}")
+                }
+            }
             Some(v) => match e.get(ContextKind::ValidValue) {
                 Some(ContextValue::Strings(valid)) => {
                     format!("{f} `{v}`: use {}", one_of(valid))
@@ -571,41 +822,120 @@ fn message(e: &clap::Error, targets: &[&'static Target]) -> String {
     }
 }
 
+/// An unknown flag of `sub`: whose it is, if another subcommand's, or the flag meant.
+fn unknown_flag(flag: &str, sub: &str, targets: &[&'static Target]) -> String {
+    let cmd = command(targets);
+    let flags_of = |c: &clap::Command| -> Vec<String> {
+        c.get_arguments()
+            .flat_map(|a| {
+                let long = a.get_long().map(|l| format!("--{l}"));
+                let short = a.get_short().map(|s| format!("-{s}"));
+                long.into_iter().chain(short)
+            })
+            .collect()
+    };
+    let others: Vec<(String, Vec<String>)> = cmd
+        .get_subcommands()
+        .filter(|c| c.get_name() != sub)
+        .map(|c| (c.get_name().to_string(), flags_of(c)))
+        .collect();
+    let owners = |f: &str| -> Vec<String> {
+        others
+            .iter()
+            .filter(|(_, flags)| flags.iter().any(|g| g == f))
+            .map(|(n, _)| n.clone())
+            .collect()
+    };
+    let belongs = |f: &str, owners: &[String]| {
+        let named = owners.iter().enumerate().map(|(i, n)| match i {
+            0 => format!("`svc-compile {n}`"),
+            _ => format!("`{n}`"),
+        });
+        format!("{f} belongs to {}, not `{sub}`", list(named, "and"))
+    };
+    let found = owners(flag);
+    if !found.is_empty() {
+        return belongs(flag, &found);
+    }
+    let help = format!("see `svc-compile {sub} --help`");
+    // The nearest flag of this command, else of another.
+    let own = cmd.find_subcommand(sub).map(flags_of).unwrap_or_default();
+    if let Some(near) = nearest(flag, &own) {
+        return format!("unknown flag `{flag}`: did you mean `{near}`?");
+    }
+    let all: Vec<String> = others.iter().flat_map(|(_, f)| f.clone()).collect();
+    match nearest(flag, &all) {
+        Some(near) => format!(
+            "unknown flag `{flag}`: did you mean `{near}`? ({})",
+            belongs(&near, &owners(&near))
+        ),
+        None => format!("unknown flag `{flag}` ({help})"),
+    }
+}
+
+/// The candidate nearest to `word` by edit distance, if near enough to be a typo.
+fn nearest(word: &str, candidates: &[String]) -> Option<String> {
+    let word = word.split('=').next().unwrap_or(word);
+    let limit = (word.len() / 4).max(1);
+    candidates
+        .iter()
+        .filter(|c| c.len() > 2)
+        .map(|c| (edit_distance(word, c), c))
+        .filter(|(d, _)| *d <= limit)
+        .min()
+        .map(|(_, c)| c.clone())
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 /// `a, b or c`.
 pub(crate) fn one_of<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> String {
+    list(names, "or")
+}
+
+/// `a, b {conj} c`.
+fn list<S: AsRef<str>>(names: impl IntoIterator<Item = S>, conj: &str) -> String {
     let names: Vec<S> = names.into_iter().collect();
     match names.split_last() {
         None => String::new(),
         Some((last, [])) => last.as_ref().to_string(),
         Some((last, rest)) => {
             let rest: Vec<&str> = rest.iter().map(AsRef::as_ref).collect();
-            format!("{} or {}", rest.join(", "), last.as_ref())
+            format!("{} {conj} {}", rest.join(", "), last.as_ref())
         }
     }
 }
 
-const APPLY_FLAGS: &[&str] = &[
-    "--netns",
-    "--dry-run",
-    "--from",
-    "--rollback",
-    "--full",
-    "--read-back",
-    "--state-dir",
-    "--lock-timeout",
-];
+// ---------------------------------------------------------------------------------------
+// The second stage: checked values.
 
-fn gen_command(g: GenFlags) -> Result<Parsed, String> {
+fn gen_cmd(g: GenFlags) -> Result<Run, String> {
     use svc_compiler::synth::{Format, Shape, MAX_NODES};
     let number = |flag: &str, v: &str| {
         v.parse::<usize>()
-            .map_err(|_| format!("{flag} `{v}` is not a number"))
+            .map_err(|_| format!("--{flag} `{v}` is not a number"))
     };
     let shape = Shape {
-        services: number("--services", &g.services)?,
-        endpoints: number("--endpoints", &g.endpoints)?,
-        nodes: number("--nodes", &g.nodes)?,
-        seed: number("--seed", &g.seed)? as u64,
+        services: number("services", &g.services)?,
+        endpoints: number("endpoints", &g.endpoints)?,
+        nodes: number("nodes", &g.nodes)?,
+        seed: number("seed", &g.seed)? as u64,
     };
     let format = match g.format.as_str() {
         "yaml" => Format::YamlList,
@@ -615,67 +945,22 @@ fn gen_command(g: GenFlags) -> Result<Parsed, String> {
     if !(1..=MAX_NODES).contains(&shape.nodes) {
         return Err(format!("--nodes must be between 1 and {MAX_NODES}"));
     }
-    Ok(Parsed::Gen(GenCommand {
+    Ok(Run::Gen(GenCmd {
         shape,
         format,
         output: g.output,
     }))
 }
 
-fn compile_command(
-    c: CompileFlags,
-    apply: Option<ApplyFlags>,
-    check: bool,
-    matches: Option<&clap::ArgMatches>,
-    targets: &[&'static Target],
-) -> Result<Parsed, String> {
-    let target = *targets
-        .iter()
-        .find(|t| t.name == c.target)
-        .expect("clap checks --target");
-    let mut params = Params::default();
-    for f in targets.iter().flat_map(|t| t.flags) {
-        let given: Vec<&String> = matches
-            .and_then(|m| m.get_many::<String>(f.name))
-            .into_iter()
-            .flatten()
-            .collect();
-        if given.is_empty() || params.get(f.name).is_some() {
-            continue;
-        }
-        let Some(own) = target.flags.iter().find(|o| o.name == f.name) else {
-            let owners: Vec<&str> = targets
-                .iter()
-                .filter(|t| t.flags.iter().any(|o| o.name == f.name))
-                .map(|t| t.name)
-                .collect();
-            return Err(format!(
-                "--{} belongs to --target {}",
-                f.name,
-                one_of(owners)
-            ));
-        };
-        if !own.repeatable && given.len() > 1 {
-            return Err(format!("--{} is given more than once", f.name));
-        }
-        for v in given {
-            params.push(own.name, v.clone());
-        }
+fn color(when: &str) -> Option<bool> {
+    match when {
+        "always" => Some(true),
+        "never" => Some(false),
+        _ => None,
     }
-    let node_ips = c
-        .node_ip
-        .iter()
-        .map(|s| {
-            s.parse()
-                .map_err(|_| format!("--node-ip `{s}` is not an IP address"))
-        })
-        .collect::<Result<_, _>>()?;
-    let family = match c.family.as_deref().map(str::to_ascii_lowercase).as_deref() {
-        None => None,
-        Some("ipv4" | "4") => Some(IpFamily::IPv4),
-        Some("ipv6" | "6") => Some(IpFamily::IPv6),
-        Some(f) => return Err(format!("--family `{f}`: use ipv4 or ipv6")),
-    };
+}
+
+fn compile_opts(c: InputFlags, node: Option<&NodeFlags>) -> Result<CompileOpts, String> {
     let service_cidrs = c
         .service_cluster_ip_range
         .map(|s| parse_service_cidrs(&s).map_err(|e| format!("--service-cluster-ip-range: {e}")))
@@ -684,108 +969,197 @@ fn compile_command(
         .service_node_port_range
         .map(|s| parse_port_range(&s).map_err(|e| format!("--service-node-port-range: {e}")))
         .transpose()?;
-    let format = match c.format.as_str() {
-        "json" => Format::Json,
-        "sarif" => Format::Sarif,
-        _ => Format::Text,
-    };
-    let apply = apply.map(apply_args).transpose()?.map(Box::new);
-    let cmd = Command {
-        check,
+    let cluster_domain = c
+        .cluster_domain
+        .map(|d| {
+            cluster_domain(&d).map_err(|e| format!("--cluster-domain `{d}`: {e}"))?;
+            Ok::<_, String>(d.strip_suffix('.').unwrap_or(&d).to_string())
+        })
+        .transpose()?;
+    let on = |v: &Option<String>| v.as_ref().map(|v| v == "on");
+    Ok(CompileOpts {
         paths: c.paths,
-        target,
-        params,
-        node: c.node,
-        node_ips,
-        family,
-        all_nodes: c.all_nodes,
-        out_dir: c.out,
-        part: c.part,
-        output: c.output,
         service_cidrs,
         node_port_range,
-        cluster_domain: c.cluster_domain,
+        cluster_domain,
         allocate: !c.no_allocate,
         lock: c.lock,
-        write_lock: c.write_lock,
-        format,
         exclude: c.exclude,
         include: c.include,
-        color: match c.color.as_str() {
-            "always" => Some(true),
-            "never" => Some(false),
-            _ => None,
+        format: match c.format.as_str() {
+            "json" => Format::Json,
+            "sarif" => Format::Sarif,
+            _ => Format::Text,
         },
-        random_fully: c.random_fully.map(|v| v == "on"),
-        nfacct: c.nfacct.map(|v| v == "on"),
-        nft_layout: c
-            .nft_layout
-            .as_deref()
-            .and_then(svc_compiler::ir::NftLayout::parse),
-        apply,
-        drift: None,
-    };
-    if let Some(apply) = &cmd.apply {
-        if cmd.part.is_some() {
-            return Err("apply loads the whole document: --part is for compile".into());
-        }
-        check_apply(&cmd, apply, targets)?;
-        return Ok(Parsed::Run(Box::new(cmd)));
-    }
-    if cmd.paths.is_empty() {
-        return Err("no input: give files, directories or `-` for stdin".into());
-    }
-    if cmd.write_lock && cmd.lock.is_none() {
-        return Err("--write-lock needs --lock FILE".into());
-    }
-    if cmd.all_nodes && cmd.out_dir.is_none() {
-        return Err("--all-nodes needs --out DIR".into());
-    }
-    if cmd.all_nodes && cmd.node.is_some() {
-        return Err("use either --node or --all-nodes, not both".into());
-    }
-    if !cmd.check && cmd.target.per_node() && cmd.node.is_none() && !cmd.all_nodes {
-        return Err("this target needs --node NAME (or --all-nodes --out DIR)".into());
-    }
-    Ok(Parsed::Run(Box::new(cmd)))
+        color: color(&c.color),
+        random_fully: node.and_then(|n| on(&n.random_fully)),
+        nfacct: node.and_then(|n| on(&n.nfacct)),
+        nft_layout: node
+            .and_then(|n| n.nft_layout.as_deref())
+            .and_then(NftLayout::parse),
+    })
 }
 
-/// `svc-compile drift`: a compile for one node of a target `apply` can load, and where to
-/// read the node's state.
-fn drift_command(
-    c: CompileFlags,
-    d: DriftFlags,
+/// A cluster domain as kube-proxy and CoreDNS take it: RFC 1123 labels (lower case, as
+/// ClusterConfig's `clusterDomain`, SVC318) joined by dots; one trailing dot is dropped.
+pub(crate) fn cluster_domain(d: &str) -> Result<(), String> {
+    let name = d.strip_suffix('.').unwrap_or(d);
+    if name.is_empty() {
+        return Err("give a domain, e.g. cluster.local".into());
+    }
+    if name.len() > 253 {
+        return Err(format!("{} characters: at most 253", name.len()));
+    }
+    for label in name.split('.') {
+        let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+        let why = if label.is_empty() {
+            "an empty label".to_string()
+        } else if label.len() > 63 {
+            format!("label `{label}` is longer than 63 characters")
+        } else if !label.chars().all(ok) {
+            format!("label `{label}`: use lower-case letters, digits and `-`")
+        } else if label.starts_with('-') || label.ends_with('-') {
+            format!("label `{label}` starts or ends with `-`")
+        } else {
+            continue;
+        };
+        return Err(format!(
+            "{why} (RFC 1123 labels joined by dots, e.g. cluster.local)"
+        ));
+    }
+    Ok(())
+}
+
+/// The target (checked against `sub`'s by clap, or `None` when not given) and its flags.
+fn target_args(
+    sub: &str,
+    target: Option<&str>,
     matches: Option<&clap::ArgMatches>,
     targets: &[&'static Target],
-) -> Result<Parsed, String> {
-    let Parsed::Run(mut cmd) = compile_command(c, None, false, matches, targets)? else {
-        unreachable!("compile_command gives a run")
+) -> Result<TargetArgs, String> {
+    let own = targets_of(sub, targets);
+    let Some(target) = target.and_then(|n| own.iter().find(|t| t.name == n)) else {
+        return Err(format!(
+            "{sub} needs {}",
+            one_of(own.iter().map(|t| format!("--target {}", t.name)))
+        ));
     };
-    if !cmd.target.planner.is_some_and(|p| p.drift()) {
-        let names: Vec<String> = targets
-            .iter()
-            .filter(|t| t.planner.is_some_and(|p| p.drift()))
-            .map(|t| format!("--target {}", t.name))
+    let mut params = Params::default();
+    for f in own.iter().flat_map(|t| t.flags) {
+        let given: Vec<&String> = matches
+            .and_then(|m| m.get_many::<String>(f.name))
+            .into_iter()
+            .flatten()
             .collect();
-        return Err(format!("drift needs {}", one_of(&names)));
+        if given.is_empty() || params.get(f.name).is_some() {
+            continue;
+        }
+        let Some(flag) = target.flags.iter().find(|o| o.name == f.name) else {
+            let owners = own
+                .iter()
+                .filter(|t| t.flags.iter().any(|o| o.name == f.name))
+                .map(|t| t.name);
+            return Err(format!(
+                "--{} belongs to --target {}",
+                f.name,
+                one_of(owners)
+            ));
+        };
+        if !flag.repeatable && given.len() > 1 {
+            return Err(format!("--{} is given more than once", f.name));
+        }
+        for v in given {
+            params.push(flag.name, v.clone());
+        }
     }
-    if cmd.node.is_none() {
-        return Err("drift needs --node NAME: the node the rules are compiled for".into());
-    }
-    if cmd.all_nodes || cmd.out_dir.is_some() || cmd.part.is_some() || cmd.write_lock {
-        return Err(
-            "drift compares one node: --all-nodes, --out, --part and --write-lock do not apply"
-                .into(),
-        );
-    }
-    cmd.drift = Some(Box::new(DriftArgs {
-        netns: d.netns,
-        from_saved: d.from_saved,
-    }));
-    Ok(Parsed::Run(cmd))
+    Ok(TargetArgs { target, params })
 }
 
-fn apply_args(a: ApplyFlags) -> Result<ApplyArgs, String> {
+fn nodes(n: &NodeFlags, all_nodes: bool) -> Result<Nodes, String> {
+    let node_ips = n
+        .node_ip
+        .iter()
+        .map(|s| {
+            s.parse()
+                .map_err(|_| format!("--node-ip `{s}` is not an IP address"))
+        })
+        .collect::<Result<_, _>>()?;
+    let family = match n.family.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None => None,
+        Some("ipv4" | "4") => Some(IpFamily::IPv4),
+        Some("ipv6" | "6") => Some(IpFamily::IPv6),
+        Some(f) => return Err(format!("--family `{f}`: use ipv4 or ipv6")),
+    };
+    if all_nodes && n.node.is_some() {
+        return Err("use either --node or --all-nodes, not both".into());
+    }
+    Ok(Nodes {
+        node: n.node.clone(),
+        node_ips,
+        family,
+        all_nodes,
+    })
+}
+
+fn compile_cmd(
+    inputs: InputFlags,
+    n: NodeFlags,
+    o: OutputFlags,
+    lock: WriteLockFlag,
+    m: Option<&clap::ArgMatches>,
+    targets: &[&'static Target],
+) -> Result<Run, String> {
+    let target = target_args("compile", n.target.as_deref(), m, targets)?;
+    let nodes = nodes(&n, o.all_nodes)?;
+    let opts = compile_opts(inputs, Some(&n))?;
+    if opts.paths.is_empty() {
+        return Err(NO_INPUT.into());
+    }
+    if lock.write_lock && opts.lock.is_none() {
+        return Err("--write-lock needs --lock FILE".into());
+    }
+    if nodes.all_nodes && o.out.is_none() {
+        return Err("--all-nodes needs --out DIR".into());
+    }
+    if target.target.per_node() && nodes.node.is_none() && !nodes.all_nodes {
+        return Err("this target needs --node NAME (or --all-nodes --out DIR)".into());
+    }
+    Ok(Run::Compile(Box::new(CompileCmd {
+        opts,
+        target,
+        nodes,
+        out_dir: o.out,
+        part: o.part,
+        output: o.output,
+        write_lock: lock.write_lock,
+    })))
+}
+
+fn apply_cmd(
+    inputs: InputFlags,
+    n: NodeFlags,
+    a: ApplyFlags,
+    m: Option<&clap::ArgMatches>,
+    targets: &[&'static Target],
+) -> Result<Run, String> {
+    let target = target_args("apply", n.target.as_deref(), m, targets)?;
+    let nodes = nodes(&n, false)?;
+    let opts = compile_opts(inputs, Some(&n))?;
+    if a.cgroup.is_some() && !svc_node::ebpf::applies(target.target) {
+        return Err("--cgroup is for apply --target ebpf".into());
+    }
+    let source = match (!opts.paths.is_empty(), a.from, a.rollback) {
+        (true, None, false) => ApplySource::Manifests,
+        (false, Some(f), false) => ApplySource::From(f),
+        (false, None, true) => ApplySource::Rollback,
+        (false, None, false) => {
+            return Err("apply needs manifests (PATHS), --from FILE or --rollback".into())
+        }
+        _ => return Err("apply takes one of PATHS, --from FILE and --rollback".into()),
+    };
+    if matches!(source, ApplySource::Manifests) && nodes.node.is_none() {
+        return Err("apply needs --node NAME: the node this ruleset is for".into());
+    }
     let lock_timeout = a
         .lock_timeout
         .map(|s| {
@@ -795,55 +1169,150 @@ fn apply_args(a: ApplyFlags) -> Result<ApplyArgs, String> {
                 .ok_or_else(|| format!("--lock-timeout `{s}`: give seconds, e.g. 30"))
         })
         .transpose()?;
-    Ok(ApplyArgs {
-        netns: a.netns,
-        dry_run: a.dry_run,
-        from: a.from,
-        rollback: a.rollback,
-        full: a.full,
-        read_back: a.read_back,
-        state_dir: a.state_dir,
-        lock_timeout,
-        cgroup: a.cgroup,
+    Ok(Run::Apply(Box::new(ApplyCmd {
+        apply: svc_node::apply::Options {
+            netns: a.netns,
+            dry_run: a.dry_run,
+            full: a.full,
+            read_back: a.read_back,
+            state_dir: a.state_dir,
+            lock_timeout,
+            cgroup: a.cgroup,
+            family: nodes.family,
+        },
+        opts,
+        target,
+        nodes,
+        source,
+    })))
+}
+
+fn drift_cmd(
+    inputs: InputFlags,
+    n: NodeFlags,
+    d: DriftFlags,
+    m: Option<&clap::ArgMatches>,
+    targets: &[&'static Target],
+) -> Result<Run, String> {
+    let target = target_args("drift", n.target.as_deref(), m, targets)?;
+    let nodes = nodes(&n, false)?;
+    let opts = compile_opts(inputs, Some(&n))?;
+    if opts.paths.is_empty() {
+        return Err(NO_INPUT.into());
+    }
+    if nodes.node.is_none() {
+        return Err("drift needs --node NAME: the node the rules are compiled for".into());
+    }
+    Ok(Run::Drift(Box::new(DriftCmd {
+        drift: svc_node::apply::Options {
+            netns: d.netns,
+            family: nodes.family,
+            ..Default::default()
+        },
+        opts,
+        target,
+        nodes,
+        from_saved: d.from_saved,
+    })))
+}
+
+fn trace_cmd(
+    inputs: InputFlags,
+    n: NodeFlags,
+    t: TraceFlags,
+    m: Option<&clap::ArgMatches>,
+    targets: &[&'static Target],
+) -> Result<Run, String> {
+    let target = target_args("trace", n.target.as_deref(), m, targets)?;
+    let nodes = nodes(&n, false)?;
+    let opts = compile_opts(inputs, Some(&n))?;
+    if opts.paths.is_empty() {
+        return Err(NO_INPUT.into());
+    }
+    if nodes.node.is_none() {
+        return Err("trace needs --node NAME".into());
+    }
+    let packets = match (t.flows, &t.from, &t.to) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+            return Err("use either --flows FILE or --from/--to, not both".into())
+        }
+        (Some(path), None, None) => Packets::Flows(path),
+        (None, Some(from), Some(to)) => Packets::One(query(from, to, &t.proto)?),
+        (None, _, _) => {
+            return Err("trace needs --from IP[:PORT] and --to IP:PORT (or --flows FILE)".into())
+        }
+    };
+    let local_ips = t
+        .local_ip
+        .iter()
+        .map(|s| {
+            s.parse::<IpAddr>()
+                .map_err(|_| format!("--local-ip `{s}` is not an IP address"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Run::Trace(Box::new(TraceCmd {
+        opts,
+        target,
+        nodes,
+        packets,
+        local_ips,
+    })))
+}
+
+/// One packet: `--from IP[:PORT]` (the sender's port does not matter to the rules),
+/// `--to IP:PORT` of the same family, the protocol.
+pub(crate) fn query(from: &str, to: &str, proto: &str) -> Result<Query, String> {
+    let src = from
+        .parse::<IpAddr>()
+        .or_else(|_| from.parse::<SocketAddr>().map(|a| a.ip()))
+        .map_err(|_| format!("--from `{from}`: give IP or IP:PORT"))?;
+    let dst = to
+        .parse::<SocketAddr>()
+        .map_err(|_| format!("--to `{to}`: give IP:PORT ([IPv6]:PORT)"))?;
+    let proto = match proto.to_ascii_lowercase().as_str() {
+        "tcp" => Protocol::TCP,
+        "udp" => Protocol::UDP,
+        "sctp" => Protocol::SCTP,
+        _ => return Err(format!("protocol `{proto}`: use tcp, udp or sctp")),
+    };
+    let (f, t) = (IpFamily::of(&src), IpFamily::of(&dst.ip()));
+    if f != t {
+        return Err(format!(
+            "--from `{from}` is {} and --to `{to}` is {}: a packet has one family",
+            f.as_str(),
+            t.as_str()
+        ));
+    }
+    Ok(Query {
+        from: src,
+        to: dst,
+        proto,
+        line: format!("{from} {to} {}", proto.lower()),
     })
 }
 
-fn check_apply(
-    cmd: &Command,
-    apply: &ApplyArgs,
-    targets: &[&'static Target],
-) -> Result<(), String> {
-    let in_process = svc_node::ebpf::applies(cmd.target);
-    if apply.cgroup.is_some() && !in_process {
-        return Err("--cgroup is for apply --target ebpf".into());
+fn diff_cmd(d: DiffFlags, targets: &[&'static Target]) -> Result<Run, String> {
+    let rules = d
+        .rules
+        .then(|| targets.iter().copied().find(|t| t.name == d.target))
+        .map(|t| t.expect("clap checks --target"));
+    if d.rules && d.node.is_none() && !d.all_nodes {
+        return Err("--rules needs --node NAME or --all-nodes".into());
     }
-    if cmd.target.planner.is_none() && !in_process {
-        let appliable = targets
-            .iter()
-            .filter(|t| t.planner.is_some() || svc_node::ebpf::applies(t))
-            .map(|t| format!("--target {}", t.name));
-        let names: Vec<String> = appliable.collect();
-        if names.is_empty() {
-            return Err("apply: no target can be applied".into());
-        }
-        return Err(format!("apply needs {}", one_of(&names)));
-    }
-    let sources = [!cmd.paths.is_empty(), apply.from.is_some(), apply.rollback];
-    match sources.iter().filter(|s| **s).count() {
-        0 => return Err("apply needs manifests (PATHS), --from FILE or --rollback".into()),
-        1 => {}
-        _ => return Err("apply takes one of PATHS, --from FILE and --rollback".into()),
-    }
-    if !cmd.paths.is_empty() && cmd.node.is_none() {
-        return Err("apply needs --node NAME: the node this ruleset is for".into());
-    }
-    if cmd.all_nodes || cmd.out_dir.is_some() || cmd.output.is_some() || cmd.write_lock {
-        return Err(
-            "apply loads one node's ruleset: --all-nodes, --out, -o and --write-lock do not apply"
-                .into(),
-        );
-    }
-    Ok(())
+    Ok(Run::Diff(DiffCmd {
+        old: d.old,
+        new: d.new,
+        node: d.node,
+        all_nodes: d.all_nodes,
+        rules,
+        format: match d.format.as_str() {
+            "json" => DiffFormat::Json,
+            "markdown" => DiffFormat::Markdown,
+            _ => DiffFormat::Text,
+        },
+        allocate: !d.no_allocate,
+        color: color(&d.color),
+    }))
 }
 
 #[cfg(test)]
@@ -883,12 +1352,19 @@ mod tests {
     };
     const TARGETS: &[&Target] = &[&svc_targets::ir::TARGET, &FAKE];
 
-    fn parse(args: &[&str]) -> Result<Command, String> {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        match parse_with(&args, TARGETS)? {
-            Parsed::Run(cmd) => Ok(*cmd),
-            _ => panic!("not a run"),
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|a| a.to_string()).collect()
+    }
+
+    fn parse(a: &[&str]) -> Result<CompileCmd, String> {
+        match parse_with(&args(a), TARGETS)? {
+            Run::Compile(cmd) => Ok(*cmd),
+            _ => panic!("not a compile"),
         }
+    }
+
+    fn err(a: &[&str]) -> String {
+        parse_with(&args(a), TARGETS).err().expect("an error")
     }
 
     #[test]
@@ -900,18 +1376,17 @@ mod tests {
     #[test]
     fn target_flags_come_from_the_registry() {
         let cmd = parse(&["m/", "--target", "fake", "--zone", "a", "--zone=b"]).unwrap();
-        assert_eq!(cmd.target.name, "fake");
-        assert_eq!(cmd.params.all("zone"), ["a", "b"]);
-        assert_eq!(cmd.params.get("template"), None);
-        let cmd = parse(&["check", "m/", "--target", "fake", "--template", "t.txt"]).unwrap();
-        assert_eq!(cmd.params.get("template"), Some("t.txt"));
+        assert_eq!(cmd.target.target.name, "fake");
+        assert_eq!(cmd.target.params.all("zone"), ["a", "b"]);
+        assert_eq!(cmd.target.params.get("template"), None);
+        let cmd = parse(&["compile", "m/", "--target", "fake", "--template", "t"]).unwrap();
+        assert_eq!(cmd.target.params.get("template"), Some("t"));
         // A cluster-wide target needs no --node.
-        assert!(cmd.node.is_none());
+        assert!(cmd.nodes.node.is_none());
     }
 
     #[test]
     fn target_flags_are_checked() {
-        let err = |args: &[&str]| parse(args).err().expect("an error");
         assert_eq!(
             err(&["m/", "--zone", "a"]),
             "--zone belongs to --target fake"
@@ -932,24 +1407,20 @@ mod tests {
             err(&["m/", "--target", "nope"]),
             "unknown target `nope`: use ir or fake"
         );
-        let Err(missing) = parse_with(&["completions".to_string()], TARGETS) else {
-            panic!("completions without a shell")
-        };
-        assert_eq!(missing, "missing shell");
+        assert_eq!(err(&["completions"]), "missing shell");
         assert_eq!(
             err(&["apply", "--from", "x", "--target", "fake"]),
-            "apply: no target can be applied"
+            "`svc-compile apply` takes none of the targets"
         );
     }
 
     #[test]
     fn help_lists_the_targets_and_their_flags() {
-        let args = |a: &[&str]| a.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-        let Ok(Parsed::Print(help)) = parse_with(&args(&["--help"]), TARGETS) else {
+        let Ok(Run::Print(help)) = parse_with(&args(&["--help"]), TARGETS) else {
             panic!("help")
         };
         assert!(help.contains("  fake  a target with flags"), "{help}");
-        let Ok(Parsed::Print(help)) = parse_with(&args(&["compile", "--help"]), TARGETS) else {
+        let Ok(Run::Print(help)) = parse_with(&args(&["compile", "--help"]), TARGETS) else {
             panic!("help")
         };
         assert!(help.contains("--template <FILE>"), "{help}");

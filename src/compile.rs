@@ -1,7 +1,7 @@
-//! From a command to compiled IR and rendered documents: what `compile`, `check` and
-//! `apply` share.
+//! From the compile options to compiled IR and node views: what `check`, `compile`,
+//! `apply`, `drift` and `trace` share.
 
-use crate::cli::Command;
+use crate::cli::{CompileOpts, Nodes, TargetArgs};
 use crate::inputs::{read_file, read_inputs, Filters, Inputs};
 use crate::report::Fail;
 use std::path::Path;
@@ -34,23 +34,29 @@ pub(crate) struct Read {
 
 /// Read the inputs (and the lock file, if it exists) and compile them; read the files the
 /// target's flags name.
-pub(crate) fn compile_inputs(cmd: &Command) -> Result<Compiled, Fail> {
-    Ok(compile_read(cmd, read_all(cmd)?))
+pub(crate) fn compile_inputs(
+    opts: &CompileOpts,
+    target: Option<&TargetArgs>,
+) -> Result<Compiled, Fail> {
+    Ok(compile_read(opts, read_all(opts, target)?))
 }
 
 /// The reading half of [`compile_inputs`].
-pub(crate) fn read_all(cmd: &Command) -> Result<Read, Fail> {
+pub(crate) fn read_all(opts: &CompileOpts, target: Option<&TargetArgs>) -> Result<Read, Fail> {
     let mut sources = SourceMap::default();
     let filters = Filters {
-        exclude: &cmd.exclude,
-        include: &cmd.include,
+        exclude: &opts.exclude,
+        include: &opts.include,
     };
-    let inputs = read_inputs(&cmd.paths, &filters, &mut sources)?;
-    let lock = match &cmd.lock {
+    let inputs = read_inputs(&opts.paths, &filters, &mut sources)?;
+    let lock = match &opts.lock {
         Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
         _ => None,
     };
-    let params = target_params(cmd, &mut sources)?;
+    let params = match target {
+        Some(t) => target_params(t, &mut sources)?,
+        None => Params::default(),
+    };
     Ok(Read {
         sources,
         inputs,
@@ -60,24 +66,24 @@ pub(crate) fn read_all(cmd: &Command) -> Result<Read, Fail> {
 }
 
 /// The compiling half of [`compile_inputs`]: no I/O.
-pub(crate) fn compile_read(cmd: &Command, read: Read) -> Compiled {
+pub(crate) fn compile_read(opts: &CompileOpts, read: Read) -> Compiled {
     let Read {
         sources,
         inputs,
         lock,
         params,
     } = read;
-    let opts = svc_compiler::Options {
-        service_cidrs: cmd.service_cidrs.clone(),
-        node_port_range: cmd.node_port_range,
-        cluster_domain: cmd.cluster_domain.clone(),
-        allocate: cmd.allocate,
+    let options = svc_compiler::Options {
+        service_cidrs: opts.service_cidrs.clone(),
+        node_port_range: opts.node_port_range,
+        cluster_domain: opts.cluster_domain.clone(),
+        allocate: opts.allocate,
         lock,
-        random_fully: cmd.random_fully,
-        nfacct: cmd.nfacct,
-        nft_layout: cmd.nft_layout,
+        random_fully: opts.random_fully,
+        nfacct: opts.nfacct,
+        nft_layout: opts.nft_layout,
     };
-    let mut comp = svc_compiler::compile(&sources, &inputs.files, &opts);
+    let mut comp = svc_compiler::compile(&sources, &inputs.files, &options);
     let checked = inputs.files.len();
     // Files that could not be read as text, and skipped kustomize patches, report among
     // the others in file order.
@@ -97,11 +103,11 @@ pub(crate) fn compile_read(cmd: &Command, read: Read) -> Compiled {
 /// manifest with `--all-nodes`; `--family`, or else every family of the service CIDRs
 /// (`every_family`) or only the primary one.
 pub(crate) fn node_jobs(
-    cmd: &Command,
+    sel: &Nodes,
     comp: &svc_compiler::Compilation,
     every_family: bool,
 ) -> Vec<(NodeSelection, IpFamily)> {
-    let nodes: Vec<NodeSelection> = if cmd.all_nodes {
+    let nodes: Vec<NodeSelection> = if sel.all_nodes {
         comp.module
             .nodes
             .iter()
@@ -111,15 +117,15 @@ pub(crate) fn node_jobs(
             })
             .collect()
     } else {
-        cmd.node
+        sel.node
             .iter()
             .map(|n| NodeSelection {
                 name: n.clone(),
-                ips: cmd.node_ips.clone(),
+                ips: sel.node_ips.clone(),
             })
             .collect()
     };
-    let families: Vec<IpFamily> = match cmd.family {
+    let families: Vec<IpFamily> = match sel.family {
         Some(f) => vec![f],
         None => comp
             .settings
@@ -136,16 +142,16 @@ pub(crate) fn node_jobs(
 }
 
 /// [`target_params`] for a command that compiles nothing (`apply --from`, `--rollback`).
-pub(crate) fn target_params_of(cmd: &Command) -> Result<Params, Fail> {
-    target_params(cmd, &mut SourceMap::default())
+pub(crate) fn target_params_of(target: &TargetArgs) -> Result<Params, Fail> {
+    target_params(target, &mut SourceMap::default())
 }
 
 /// The target's own flags, with the files they name read and added to `sources` (so that
 /// a diagnostic of the target can point into them).
-fn target_params(cmd: &Command, sources: &mut SourceMap) -> Result<Params, Fail> {
+fn target_params(target: &TargetArgs, sources: &mut SourceMap) -> Result<Params, Fail> {
     let mut params = Params::default();
-    for flag in cmd.target.flags {
-        for v in cmd.params.all(flag.name) {
+    for flag in target.target.flags {
+        for v in target.params.all(flag.name) {
             if flag.file {
                 let text = read_file(Path::new(v))?;
                 let id = sources.add(v.clone(), text.clone());
@@ -156,74 +162,4 @@ fn target_params(cmd: &Command, sources: &mut SourceMap) -> Result<Params, Fail>
         }
     }
     Ok(params)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cli::{parse_with, Parsed};
-    use svc_targets::{Flag, Render, Target};
-
-    const TEMPLATES: Target = Target {
-        name: "templates",
-        about: "a target that reads a file",
-        ext: "txt",
-        render: Render::Cluster(|_, _, _| Ok(vec![])),
-        flags: &[Flag {
-            name: "template",
-            value_name: "FILE",
-            help: "a template",
-            repeatable: true,
-            file: true,
-        }],
-        planner: None,
-        trace: None,
-    };
-
-    fn command(args: &[&str]) -> Command {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        match parse_with(&args, &[&TEMPLATES]) {
-            Ok(Parsed::Run(cmd)) => *cmd,
-            _ => panic!("not a run"),
-        }
-    }
-
-    #[test]
-    fn file_flags_are_read() {
-        let dir = std::env::temp_dir().join(format!("svc-compile-params-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (a, b) = (dir.join("a.tmpl"), dir.join("b.tmpl"));
-        std::fs::write(&a, "A {{x}}\n").unwrap();
-        std::fs::write(&b, "B\n").unwrap();
-        let cmd = command(&[
-            "m/",
-            "--target",
-            "templates",
-            "--template",
-            a.to_str().unwrap(),
-            "--template",
-            b.to_str().unwrap(),
-        ]);
-        let mut sources = SourceMap::default();
-        let params = target_params(&cmd, &mut sources).expect("files read");
-        assert_eq!(params.all("template"), ["A {{x}}\n", "B\n"]);
-        // In the source map too, for diagnostics that point into them.
-        let files = params.files("template");
-        assert_eq!(files.len(), 2);
-        assert_eq!(files[1].0, b.to_str().unwrap());
-        assert_eq!(sources.files[files[1].1 .0 as usize].text, "B\n");
-        std::fs::remove_dir_all(&dir).unwrap();
-        let missing = dir.join("missing.tmpl");
-        let cmd = command(&[
-            "m/",
-            "--target",
-            "templates",
-            "--template",
-            missing.to_str().unwrap(),
-        ]);
-        let Err(Fail(msg)) = target_params(&cmd, &mut SourceMap::default()) else {
-            panic!("a missing file is read")
-        };
-        assert!(msg.starts_with("cannot read "), "{msg}");
-    }
 }

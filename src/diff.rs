@@ -7,13 +7,12 @@
 //! as elsewhere, because CI gates on 1 meaning "changes": a broken revision must never
 //! read as a reviewable change.
 
-use crate::cli::DiffFlags;
+use crate::cli::{DiffCmd, DiffFormat};
 use crate::inputs::{read_inputs, Filters};
-use crate::report::{exit_code, Fail};
+use crate::report::{print, Emitter, Fail, Outcome};
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::process::Command;
-use svc_compiler::diag::{render_all, Diagnostics};
+use svc_compiler::diag::Diagnostics;
 use svc_compiler::diff::RulesDiff;
 use svc_compiler::diff::{diff_modules, diff_nodes, family_name, render_markdown, render_text};
 use svc_compiler::ir::NodeView;
@@ -21,42 +20,21 @@ use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::{node_view, NodeSelection};
 use svc_compiler::source::{FileId, SourceMap};
 use svc_compiler::Compilation;
-use svc_targets::{Params, Render, Sharing, Target};
+use svc_targets::{Params, Render, Sharing};
 
-pub fn run(flags: &DiffFlags) -> u8 {
-    exit_code(run_inner(flags))
-}
-
-fn run_inner(flags: &DiffFlags) -> Result<u8, Fail> {
-    let target: &Target = svc_targets::TARGETS
-        .iter()
-        .find(|t| t.name == flags.target)
-        .copied()
-        .ok_or_else(|| {
-            Fail(format!(
-                "unknown target `{}`: use {}",
-                flags.target,
-                crate::cli::one_of(
-                    svc_targets::TARGETS
-                        .iter()
-                        .filter(|t| t.per_node())
-                        .map(|t| t.name)
-                )
-            ))
-        })?;
-    let renderer = match (flags.rules, target.render) {
-        (false, _) => None,
-        (true, Render::Node(new)) => Some(new(&Params::default(), Sharing::One)),
-        (true, Render::Cluster(_)) => {
+/// `svc-compile diff`: `Differs` when the report is not empty.
+pub fn run(flags: &DiffCmd) -> Result<Outcome, Fail> {
+    let renderer = match flags.rules.map(|t| (t, t.render)) {
+        None => None,
+        Some((_, Render::Node(new))) => Some(new(&Params::default(), Sharing::One)),
+        Some((t, Render::Cluster(_))) => {
             return Err(Fail(format!(
                 "--rules: --target {} is not a per-node target",
-                target.name
+                t.name
             )))
         }
     };
-    if flags.rules && flags.node.is_none() && !flags.all_nodes {
-        return Err(Fail("--rules needs --node NAME or --all-nodes".into()));
-    }
+    let rules_name = flags.rules.map_or("", |t| t.name);
     // The two revisions are independent: compile them side by side.
     let (old, new) = rayon::join(
         || compile_side("OLD", &flags.old, flags),
@@ -64,15 +42,16 @@ fn run_inner(flags: &DiffFlags) -> Result<u8, Fail> {
     );
     let (old, new) = (old?, new?);
     let mut failed = false;
+    let emitter = Emitter::text(flags.color);
     for (side, spec, (sources, comp)) in [("OLD", &flags.old, &old), ("NEW", &flags.new, &new)] {
         if comp.diags.has_errors() {
-            eprintln!("svc-compile: {side} ({spec}) has errors:");
-            eprint!("{}", render_all(&comp.diags, sources));
+            emitter.line(&format!("{side} ({spec}) has errors:"));
+            emitter.diagnostics(&comp.diags, sources);
             failed = true;
         }
     }
     if failed {
-        return Ok(2);
+        return Ok(Outcome::InputErrors);
     }
     let (old, new) = (&old.1, &new.1);
     let mut report = diff_modules(&old.module, &new.module);
@@ -116,7 +95,7 @@ fn run_inner(flags: &DiffFlags) -> Result<u8, Fail> {
                 text.clear();
                 if let Ok(v) = v {
                     r.check(v)
-                        .map_err(|e| Fail(format!("--target {}: {e}", target.name)))?;
+                        .map_err(|e| Fail(format!("--target {}: {e}", rules_name)))?;
                     r.render_into(v, text);
                 }
                 Ok(())
@@ -124,6 +103,7 @@ fn run_inner(flags: &DiffFlags) -> Result<u8, Fail> {
             render(&o, &mut text_old)?;
             render(&n, &mut text_new)?;
             if text_old != text_new {
+                let target = flags.rules.expect("a renderer is made for --rules");
                 let file = format!("{name}.{}.{}", family_name(fam), target.ext);
                 let diff = similar::TextDiff::from_lines(&text_old, &text_new)
                     .unified_diff()
@@ -139,25 +119,25 @@ fn run_inner(flags: &DiffFlags) -> Result<u8, Fail> {
             }
         }
     }
-    let text = match flags.format.as_str() {
-        "json" => {
+    let text = match flags.format {
+        DiffFormat::Json => {
             let mut s = serde_json::to_string_pretty(&report).expect("the report serialises");
             s.push('\n');
             s
         }
-        "markdown" => render_markdown(&report),
-        _ => render_text(&report),
+        DiffFormat::Markdown => render_markdown(&report),
+        DiffFormat::Text => render_text(&report),
     };
-    let _ = std::io::stdout().write_all(text.as_bytes());
-    Ok(if report.is_empty() { 0 } else { 1 })
+    print(&text)?;
+    Ok(if report.is_empty() {
+        Outcome::Done
+    } else {
+        Outcome::Differs
+    })
 }
 
 /// Read and compile one revision.
-fn compile_side(
-    side: &str,
-    spec: &str,
-    flags: &DiffFlags,
-) -> Result<(SourceMap, Compilation), Fail> {
+fn compile_side(side: &str, spec: &str, flags: &DiffCmd) -> Result<(SourceMap, Compilation), Fail> {
     let mut sources = SourceMap::default();
     let (files, diags) = match spec.strip_prefix("git:") {
         Some(rest) => read_git(side, rest, &mut sources)?,
@@ -167,7 +147,7 @@ fn compile_side(
         }
     };
     let opts = svc_compiler::Options {
-        allocate: !flags.no_allocate,
+        allocate: flags.allocate,
         ..Default::default()
     };
     let mut comp = svc_compiler::compile(&sources, &files, &opts);

@@ -1,5 +1,10 @@
 //! The `svc-compile` command line: flags, file I/O, rendering diagnostics, exit codes.
-//! All compiling happens in `svc_compiler`; all rendering in `svc_targets`.
+//! All compiling happens in `svc_compiler`; all rendering in `svc_targets`; everything
+//! done to a node in `svc_node`.
+//!
+//! Modules, each importing only those after it (no cycle): `main` → the commands (`run`:
+//! check, compile, gen; `node`: apply, drift; `trace`; `diff`) → `compile` → `inputs` →
+//! `report` → `cli` (plain data: imports nothing of the crate); `alloc` stands alone.
 
 mod alloc;
 mod cli;
@@ -11,6 +16,8 @@ mod report;
 mod run;
 mod trace;
 
+use cli::Run;
+use report::{exit_code, Fail};
 use std::process::ExitCode;
 
 // Parsing builds millions of small values and the node passes make and drop many on
@@ -22,23 +29,27 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     alloc::purge_at_once();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let code = match cli::parse(&args) {
-        Ok(cli::Parsed::Print(text)) => {
-            // A closed pipe (`| head`) is not an error.
-            let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
-            0
-        }
-        Ok(cli::Parsed::Run(cmd)) if cmd.apply.is_some() => node::apply(&cmd),
-        Ok(cli::Parsed::Run(cmd)) if cmd.drift.is_some() => node::drift(&cmd),
-        Ok(cli::Parsed::Run(cmd)) => run::run(*cmd),
-        Ok(cli::Parsed::Gen(cmd)) => run::gen(cmd),
-        Ok(cli::Parsed::Diff(flags)) => diff::run(&flags),
-        Ok(cli::Parsed::Trace(cmd, flags)) => trace::run(&cmd, flags),
-        Err(e) => {
-            eprintln!("svc-compile: {e}");
-            eprintln!("svc-compile: run `svc-compile --help` for usage");
-            2
-        }
+    ExitCode::from(run(&args))
+}
+
+/// The one dispatch: the command line to its command, the command's end to the exit code.
+fn run(args: &[String]) -> u8 {
+    let run = match cli::parse(args) {
+        Ok(run) => run,
+        // A usage error: one line, exit 2.
+        Err(e) => return exit_code(Err(Fail(e)), false),
     };
-    ExitCode::from(code)
+    // drift and diff: 1 means differences, so input errors are 2.
+    let differences = matches!(run, Run::Drift(_) | Run::Diff(_));
+    let r = match run {
+        Run::Print(text) => report::print(&text).map(|()| report::Outcome::Done),
+        Run::Check(cmd) => run::check(cmd),
+        Run::Compile(cmd) => run::compile(&cmd),
+        Run::Gen(cmd) => run::gen(cmd),
+        Run::Apply(cmd) => node::apply(&cmd),
+        Run::Drift(cmd) => node::drift(&cmd),
+        Run::Trace(cmd) => trace::run(*cmd),
+        Run::Diff(cmd) => diff::run(&cmd),
+    };
+    exit_code(r, differences)
 }

@@ -1,84 +1,85 @@
 //! `apply` and `drift`: the command line's side. The compile happens here (reading,
 //! parsing, passes, node views, diagnostics); everything done to the node is `svc_node`'s.
 
-use crate::cli::Command;
+use crate::cli::{ApplyCmd, ApplySource, CompileOpts, DriftCmd, Nodes, TargetArgs};
 use crate::compile::{compile_read, node_jobs, read_all, target_params_of};
-use crate::report::{exit_code, print_diagnostics, Fail};
+use crate::report::{Emitter, Fail, Outcome};
 use svc_compiler::passes::node::node_view;
-use svc_node::apply::{inputs_key, Compiled, Input, Options};
+use svc_node::apply::{inputs_key, Compiled, Input};
 use svc_node::times::Times;
 use svc_targets::plan::Family;
 
-pub fn apply(cmd: &Command) -> u8 {
-    let args = cmd.apply.as_ref().expect("an apply command");
+/// `svc-compile apply`: `svc_node` answers 0 (applied) or 1 (input errors, printed).
+pub fn apply(cmd: &ApplyCmd) -> Result<Outcome, Fail> {
+    let target = cmd.target.target;
     // nftables plans from documents of tens of MB at 10k services: what the compile frees
     // is what planning takes next (see `alloc`). Elsewhere freed memory goes back as in a
     // compile (iptables at 1k: peak RSS 126 MB kept, 85 MB given back, against a compile's
     // 56 MB; the budget is 2×).
-    if cmd
-        .target
+    if target
         .planner
         .is_some_and(|p| p.fingerprint(Family::V4).is_some())
     {
         crate::alloc::purge_never();
     }
-    let opts = Options {
-        netns: args.netns.clone(),
-        dry_run: args.dry_run,
-        full: args.full,
-        read_back: args.read_back,
-        state_dir: args.state_dir.clone(),
-        lock_timeout: args.lock_timeout,
-        cgroup: args.cgroup.clone(),
-        family: cmd.family,
+    let params = target_params_of(&cmd.target)?;
+    let input = match &cmd.source {
+        ApplySource::Rollback => Input::Rollback,
+        ApplySource::From(from) => Input::From(from.clone()),
+        ApplySource::Manifests => manifests(&cmd.opts, &cmd.target, &cmd.nodes)?,
     };
-    exit_code((|| {
-        let params = target_params_of(cmd)?;
-        let input = match (args.rollback, &args.from) {
-            (true, _) => Input::Rollback,
-            (false, Some(from)) => Input::From(from.clone()),
-            (false, None) => manifests(cmd)?,
-        };
-        svc_node::apply::apply(cmd.target, &opts, &params, input)
-    })())
+    Ok(
+        match svc_node::apply::apply(target, &cmd.apply, &params, input)? {
+            0 => Outcome::Done,
+            _ => Outcome::InputErrors,
+        },
+    )
 }
 
-pub fn drift(cmd: &Command) -> u8 {
-    let args = cmd.drift.as_ref().expect("a drift command");
-    let opts = Options {
-        netns: args.netns.clone(),
-        family: cmd.family,
-        ..Options::default()
-    };
-    exit_code((|| {
-        let input = manifests(cmd)?;
-        svc_node::drift::drift(cmd.target, &opts, args.from_saved.as_deref(), input)
-    })())
+/// `svc-compile drift`: `svc_node` answers 0 (no drift), 1 (drift, printed) or 2 (input
+/// errors, printed).
+pub fn drift(cmd: &DriftCmd) -> Result<Outcome, Fail> {
+    let input = manifests(&cmd.opts, &cmd.target, &cmd.nodes)?;
+    let code = svc_node::drift::drift(
+        cmd.target.target,
+        &cmd.drift,
+        cmd.from_saved.as_deref(),
+        input,
+    )?;
+    Ok(match code {
+        0 => Outcome::Done,
+        1 => Outcome::Differs,
+        _ => Outcome::InputErrors,
+    })
 }
 
 /// The manifests read (the I/O happens now) and fingerprinted; compiled when the node
 /// crate asks.
-fn manifests(cmd: &Command) -> Result<Input<'_>, Fail> {
+fn manifests<'a>(
+    opts: &'a CompileOpts,
+    target: &'a TargetArgs,
+    nodes: &'a Nodes,
+) -> Result<Input<'a>, Fail> {
     let mut times = Times::default();
     times.mark("");
-    let read = read_all(cmd)?;
+    let read = read_all(opts, Some(target))?;
     times.mark("read the inputs");
     Ok(Input::Manifests {
         key: inputs_key(&read.sources),
         times,
         compile: Box::new(move |times: &mut Times| {
-            let mut compiled = compile_read(cmd, read);
+            let mut compiled = compile_read(opts, read);
             let mut diags = std::mem::take(&mut compiled.comp.diags);
             let mut views = Vec::new();
             if !diags.has_errors() {
-                for (sel, f) in node_jobs(cmd, &compiled.comp, true) {
+                for (sel, f) in node_jobs(nodes, &compiled.comp, true) {
                     match node_view(&compiled.comp.module, &sel, f) {
                         Ok(v) => views.push(v),
                         Err(d) => diags.push(d),
                     }
                 }
             }
-            print_diagnostics(cmd, &diags, &compiled.sources, compiled.checked);
+            Emitter::new(opts).diagnostics(&diags, &compiled.sources);
             if diags.has_errors() {
                 return Ok(Err(1));
             }
@@ -93,7 +94,7 @@ fn manifests(cmd: &Command) -> Result<Input<'_>, Fail> {
             Ok(Ok(Compiled {
                 views,
                 params,
-                node: cmd.node.clone().unwrap_or_default(),
+                node: nodes.node.clone().unwrap_or_default(),
                 quiet: diags.items.is_empty(),
                 locked_ids,
             }))

@@ -1,17 +1,35 @@
-//! What the user reads: diagnostics (text, JSON, SARIF) and the one line of a failure.
+//! What the user reads, printed in one place for every command: diagnostics (text,
+//! colour, JSON, SARIF), a command's product on stdout, the one line of a failure; and
+//! the exit code a command's end maps to.
 
-use crate::cli::{Command, Format};
+use crate::cli::{CompileOpts, Format};
 use std::io::{IsTerminal, Write};
 use svc_compiler::diag::{self, Severity};
 use svc_compiler::source::SourceMap;
 
-/// A tool failure (exit 2): one line that says what to do.
+/// A failure (exit 2): one line that says what to do.
 pub(crate) use svc_node::Fail;
 
-/// The exit code of a command's result, with a failure printed.
-pub(crate) fn exit_code(r: Result<u8, Fail>) -> u8 {
+/// How a command ended, short of a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Done,
+    /// The input has errors (printed).
+    InputErrors,
+    /// drift and diff: the report shows differences (printed).
+    Differs,
+}
+
+/// The exit code, decided here for every command: 0 done; 1 input errors, or (where
+/// `differences` says 1 means differences: drift, diff) differences; 2 a failure (printed
+/// now), and input errors where 1 means differences (a broken input must never read as a
+/// reviewable change).
+pub(crate) fn exit_code(r: Result<Outcome, Fail>, differences: bool) -> u8 {
     match r {
-        Ok(code) => code,
+        Ok(Outcome::Done) => 0,
+        Ok(Outcome::Differs) => 1,
+        Ok(Outcome::InputErrors) if differences => 2,
+        Ok(Outcome::InputErrors) => 1,
         Err(Fail(msg)) => {
             eprintln!("svc-compile: {msg}");
             2
@@ -19,60 +37,109 @@ pub(crate) fn exit_code(r: Result<u8, Fail>) -> u8 {
     }
 }
 
-/// Prints `diags`; `check` ends a run without errors with `ok: {checked} file(s) checked`.
-pub(crate) fn print_diagnostics(
-    cmd: &Command,
-    diags: &diag::Diagnostics,
-    sources: &SourceMap,
-    checked: usize,
-) {
-    match cmd.format {
-        Format::Json | Format::Sarif => {
-            let items: Vec<_> = diags
-                .items
-                .iter()
-                .map(|d| diag::to_json(d, sources))
-                .collect();
-            let value = if cmd.format == Format::Sarif {
-                sarif(&items)
-            } else {
-                serde_json::to_value(&items).expect("diagnostics serialise")
-            };
-            let text = serde_json::to_string_pretty(&value).expect("diagnostics serialise");
-            // `check --format json` is the product: stdout. Otherwise stderr.
-            if cmd.check {
-                let _ = writeln!(std::io::stdout(), "{text}");
-            } else {
-                eprintln!("{text}");
-            }
+/// A command's product on stdout. A closed pipe (`| head`) is not an error.
+pub(crate) fn print(text: &str) -> Result<(), Fail> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Fail(format!("cannot write output: {e}")))
         }
-        Format::Text => {
-            let text = diag::render_all(diags, sources);
-            // Where the text goes decides `--color auto`.
-            let terminal = if cmd.check {
-                std::io::stdout().is_terminal()
-            } else {
-                std::io::stderr().is_terminal()
-            };
-            let text = if colour(cmd.color, terminal) {
-                diag::colorize(&text)
-            } else {
-                text
-            };
-            if cmd.check {
-                let _ = write!(std::io::stdout(), "{text}");
-                if !diags.has_errors() {
-                    let _ = writeln!(
-                        std::io::stdout(),
-                        "ok: {} file(s) checked, {} warning(s)",
-                        checked,
-                        diags.count(Severity::Warning)
-                    );
+        _ => Ok(()),
+    }
+}
+
+/// Where and how diagnostics are printed: `--format`, `--color`, and stdout for `check`
+/// (the diagnostics are its product), else stderr.
+pub(crate) struct Emitter {
+    format: Format,
+    color: Option<bool>,
+    stdout: bool,
+}
+
+impl Emitter {
+    /// Diagnostics on stderr, beside a command's product.
+    pub fn new(opts: &CompileOpts) -> Emitter {
+        Emitter {
+            format: opts.format,
+            color: opts.color,
+            stdout: false,
+        }
+    }
+
+    /// Diagnostics as the product (`check`): stdout.
+    pub fn product(opts: &CompileOpts) -> Emitter {
+        Emitter {
+            stdout: true,
+            ..Emitter::new(opts)
+        }
+    }
+
+    /// Text on stderr, coloured as `--color` says (`diff`).
+    pub fn text(color: Option<bool>) -> Emitter {
+        Emitter {
+            format: Format::Text,
+            color,
+            stdout: false,
+        }
+    }
+
+    fn write(&self, text: &str) {
+        if self.stdout {
+            let _ = write!(std::io::stdout(), "{text}");
+        } else {
+            eprint!("{text}");
+        }
+    }
+
+    /// `diags`, sorted as they are, in the format asked for.
+    pub fn diagnostics(&self, diags: &diag::Diagnostics, sources: &SourceMap) {
+        match self.format {
+            Format::Json | Format::Sarif => {
+                let items: Vec<_> = diags
+                    .items
+                    .iter()
+                    .map(|d| diag::to_json(d, sources))
+                    .collect();
+                let value = if self.format == Format::Sarif {
+                    sarif(&items)
+                } else {
+                    serde_json::to_value(&items).expect("diagnostics serialise")
+                };
+                let text = serde_json::to_string_pretty(&value).expect("diagnostics serialise");
+                self.write(&(text + "\n"));
+            }
+            Format::Text => {
+                let text = diag::render_all(diags, sources);
+                // Where the text goes decides `--color auto`.
+                let terminal = if self.stdout {
+                    std::io::stdout().is_terminal()
+                } else {
+                    std::io::stderr().is_terminal()
+                };
+                if colour(self.color, terminal) {
+                    self.write(&diag::colorize(&text));
+                } else {
+                    self.write(&text);
                 }
-            } else {
-                eprint!("{text}");
             }
         }
+    }
+
+    /// `check`'s diagnostics, and in text a last line for a run without errors:
+    /// `ok: {checked} file(s) checked, {n} warning(s)`.
+    pub fn checked(&self, diags: &diag::Diagnostics, sources: &SourceMap, checked: usize) {
+        self.diagnostics(diags, sources);
+        if self.format == Format::Text && !diags.has_errors() {
+            self.write(&format!(
+                "ok: {checked} file(s) checked, {} warning(s)\n",
+                diags.count(Severity::Warning)
+            ));
+        }
+    }
+
+    /// A line of its own before diagnostics (`diff`: which revision they are of).
+    pub fn line(&self, text: &str) {
+        self.write(&format!("svc-compile: {text}\n"));
     }
 }
 

@@ -1,9 +1,8 @@
-//! Running a command: the only place that reads files, writes files and prints.
+//! `check`, `compile` and `gen`: compile, render, write the outputs.
 
-use crate::cli::{Command, GenCommand};
+use crate::cli::{CheckCmd, CompileCmd, CompileOpts, GenCmd};
 use crate::compile::{compile_inputs, node_jobs, Compiled};
-use crate::report::{exit_code, print_diagnostics, Fail};
-use std::io::Write;
+use crate::report::{print, Emitter, Fail, Outcome};
 use std::path::Path;
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
@@ -11,35 +10,48 @@ use svc_compiler::passes::allocate::{write_lock, Lock, NodeIds};
 use svc_compiler::passes::node::{check_selection, node_view, NodeSelection};
 use svc_targets::{File, NodeRenderer, Params, Render, RenderError, Sharing};
 
-/// `svc-compile check` and `svc-compile compile`.
-pub fn run(cmd: Command) -> u8 {
-    exit_code(run_inner(&cmd))
-}
-
 /// `svc-compile gen`: write a synthetic cluster.
-pub fn gen(cmd: GenCommand) -> u8 {
+pub fn gen(cmd: GenCmd) -> Result<Outcome, Fail> {
     let text = svc_compiler::synth::generate(&cmd.shape, cmd.format);
-    exit_code(write_output(cmd.output.as_deref(), &text).map(|()| 0))
+    write_output(cmd.output.as_deref(), &text).map(|()| Outcome::Done)
 }
 
-fn run_inner(cmd: &Command) -> Result<u8, Fail> {
+/// `svc-compile check`: the diagnostics are the product (stdout).
+pub fn check(cmd: CheckCmd) -> Result<Outcome, Fail> {
+    let Compiled {
+        sources,
+        comp,
+        checked,
+        ..
+    } = compile_inputs(&cmd.opts, None)?;
+    Emitter::product(&cmd.opts).checked(&comp.diags, &sources, checked);
+    if comp.diags.has_errors() {
+        return Ok(Outcome::InputErrors);
+    }
+    if cmd.write_lock {
+        write_lock_file(&cmd.opts, &comp.lock)?;
+    }
+    Ok(Outcome::Done)
+}
+
+/// `svc-compile compile`.
+pub fn compile(cmd: &CompileCmd) -> Result<Outcome, Fail> {
     let Compiled {
         sources,
         mut comp,
-        checked,
         params,
-    } = compile_inputs(cmd)?;
+        ..
+    } = compile_inputs(&cmd.opts, Some(&cmd.target))?;
     check_part(cmd, &params)?;
     let mut diags = std::mem::take(&mut comp.diags);
 
-    // Node views (per node and family), when the command asks for them: rendered into
-    // `output`, or (with --out, for a per-node target) listed in `per_node` to be rendered
-    // file by file.
-    let target = cmd.target;
+    // Node views (per node and family): rendered into `output`, or (with --out, for a
+    // per-node target) listed in `per_node` to be rendered file by file.
+    let target = cmd.target.target;
     let mut output: Option<Result<Vec<File>, String>> = None;
     let mut per_node: Vec<(NodeSelection, IpFamily)> = Vec::new();
-    if !cmd.check && !diags.has_errors() {
-        let jobs = node_jobs(cmd, &comp, cmd.out_dir.is_some());
+    if !diags.has_errors() {
+        let jobs = node_jobs(&cmd.nodes, &comp, cmd.out_dir.is_some());
         if cmd.out_dir.is_some() && target.per_node() {
             // One file per job, made and written in parallel after the checks below.
             for (sel, fam) in &jobs {
@@ -93,16 +105,13 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
         }
     }
 
-    print_diagnostics(cmd, &diags, &sources, checked);
+    Emitter::new(&cmd.opts).diagnostics(&diags, &sources);
     if diags.has_errors() {
-        return Ok(1);
+        return Ok(Outcome::InputErrors);
     }
     // With --out, the per-node files (and the ids they assign) are made below.
     if cmd.write_lock && !(cmd.out_dir.is_some() && target.per_node()) {
-        write_lock_file(cmd, &comp.lock)?;
-    }
-    if cmd.check {
-        return Ok(0);
+        write_lock_file(&cmd.opts, &comp.lock)?;
     }
     let files = output
         .transpose()
@@ -122,7 +131,7 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
                 )?;
                 comp.lock.ebpf.extend(ids);
                 if cmd.write_lock {
-                    write_lock_file(cmd, &comp.lock)?;
+                    write_lock_file(&cmd.opts, &comp.lock)?;
                 }
             } else {
                 // A cluster-wide target's files, each under its own name.
@@ -141,11 +150,11 @@ fn run_inner(cmd: &Command) -> Result<u8, Fail> {
     // The process ends here: freeing the IR piece by piece would only cost time.
     std::mem::forget(comp);
     std::mem::forget(sources);
-    Ok(0)
+    Ok(Outcome::Done)
 }
 
-fn write_lock_file(cmd: &Command, lock: &Lock) -> Result<(), Fail> {
-    let p = cmd.lock.as_ref().expect("checked by cli");
+fn write_lock_file(opts: &CompileOpts, lock: &Lock) -> Result<(), Fail> {
+    let p = opts.lock.as_ref().expect("checked by cli");
     std::fs::write(p, write_lock(lock))
         .map_err(|e| Fail(format!("cannot write lock file {p}: {e}")))
 }
@@ -161,18 +170,19 @@ fn render_locked(renderer: &dyn NodeRenderer, view: &NodeView, lock: &mut Lock, 
 
 /// `--part NAME` names one of the parts of the target's renderer (a usage error, before
 /// anything is compiled, otherwise).
-fn check_part(cmd: &Command, params: &Params) -> Result<(), Fail> {
+fn check_part(cmd: &CompileCmd, params: &Params) -> Result<(), Fail> {
     let Some(part) = &cmd.part else {
         return Ok(());
     };
-    let parts = match cmd.target.render {
+    let target = cmd.target.target;
+    let parts = match target.render {
         Render::Node(new) => new(params, Sharing::One).parts(),
         Render::Cluster(_) => &[],
     };
     match parts {
         [] => Err(Fail(format!(
             "--part: the output of --target {} has no parts",
-            cmd.target.name
+            target.name
         ))),
         _ if parts.contains(&part.as_str()) => Ok(()),
         _ => Err(Fail(format!(
@@ -188,7 +198,7 @@ fn check_part(cmd: &Command, params: &Params) -> Result<(), Fail> {
 /// A renderer with parts writes `NODE.FAMILY.PART.EXT` for each (or for `--part`'s
 /// alone), one view per node serving all of them.
 fn write_per_node(
-    cmd: &Command,
+    cmd: &CompileCmd,
     params: &Params,
     module: &svc_compiler::ir::Module,
     jobs: &[(NodeSelection, IpFamily)],
@@ -196,7 +206,8 @@ fn write_per_node(
     lock: &Lock,
 ) -> Result<LockedIds, Fail> {
     use rayon::prelude::*;
-    let Render::Node(new) = cmd.target.render else {
+    let target = cmd.target.target;
+    let Render::Node(new) = target.render else {
         unreachable!("only per-node targets write a file per node")
     };
     crate::alloc::purge_later();
@@ -217,12 +228,12 @@ fn write_per_node(
             // A refused view stops the run; files of nodes done before it stay written.
             renderer
                 .check(&view)
-                .map_err(|e| Fail(format!("--target {}: {e}", cmd.target.name)))?;
+                .map_err(|e| Fail(format!("--target {}: {e}", target.name)))?;
             let fam = match fam {
                 IpFamily::IPv4 => "ipv4",
                 IpFamily::IPv6 => "ipv6",
             };
-            let ext = cmd.target.ext;
+            let ext = target.ext;
             if parts.is_empty() {
                 let key = NodeIds::key_of(&view);
                 if let Some(ids) = renderer.render_locked(&view, lock.ebpf.get(&key), text) {
@@ -255,23 +266,15 @@ type LockedIds = std::collections::BTreeMap<(String, String), NodeIds>;
 fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {
     match path {
         Some(p) => std::fs::write(p, text).map_err(|e| Fail(format!("cannot write {p}: {e}"))),
-        None => {
-            let mut out = std::io::stdout().lock();
-            match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
-                // A closed pipe (`| head`) is not an error.
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                    Err(Fail(format!("cannot write output: {e}")))
-                }
-                _ => Ok(()),
-            }
-        }
+        None => print(text),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{parse_with, Parsed};
+    use crate::cli::{parse_with, Run};
+    use crate::report::exit_code;
     use svc_targets::{NodeRenderer, Target};
 
     /// A per-node target that can render no view (as `ebpf` refuses a node with more
@@ -297,11 +300,11 @@ mod tests {
         }
     }
 
-    fn run_args(args: &[&str]) -> Result<u8, Fail> {
+    fn run_args(args: &[&str]) -> Result<Outcome, Fail> {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         match parse_with(&args, &[&REFUSES]) {
-            Ok(Parsed::Run(cmd)) => run_inner(&cmd),
-            _ => panic!("not a run"),
+            Ok(Run::Compile(cmd)) => compile(&cmd),
+            _ => panic!("not a compile"),
         }
     }
 
@@ -323,7 +326,7 @@ mod tests {
                 panic!("{a:?} was rendered")
             };
             assert_eq!(msg, "--target refuses: node node-a: too big");
-            assert_eq!(exit_code(Err(Fail(msg))), 2);
+            assert_eq!(exit_code(Err(Fail(msg)), false), 2);
         }
         assert!(!file.exists());
         assert_eq!(std::fs::read_dir(&out).map_or(0, |d| d.count()), 0);

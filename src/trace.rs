@@ -2,142 +2,69 @@
 //! trace each packet (`svc_compiler::trace`) and, for `--target iptables|nftables`, show
 //! the compiled document's lines behind each step (`svc_targets::trace`).
 
-use crate::cli::{Command, Format, TraceFlags};
+use crate::cli::{query, Format, Packets, Query, TraceCmd};
 use crate::compile::{compile_inputs, Compiled};
-use crate::report::{exit_code, Fail};
-use std::net::{IpAddr, SocketAddr};
-use svc_compiler::diag;
-use svc_compiler::ir::{NodeView, Protocol};
+use crate::report::{print, Emitter, Fail, Outcome};
+use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::{node_view, NodeSelection};
 use svc_compiler::trace::{trace, Mode, Packet};
 use svc_targets::{Render, Sharing};
 
-pub fn run(cmd: &Command, flags: TraceFlags) -> u8 {
-    exit_code(run_inner(cmd, flags))
-}
-
-/// One packet as written: `FROM TO [PROTO]`.
-struct Query {
-    from: IpAddr,
-    to: SocketAddr,
-    proto: Protocol,
-    line: String,
-}
-
-fn parse_proto(s: &str) -> Result<Protocol, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "tcp" => Ok(Protocol::TCP),
-        "udp" => Ok(Protocol::UDP),
-        "sctp" => Ok(Protocol::SCTP),
-        _ => Err(format!("protocol `{s}`: use tcp, udp or sctp")),
-    }
-}
-
-/// `IP`, `IP:PORT` or `[IPv6]:PORT`; the port of the sender does not matter to the rules.
-fn parse_from(s: &str) -> Result<IpAddr, String> {
-    s.parse::<IpAddr>()
-        .or_else(|_| s.parse::<SocketAddr>().map(|a| a.ip()))
-        .map_err(|_| format!("--from `{s}`: give IP or IP:PORT"))
-}
-
-fn parse_to(s: &str) -> Result<SocketAddr, String> {
-    s.parse()
-        .map_err(|_| format!("--to `{s}`: give IP:PORT ([IPv6]:PORT)"))
-}
-
-fn queries(flags: &TraceFlags) -> Result<Vec<Query>, Fail> {
-    let usage = |e: String| Fail(e);
-    if let Some(path) = &flags.flows {
-        if flags.from.is_some() || flags.to.is_some() {
-            return Err(Fail(
-                "use either --flows FILE or --from/--to, not both".into(),
-            ));
-        }
-        let text =
-            std::fs::read_to_string(path).map_err(|e| Fail(format!("cannot read {path}: {e}")))?;
-        let mut out = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            let l = line.split('#').next().unwrap_or("").trim();
-            if l.is_empty() {
-                continue;
-            }
-            let w: Vec<&str> = l.split_whitespace().collect();
-            let at = |e: String| Fail(format!("{path}:{}: {e}", n + 1));
-            if !(2..=3).contains(&w.len()) {
-                return Err(at("want `FROM TO [PROTO]`".into()));
-            }
-            out.push(Query {
-                from: parse_from(w[0]).map_err(at)?,
-                to: parse_to(w[1]).map_err(at)?,
-                proto: parse_proto(w.get(2).copied().unwrap_or("tcp")).map_err(at)?,
-                line: l.to_string(),
-            });
-        }
-        return Ok(out);
-    }
-    let (Some(from), Some(to)) = (&flags.from, &flags.to) else {
-        return Err(usage(
-            "trace needs --from IP[:PORT] and --to IP:PORT (or --flows FILE)".into(),
-        ));
+/// The packets: the flags' one, or a line each of `--flows FILE` (`FROM TO [PROTO]`, `#`
+/// comments), checked as the flags are.
+fn queries(packets: Packets) -> Result<Vec<Query>, Fail> {
+    let path = match packets {
+        Packets::One(q) => return Ok(vec![q]),
+        Packets::Flows(path) => path,
     };
-    Ok(vec![Query {
-        from: parse_from(from).map_err(usage)?,
-        to: parse_to(to).map_err(usage)?,
-        proto: parse_proto(&flags.proto).map_err(usage)?,
-        line: format!("{from} {to} {}", flags.proto),
-    }])
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| Fail(format!("cannot read {path}: {e}")))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let l = line.split('#').next().unwrap_or("").trim();
+        if l.is_empty() {
+            continue;
+        }
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let at = |e: String| Fail(format!("{path}:{}: {e}", n + 1));
+        if !(2..=3).contains(&w.len()) {
+            return Err(at("want `FROM TO [PROTO]`".into()));
+        }
+        let mut q = query(w[0], w[1], w.get(2).copied().unwrap_or("tcp")).map_err(at)?;
+        q.line = l.to_string();
+        out.push(q);
+    }
+    Ok(out)
 }
 
-fn run_inner(cmd: &Command, flags: TraceFlags) -> Result<u8, Fail> {
-    let Some(node) = cmd.node.clone() else {
-        return Err(Fail("trace needs --node NAME".into()));
-    };
-    if cmd.format == Format::Sarif {
-        return Err(Fail("trace: --format is text or json".into()));
-    }
-    let target = cmd.target.name;
-    if target != "ir" && !svc_targets::trace::TRACEABLE.contains(&target) {
-        return Err(Fail(format!(
-            "trace shows the rules of --target {}, not {target}",
-            svc_targets::trace::TRACEABLE.join(", ")
-        )));
-    }
-    let qs = queries(&flags)?;
-    let local_ips = flags
-        .local_ip
-        .iter()
-        .map(|s| {
-            s.parse::<IpAddr>()
-                .map_err(|_| Fail(format!("--local-ip `{s}` is not an IP address")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+/// `svc-compile trace`.
+pub fn run(cmd: TraceCmd) -> Result<Outcome, Fail> {
+    let TraceCmd {
+        opts,
+        target,
+        nodes,
+        packets,
+        local_ips,
+    } = cmd;
+    let node = nodes.node.clone().expect("checked by cli");
+    let flows = matches!(packets, Packets::Flows(_));
+    let qs = queries(packets)?;
     let Compiled {
         sources,
         comp,
         params,
         ..
-    } = compile_inputs(cmd)?;
-    if !comp.diags.items.is_empty() {
-        match cmd.format {
-            Format::Text => eprint!("{}", diag::render_all(&comp.diags, &sources)),
-            _ => {
-                let items: Vec<_> = comp
-                    .diags
-                    .items
-                    .iter()
-                    .map(|d| diag::to_json(d, &sources))
-                    .collect();
-                eprintln!("{}", serde_json::to_string_pretty(&items).expect("json"));
-            }
-        }
-    }
+    } = compile_inputs(&opts, Some(&target))?;
+    Emitter::new(&opts).diagnostics(&comp.diags, &sources);
     if comp.diags.has_errors() {
-        return Ok(1);
+        return Ok(Outcome::InputErrors);
     }
+    let target_name = target.target.name;
+    let target = target.target;
     // One view per family the queries need, made once.
     let mut views: Vec<(IpFamily, NodeView, Option<String>)> = Vec::new();
-    let mode = if target == "nftables" {
+    let mode = if target_name == "nftables" {
         Mode::Nftables
     } else {
         Mode::Iptables
@@ -149,12 +76,12 @@ fn run_inner(cmd: &Command, flags: TraceFlags) -> Result<u8, Fail> {
         if !views.iter().any(|v| v.0 == fam) {
             let sel = NodeSelection {
                 name: node.clone(),
-                ips: cmd.node_ips.clone(),
+                ips: nodes.node_ips.clone(),
             };
             let view = node_view(&comp.module, &sel, fam)
                 .map_err(|d| Fail(format!("--node {node} ({}): {}", fam.as_str(), d.message)))?;
-            let doc = match cmd.target.render {
-                Render::Node(new) if target != "ir" => {
+            let doc = match target.render {
+                Render::Node(new) if target_name != "ir" => {
                     let mut text = String::new();
                     new(&params, Sharing::One).render_into(&view, &mut text);
                     Some(text)
@@ -174,8 +101,8 @@ fn run_inner(cmd: &Command, flags: TraceFlags) -> Result<u8, Fail> {
         let t = trace(view, &packet, mode);
         let rules = doc
             .as_deref()
-            .map(|d| svc_targets::trace::rules(target, view, &t, q.to.ip(), q.to.port(), d));
-        match cmd.format {
+            .map(|d| svc_targets::trace::rules(target_name, view, &t, q.to.ip(), q.to.port(), d));
+        match opts.format {
             Format::Json => {
                 let mut v = serde_json::to_value(&t).expect("trace serialises");
                 v["packet"] = serde_json::json!({
@@ -196,18 +123,18 @@ fn run_inner(cmd: &Command, flags: TraceFlags) -> Result<u8, Fail> {
                 if qs.len() > 1 {
                     out += &format!("# {}\n", q.line);
                 }
+                // `q.to` as a socket address: an IPv6 address in brackets before its port.
                 out += &format!(
-                    "{} {} -> {}:{}/{} on {node} ({})\n",
+                    "{} {} -> {}/{} on {node} ({})\n",
                     match t.origin {
                         svc_compiler::trace::Origin::Node => "node",
                         svc_compiler::trace::Origin::Pod => "pod",
                         svc_compiler::trace::Origin::Outside => "outside",
                     },
                     q.from,
-                    q.to.ip(),
-                    q.to.port(),
+                    q.to,
                     q.proto.lower(),
-                    match (target, mode) {
+                    match (target_name, mode) {
                         ("ipvs", _) => {
                             "ipvs rules; the verdict is iptables mode's, not checked against IPVS"
                         }
@@ -230,15 +157,14 @@ fn run_inner(cmd: &Command, flags: TraceFlags) -> Result<u8, Fail> {
             }
         }
     }
-    if cmd.format == Format::Json {
-        let v = if flags.flows.is_some() {
+    if opts.format == Format::Json {
+        let v = if flows {
             serde_json::Value::Array(reports)
         } else {
             reports.pop().expect("one query")
         };
         out = serde_json::to_string_pretty(&v).expect("json") + "\n";
     }
-    std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes())
-        .map_err(|e| Fail(format!("cannot write: {e}")))?;
-    Ok(0)
+    print(&out)?;
+    Ok(Outcome::Done)
 }

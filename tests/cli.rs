@@ -300,7 +300,7 @@ fn an_unknown_target_lists_the_registry() {
     for n in &names {
         assert!(first.contains(&format!(" {n}")), "{n} missing: {first}");
     }
-    assert!(r.stderr.contains("svc-compile --help"), "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
 }
 
 #[test]
@@ -333,7 +333,7 @@ fn completions_and_man_page() {
     }
     let bash = svc(&["completions", "bash"], None, &root());
     assert!(
-        bash.stdout.contains("complete -F _svc__compile"),
+        bash.stdout.contains("complete -F _svc_compile"),
         "{}",
         bash.stdout
     );
@@ -571,6 +571,27 @@ fn template_renders_and_its_errors_are_diagnostics() {
         e.stderr
     );
     assert!(e.stderr.contains("2 | {{ s.nmae }}"), "{}", e.stderr);
+    // A template file that cannot be read: exit 2, one line.
+    let missing = svc(
+        &[
+            "examples/",
+            "--target",
+            "template",
+            "--template",
+            "no/such.j2",
+        ],
+        None,
+        &root(),
+    );
+    missing.expect(2);
+    assert!(
+        missing
+            .stderr
+            .starts_with("svc-compile: cannot read no/such.j2")
+            && missing.stderr.lines().count() == 1,
+        "{}",
+        missing.stderr
+    );
     let none = svc(&["examples/", "--target", "template"], None, &root());
     none.expect(2);
     assert!(
@@ -694,7 +715,12 @@ fn a_bad_part_is_a_usage_error() {
         &root(),
     );
     r.expect(2);
-    assert!(r.stderr.contains("--part is for compile"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--part belongs to `svc-compile compile`, not `apply`"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// `--all-nodes --out DIR` with a target that has parts: `NODE.FAMILY.PART.EXT` for every
@@ -897,11 +923,11 @@ fn drift_usage_errors_exit_2() {
     let cases: [(&[&str], &str); 4] = [
         (
             &["drift", "examples/", "--node", "node-a", "--target", "ir"],
-            "drift needs --target iptables or --target nftables",
+            "`svc-compile drift` does not take --target ir: use iptables or nftables",
         ),
         (
             &["drift", "examples/", "--target", "iptables"],
-            "this target needs --node NAME",
+            "drift needs --node NAME",
         ),
         (
             &[
@@ -930,7 +956,7 @@ fn drift_usage_errors_exit_2() {
                 "--out",
                 "d",
             ],
-            "use either --node or --all-nodes",
+            "--all-nodes belongs to `svc-compile compile` and `diff`, not `drift`",
         ),
     ];
     for (args, msg) in cases {
@@ -1232,4 +1258,274 @@ fn ebpf_ids_are_kept_by_the_lock_file() {
     ));
     assert_eq!(fresh["services"]["10.0.0.20:80/TCP"], 5);
     assert_ne!(fresh["services"]["10.0.24.40:80/TCP"], 5);
+}
+
+/// `COMPREPLY` of bash's completion function for `words` (the last one being completed),
+/// with the script `svc-compile completions bash` prints sourced, as bash-completion
+/// calls it.
+fn bash_completes(words: &[&str]) -> Vec<String> {
+    let exe = env!("CARGO_BIN_EXE_svc-compile");
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let script = format!(
+        "source <('{exe}' completions bash) || exit 3\n\
+         COMP_WORDS=({words})\n\
+         COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))\n\
+         COMP_LINE=\"${{COMP_WORDS[*]}}\"; COMP_POINT=${{#COMP_LINE}}\n\
+         f=$(complete -p svc-compile | sed -n 's/.* -F \\([^ ]*\\) .*/\\1/p')\n\
+         \"$f\" svc-compile \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        words = quoted.join(" ")
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .expect("run bash");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// bash completes flags and values after a subcommand (its states once had other names
+/// than the ones it switched to); zsh's and fish's scripts load.
+#[test]
+fn completions_work_after_a_subcommand() {
+    assert_eq!(
+        bash_completes(&["svc-compile", "apply", "--ta"]),
+        ["--target"]
+    );
+    let apply: Vec<&str> = svc_targets::TARGETS
+        .iter()
+        .filter(|t| t.planner.is_some() || svc_node::ebpf::applies(t))
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(
+        bash_completes(&["svc-compile", "apply", "--target", ""]),
+        apply
+    );
+    assert_eq!(
+        bash_completes(&["svc-compile", "check", "--exc"]),
+        ["--exclude"]
+    );
+    assert_eq!(bash_completes(&["svc-compile", "dri"]), ["drift"]);
+    let exe = env!("CARGO_BIN_EXE_svc-compile");
+    for (shell, script) in [
+        (
+            "zsh",
+            format!("autoload -U compinit; compinit -u; source <('{exe}' completions zsh)"),
+        ),
+        ("fish", format!("'{exe}' completions fish | source")),
+    ] {
+        let out = std::process::Command::new(shell)
+            .args(["-c", &script])
+            .env("HOME", std::env::temp_dir())
+            .output()
+            .unwrap_or_else(|e| panic!("{shell} is not installed (.ci/run installs it): {e}"));
+        assert!(out.status.success(), "{shell}: {out:?}");
+        assert!(out.stderr.is_empty(), "{shell}: {out:?}");
+    }
+}
+
+/// `svc-compile help CMD` is `svc-compile CMD --help`.
+#[test]
+fn help_takes_a_subcommand() {
+    for sub in ["check", "apply", "trace", "diff"] {
+        let help = svc(&["help", sub], None, &root());
+        help.expect(0);
+        let flag = svc(&[sub, "--help"], None, &root());
+        assert_eq!(help.stdout, flag.stdout, "{sub}");
+    }
+}
+
+/// Each subcommand's help: the targets it takes, its own exit codes.
+#[test]
+fn help_shows_what_applies() {
+    let apply = svc(&["apply", "--help"], None, &root());
+    apply.expect(0);
+    assert!(!apply.stdout.contains("[default: ir]"), "{}", apply.stdout);
+    for t in svc_targets::TARGETS {
+        let takes = t.planner.is_some() || svc_node::ebpf::applies(t);
+        let line = format!("  {} ", t.name);
+        let listed = apply.stdout.lines().any(|l| l.starts_with(&line));
+        assert_eq!(listed, takes, "{}: {}", t.name, apply.stdout);
+    }
+    let drift = svc(&["drift", "--help"], None, &root());
+    drift.expect(0);
+    for t in svc_targets::TARGETS {
+        let takes = t.planner.is_some_and(|p| p.drift());
+        let listed = drift
+            .stdout
+            .lines()
+            .any(|l| l.starts_with(&format!("  {} ", t.name)));
+        assert_eq!(listed, takes, "{}: {}", t.name, drift.stdout);
+    }
+    for want in ["  0  no drift", "  1  drift", "input errors"] {
+        let text = drift.stdout.replace("errors in the input", "input errors");
+        assert!(text.contains(want), "{want}: {}", drift.stdout);
+    }
+    assert!(!drift.stdout.contains("--all-nodes"), "{}", drift.stdout);
+    let check = svc(&["check", "--help"], None, &root());
+    assert!(!check.stdout.contains("--target"), "{}", check.stdout);
+    assert!(!check.stdout.contains("drift"), "{}", check.stdout);
+}
+
+/// Another subcommand's flag is refused, naming where it belongs; a misspelt flag gets
+/// the one meant.
+#[test]
+fn flags_belong_to_their_subcommand_and_typos_are_named() {
+    let one_line = |args: &[&str], want: &str| {
+        let r = svc(args, None, &root());
+        r.expect(2);
+        assert_eq!(r.stderr, format!("svc-compile: {want}\n"), "{args:?}");
+    };
+    one_line(
+        &["check", "examples/", "--node", "x"],
+        "--node belongs to `svc-compile compile`, `apply`, `drift`, `trace` and `diff`, not `check`",
+    );
+    one_line(
+        &["check", "examples/", "--out", "x"],
+        "--out belongs to `svc-compile compile`, not `check`",
+    );
+    one_line(
+        &["check", "examples/", "--target", "iptables"],
+        "--target belongs to `svc-compile compile`, `apply`, `drift`, `trace` and `diff`, not `check`",
+    );
+    one_line(
+        &["trace", "examples/", "--dry-run"],
+        "--dry-run belongs to `svc-compile apply`, not `trace`",
+    );
+    one_line(
+        &["check", "examples/", "--fromat", "json"],
+        "unknown flag `--fromat`: did you mean `--format`?",
+    );
+    one_line(
+        &["examples/", "--nod", "node-a"],
+        "unknown flag `--nod`: did you mean `--node`?",
+    );
+    one_line(
+        &["check", "examples/", "--dry-rn"],
+        "unknown flag `--dry-rn`: did you mean `--dry-run`? (--dry-run belongs to `svc-compile apply`, not `check`)",
+    );
+    one_line(
+        &["examples/", "--frobnicate"],
+        "unknown flag `--frobnicate` (see `svc-compile compile --help`)",
+    );
+}
+
+/// `trace`: a packet has one family (a usage error otherwise), and an IPv6 destination
+/// prints in brackets before its port.
+#[test]
+fn trace_packets_have_one_family_and_ipv6_in_brackets() {
+    let base = [
+        "trace",
+        "golden/cases/dual-stack-ipv6",
+        "--service-cluster-ip-range",
+        "10.96.0.0/12,fd00:10:96::/112",
+        "--node",
+        "node-1",
+    ];
+    let run = |extra: &[&str]| svc(&[&base[..], extra].concat(), None, &root());
+    let r = run(&["--from", "10.244.1.1", "--to", "[fd00::10]:80"]);
+    r.expect(2);
+    assert_eq!(
+        r.stderr,
+        "svc-compile: --from `10.244.1.1` is IPv4 and --to `[fd00::10]:80` is IPv6: a packet has one family\n"
+    );
+    assert!(r.stdout.is_empty());
+    let r = run(&["--from", "fd00:10:244::5", "--to", "[fd00::10]:80"]);
+    r.expect(0);
+    let first = r.stdout.lines().next().unwrap();
+    assert!(
+        first.contains("fd00:10:244::5 -> [fd00::10]:80/tcp on node-1"),
+        "{first}"
+    );
+    let t = TempDir::new("flows");
+    let flows = t.path().join("mixed.flows");
+    std::fs::write(&flows, "10.244.1.1 10.96.0.1:80\nfd00::1 10.96.0.1:80\n").unwrap();
+    let r = run(&["--flows", flows.to_str().unwrap()]);
+    r.expect(2);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("mixed.flows:2: --from `fd00::1` is IPv6"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// `trace --color always` colours its diagnostics as every other command does.
+#[test]
+fn trace_diagnostics_are_coloured_like_the_others() {
+    let args = [
+        "trace",
+        "-",
+        "--node",
+        "n",
+        "--node-ip",
+        "192.0.2.1",
+        "--from",
+        "10.0.0.1",
+        "--to",
+        "10.96.0.1:80",
+        "--color",
+        "always",
+    ];
+    let r = svc(&args, Some("kind: Service\n"), &root());
+    r.expect(1);
+    assert!(r.stderr.contains("\x1b[1;31merror["), "{:?}", r.stderr);
+    let compile = svc(
+        &["-", "--color", "always"],
+        Some("kind: Service\n"),
+        &root(),
+    );
+    compile.expect(1);
+    assert_eq!(r.stderr, compile.stderr);
+}
+
+/// `--cluster-domain` is RFC 1123 labels (a trailing dot is dropped): anything else is a
+/// usage error before anything is written.
+#[test]
+fn the_cluster_domain_is_checked() {
+    for bad in ["foo..bar", "a-.b", "a_b.c", "Cluster.local", "."] {
+        let r = svc(
+            &["examples/", "--target", "dns", "--cluster-domain", bad],
+            None,
+            &root(),
+        );
+        r.expect(2);
+        assert!(r.stdout.is_empty(), "{bad}: {}", r.stdout);
+        assert_eq!(r.stderr.lines().count(), 1, "{bad}: {}", r.stderr);
+        assert!(
+            r.stderr
+                .starts_with(&format!("svc-compile: --cluster-domain `{bad}`: ")),
+            "{}",
+            r.stderr
+        );
+    }
+    let long = ["a"; 127].join(".") + ".bc";
+    let r = svc(
+        &["check", "examples/", "--cluster-domain", &long],
+        None,
+        &root(),
+    );
+    r.expect(2);
+    assert!(r.stderr.contains("at most 253"), "{}", r.stderr);
+    let dotted = svc(
+        &[
+            "examples/",
+            "--target",
+            "dns",
+            "--cluster-domain",
+            "k8s.test.",
+        ],
+        None,
+        &root(),
+    );
+    dotted.expect(0);
+    assert!(
+        dotted.stdout.lines().any(|l| l == "$ORIGIN k8s.test."),
+        "{}",
+        dotted.stdout
+    );
 }

@@ -200,7 +200,12 @@ fn exit_codes() {
     ];
     let r = diff_in(tmp.path(), old, old, &args, "text");
     r.expect(2);
-    assert!(r.stderr.contains("not a per-node target"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("does not take --target dns: use iptables"),
+        "{}",
+        r.stderr
+    );
     let r = diff_in(
         tmp.path(),
         old,
