@@ -285,6 +285,10 @@ struct DriftFlags {
     /// are dropped) or `nft -j list ruleset` / `nft -j list table ...`
     #[arg(long, value_name = "FILE")]
     from_saved: Option<String>,
+    /// Where apply recorded this node (drift names the layout it wrote when the manifests
+    /// compile to another) [default: /var/lib/svc-compile/<netns or host>]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<String>,
 }
 
 /// `svc-compile trace`: the packet (`--target iptables|nftables|ipvs` adds their rules).
@@ -466,7 +470,7 @@ pub struct DriftCmd {
     pub target: TargetArgs,
     /// One node, given.
     pub nodes: Nodes,
-    /// `--netns` and `--family`.
+    /// `--netns`, `--state-dir` and `--family`.
     pub drift: svc_node::apply::Options,
     pub from_saved: Option<String>,
 }
@@ -1206,6 +1210,7 @@ fn drift_cmd(
     Ok(Run::Drift(Box::new(DriftCmd {
         drift: svc_node::apply::Options {
             netns: d.netns,
+            state_dir: d.state_dir,
             family: nodes.family,
             ..Default::default()
         },

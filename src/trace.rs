@@ -60,15 +60,12 @@ pub fn run(cmd: TraceCmd) -> Result<Outcome, Fail> {
     if comp.diags.has_errors() {
         return Ok(Outcome::InputErrors);
     }
-    let target_name = target.target.name;
     let target = target.target;
+    // A target without rules to show (`ir`) traces iptables mode's decisions.
+    let tracer = target.trace;
     // One view per family the queries need, made once.
     let mut views: Vec<(IpFamily, NodeView, Option<String>)> = Vec::new();
-    let mode = if target_name == "nftables" {
-        Mode::Nftables
-    } else {
-        Mode::Iptables
-    };
+    let mode = tracer.map_or(Mode::Iptables, |t| t.mode());
     let mut out = String::new();
     let mut reports = Vec::new();
     for q in &qs {
@@ -81,7 +78,7 @@ pub fn run(cmd: TraceCmd) -> Result<Outcome, Fail> {
             let view = node_view(&comp.module, &sel, fam)
                 .map_err(|d| Fail(format!("--node {node} ({}): {}", fam.as_str(), d.message)))?;
             let doc = match target.render {
-                Render::Node(new) if target_name != "ir" => {
+                Render::Node(new) if tracer.is_some() => {
                     let mut text = String::new();
                     new(&params, Sharing::One).render_into(&view, &mut text);
                     Some(text)
@@ -101,7 +98,7 @@ pub fn run(cmd: TraceCmd) -> Result<Outcome, Fail> {
         let t = trace(view, &packet, mode);
         let rules = doc
             .as_deref()
-            .map(|d| svc_targets::trace::rules(target_name, view, &t, q.to.ip(), q.to.port(), d));
+            .map(|d| svc_targets::trace::rules(target.name, view, &t, q.to.ip(), q.to.port(), d));
         match opts.format {
             Format::Json => {
                 let mut v = serde_json::to_value(&t).expect("trace serialises");
@@ -134,13 +131,7 @@ pub fn run(cmd: TraceCmd) -> Result<Outcome, Fail> {
                     q.from,
                     q.to,
                     q.proto.lower(),
-                    match (target_name, mode) {
-                        ("ipvs", _) => {
-                            "ipvs rules; the verdict is iptables mode's, not checked against IPVS"
-                        }
-                        (_, Mode::Iptables) => "iptables rules",
-                        (_, Mode::Nftables) => "nftables rules",
-                    }
+                    tracer.map_or("iptables rules", |t| t.heading())
                 );
                 for (i, line) in t.to_text().lines().enumerate() {
                     out += line;

@@ -42,10 +42,8 @@ use crate::nftdigest::{self, Digest};
 use crate::proc::{
     check_tools, first_line, run_captured, run_loader, shell_line, shell_word, tools_identity,
 };
-use crate::state::{
-    take_lock, write_atomic, write_atomic_parts, NextDocument, DEFAULT_LOCK_TIMEOUT,
-    DEFAULT_STATE_ROOT,
-};
+use crate::rules;
+use crate::state::{write_atomic, write_atomic_parts, NextDocument, Records, StateDir};
 use crate::times::Times;
 use crate::Fail;
 use decide::{By, Decider, Failure, Note, Outcome, PlanFrom, Planned, Seen, Setup, Step};
@@ -132,7 +130,7 @@ struct Ctx<'a> {
     args: &'a Options,
     target: &'static Target,
     planner: &'static dyn Planner,
-    state: PathBuf,
+    state: StateDir,
     lock: Option<File>,
 }
 
@@ -160,7 +158,7 @@ pub fn apply(
         args,
         target,
         planner,
-        state: state_dir(args),
+        state: StateDir::new(args.state_dir.as_deref(), args.netns.as_deref()),
         lock: None,
     };
 
@@ -182,10 +180,7 @@ pub fn apply(
     };
     if let Some(key) = &key {
         if ctx.state.exists() {
-            ctx.lock = Some(take_lock(
-                &ctx.state.join("lock"),
-                args.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT),
-            )?);
+            ctx.lock = Some(ctx.state.lock(args.lock_timeout)?);
             if ctx.unchanged_inputs(key)? {
                 return Ok(0);
             }
@@ -211,7 +206,7 @@ pub fn apply(
         (None, Some((mut times, compile))) => {
             // The last applied document's size, and some room to grow.
             let size = |f: Family| {
-                let applied = ctx.dir(f).join(format!("applied.{}", target.ext));
+                let applied = ctx.dir(f).applied();
                 fs::metadata(applied).map_or(0, |m| m.len() as usize + m.len() as usize / 16)
             };
             let compiled = match compile(&mut times)? {
@@ -244,23 +239,15 @@ pub fn apply(
     // Dry runs change nothing: no state directory is created, the lock is taken only if
     // one exists.
     if ctx.lock.is_none() && (!args.dry_run || ctx.state.exists()) {
-        fs::create_dir_all(&ctx.state).map_err(|e| {
-            Fail(format!(
-                "cannot create the state directory {}: {e}",
-                ctx.state.display()
-            ))
-        })?;
-        ctx.lock = Some(take_lock(
-            &ctx.state.join("lock"),
-            args.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT),
-        )?);
+        ctx.state.create()?;
+        ctx.lock = Some(ctx.state.lock(args.lock_timeout)?);
     }
 
     let docs = if rollback {
         let mut docs = Vec::new();
         for f in families {
-            let p = ctx.dir(f).join(format!("previous.{}", target.ext));
-            if let Ok(doc) = fs::read_to_string(&p) {
+            // A family without a previous document stays as it is.
+            if let Some((p, doc, _)) = ctx.dir(f).rollback_document(false) {
                 docs.push((f, doc, p.display().to_string()));
             }
         }
@@ -268,7 +255,7 @@ pub fn apply(
             return Err(Fail(format!(
                 "nothing to roll back to: no earlier {} apply recorded in {}",
                 target.name,
-                ctx.state.display()
+                ctx.state.path().display()
             )));
         }
         docs
@@ -279,7 +266,7 @@ pub fn apply(
     // one family, every other recorded family (left as it was, or not applied at all)
     // gets its current document as `previous`, so that a rollback gives the pair the node
     // had before this apply rather than an older apply's document.
-    let applied_path = |f: Family| ctx.dir(f).join(format!("applied.{}", target.ext));
+    let applied_path = |f: Family| ctx.dir(f).applied();
     let changed: Vec<Family> = docs
         .iter()
         .filter(|(f, doc, _)| !holds(&applied_path(*f), doc))
@@ -295,7 +282,7 @@ pub fn apply(
             .filter(|f| !changed.contains(f))
         {
             if let Ok(doc) = fs::read_to_string(applied_path(f)) {
-                write_atomic(&ctx.dir(f).join(format!("previous.{}", target.ext)), &doc)?;
+                write_atomic(&ctx.dir(f).previous(), &doc)?;
             }
         }
     }
@@ -347,17 +334,6 @@ pub fn render(
     docs
 }
 
-/// The state directory: `--state-dir`, else one per network namespace under
-/// [`DEFAULT_STATE_ROOT`].
-pub fn state_dir(args: &Options) -> PathBuf {
-    PathBuf::from(args.state_dir.clone().unwrap_or_else(|| {
-        format!(
-            "{DEFAULT_STATE_ROOT}/{}",
-            args.netns.as_deref().unwrap_or("host")
-        )
-    }))
-}
-
 /// `Err` with `why` unless this process is root.
 pub fn need_root(why: &str) -> Result<(), Fail> {
     // SAFETY: geteuid cannot fail.
@@ -383,36 +359,24 @@ pub fn read_file(p: &Path) -> Result<String, Fail> {
 }
 
 impl Ctx<'_> {
-    fn dir(&self, family: Family) -> PathBuf {
+    /// This target's records for `family`.
+    fn dir(&self, family: Family) -> Records {
         self.state
-            .join(format!("{}-{}", self.target.name, family.as_str()))
+            .records(self.target.name, self.target.ext, family.as_str())
     }
 
     /// `argv` inside the node's network namespace.
-    fn on_node(&self, mut argv: Vec<String>, file: Option<&Path>) -> Vec<String> {
-        if let Some(f) = file {
-            argv.push(f.display().to_string());
-        }
-        match &self.args.netns {
-            Some(ns) => ["ip", "netns", "exec", ns]
-                .iter()
-                .map(|s| s.to_string())
-                .chain(argv)
-                .collect(),
-            None => argv,
-        }
+    fn on_node(&self, argv: Vec<String>, file: Option<&Path>) -> Vec<String> {
+        rules::on_node(self.args.netns.as_deref(), argv, file)
     }
 
     fn where_(&self) -> String {
-        match &self.args.netns {
-            Some(ns) => format!("network namespace {ns}"),
-            None => "this host".into(),
-        }
+        rules::describe(self.args.netns.as_deref())
     }
 
     /// The record of the last apply's inputs: `STATE/TARGET.inputs`.
     fn inputs_file(&self) -> PathBuf {
-        self.state.join(format!("{}.inputs", self.target.name))
+        self.state.inputs(self.target.name)
     }
 
     /// The fast path before compiling: the inputs fingerprint as the last apply recorded
@@ -507,23 +471,7 @@ impl Ctx<'_> {
 
     /// The node's current state (`Commands::read`).
     fn read_node(&self, cmds: &Commands) -> Result<String, Fail> {
-        let argv = self.on_node(cmds.read.clone(), None);
-        let out = run_captured(&argv)?;
-        if out.ok {
-            Ok(out.stdout)
-        } else if self
-            .planner
-            .absent()
-            .is_some_and(|absent| out.stderr.contains(absent))
-        {
-            Ok(String::new())
-        } else {
-            Err(Fail(format!(
-                "cannot read the node's state (`{}`): {}",
-                shell_line(&argv),
-                first_line(&out.stderr)
-            )))
-        }
+        rules::read_node(self.planner, cmds.read.clone(), self.args.netns.as_deref())
     }
 
     /// Applies one family's document. `Some(generation)`: the node's nf_tables generation
@@ -561,12 +509,12 @@ impl Ctx<'_> {
         // Before anything is read: a read taken after this and verified can be recorded
         // with it only if nothing was committed in between (the id is the same after).
         let gen_start = nfgen::generation(netns);
-        let applied_doc = fs::read_to_string(dir.join(format!("applied.{ext}"))).ok();
+        let applied_doc = fs::read_to_string(dir.applied()).ok();
         // A new document is written to disk (and synced) while this apply plans and
         // loads; the record takes it by rename ([`Ctx::record`]).
         let mut written = (!self.args.dry_run && applied_doc.as_deref() != Some(doc))
-            .then(|| NextDocument::start(&dir, ext, doc));
-        let applied_state = fs::read_to_string(dir.join("applied.state")).ok();
+            .then(|| NextDocument::start(&dir.next(), doc));
+        let applied_state = fs::read_to_string(dir.state()).ok();
         // Hashed once (58 MB on a 10k-service node): the state and the generation name it.
         let applied_header = applied_doc.as_deref().map(record_header);
         // The two files are written one after the other: only a snapshot that names this
@@ -581,13 +529,13 @@ impl Ctx<'_> {
         if previous.is_none() && applied_doc.is_some() && applied_state.is_some() {
             eprintln!(
                 "svc-compile: note: {what}: the record in {} is from an interrupted apply; loading everything",
-                dir.display()
+                dir.path().display()
             );
         }
         // The generation recorded with the snapshot: while it is still the node's, nothing
         // was committed since and the snapshot is what the node shows.
         let recorded_gen = match (&applied_header, previous) {
-            (Some(h), Some(_)) => fs::read_to_string(dir.join("applied.gen"))
+            (Some(h), Some(_)) => fs::read_to_string(dir.generation())
                 .ok()
                 .and_then(|g| generation_of(&g, h)),
             _ => None,
@@ -600,13 +548,11 @@ impl Ctx<'_> {
         // It names the document and the snapshot it belongs to: a kill between writing it
         // and the state after a load of the same document leaves it with the snapshot before.
         let recorded_digest = match (unread, &applied_header, previous) {
-            (true, Some(h), Some(p)) => fs::read_to_string(dir.join("applied.digest"))
-                .ok()
-                .and_then(|t| {
-                    t.strip_prefix(h.as_str())?
-                        .strip_prefix(&digest_line(p.snapshot))
-                        .and_then(Digest::from_text)
-                }),
+            (true, Some(h), Some(p)) => fs::read_to_string(dir.digest()).ok().and_then(|t| {
+                t.strip_prefix(h.as_str())?
+                    .strip_prefix(&digest_line(p.snapshot))
+                    .and_then(Digest::from_text)
+            }),
             _ => None,
         };
         let mut decider = Decider::new(Setup {
@@ -682,7 +628,7 @@ impl Ctx<'_> {
                 }
                 Step::RecordGeneration(g) => {
                     if let Some(h) = &applied_header {
-                        write_atomic(&dir.join("applied.gen"), &format!("{h}{}\n", g.to_line()))?;
+                        write_atomic(&dir.generation(), &format!("{h}{}\n", g.to_line()))?;
                     }
                     Seen::Done
                 }
@@ -745,7 +691,7 @@ impl Ctx<'_> {
                 Step::Unrecord => {
                     // The record no longer describes the node: until this apply records
                     // again, the next one reads the node and loads everything.
-                    let _ = fs::remove_file(dir.join("applied.state"));
+                    let _ = fs::remove_file(dir.state());
                     Seen::Done
                 }
                 Step::Scratch => {
@@ -772,9 +718,8 @@ impl Ctx<'_> {
                 }
                 Step::WriteLoad { gone } => {
                     let p = plan.as_ref().expect("planned");
-                    fs::create_dir_all(&dir)
-                        .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
-                    let path = dir.join(format!("load.{ext}"));
+                    dir.create()?;
+                    let path = dir.load();
                     write_atomic(&path, p.load.as_deref().unwrap_or(""))?;
                     load_path = Some(path);
                     // The elements the load deletes from sets it writes element by element,
@@ -798,7 +743,7 @@ impl Ctx<'_> {
                         (argv, out)
                     } else {
                         let argv = self.on_node(cmds.load.clone(), load_path.as_deref());
-                        let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
+                        let out = run_loader(&argv, self.lock.as_ref(), &dir.load_log())?;
                         times.mark("load");
                         (argv, out)
                     };
@@ -834,7 +779,7 @@ impl Ctx<'_> {
                         (None, None) => "",
                     };
                     let p = plan.as_ref().expect("planned");
-                    undone = self.undo(p, &cmds, before, &dir, ext)?;
+                    undone = self.undo(p, &cmds, before, &dir)?;
                     Seen::Done
                 }
                 Step::Generation => Seen::Generation(nfgen::generation(netns)),
@@ -893,12 +838,10 @@ impl Ctx<'_> {
                     // An unread record needs its fingerprint, written first: a kill between
                     // the two leaves the old state (a read one ignores it) or one of the same
                     // document.
-                    let digest_file = dir.join("applied.digest");
+                    let digest_file = dir.digest();
                     match (&digest_now, plan::is_unread(&p.expected)) {
                         (Some(d), true) if !same_record || recorded_digest.as_ref() != Some(d) => {
-                            fs::create_dir_all(&dir).map_err(|e| {
-                                Fail(format!("cannot create {}: {e}", dir.display()))
-                            })?;
+                            dir.create()?;
                             write_atomic_parts(
                                 &digest_file,
                                 &[&header, &digest_line(owned), &d.to_text()],
@@ -919,7 +862,7 @@ impl Ctx<'_> {
                             written.take(),
                         )?;
                     }
-                    let gen_file = dir.join("applied.gen");
+                    let gen_file = dir.generation();
                     match &at {
                         Some(g) if recorded_gen.as_ref() != Some(g) || !same_record => {
                             write_atomic(&gen_file, &format!("{header}{}\n", g.to_line()))?
@@ -936,8 +879,8 @@ impl Ctx<'_> {
                     // Loaded from an unread record, but someone else committed too: nothing
                     // to compare a read with. The record goes, and everything is loaded (the
                     // usual way, which reads the node) now.
-                    for f in ["applied.state", "applied.digest"] {
-                        let _ = fs::remove_file(dir.join(f));
+                    for f in [dir.state(), dir.digest()] {
+                        let _ = fs::remove_file(f);
                     }
                     eprintln!(
                         "svc-compile: note: {what}: nf_tables changed during the load and the last apply's state was not read back; loading everything"
@@ -951,7 +894,7 @@ impl Ctx<'_> {
                 }
                 Step::Done(Outcome::DryRun { check }) => {
                     let p = plan.as_ref().expect("planned");
-                    self.print_dry_run(&what, p, &cmds, &dir, ext, check);
+                    self.print_dry_run(&what, p, &cmds, &dir, check);
                     return Ok(Some(None));
                 }
                 Step::Done(Outcome::Unchanged { by, at }) => {
@@ -1008,8 +951,8 @@ impl Ctx<'_> {
                         ),
                         Failure::NotAsLoaded => {
                             let p = plan.as_ref().expect("planned");
-                            let _ = fs::remove_file(dir.join("applied.state"));
-                            let _ = fs::remove_file(dir.join("scratch.out"));
+                            let _ = fs::remove_file(dir.state());
+                            let _ = fs::remove_file(dir.scratch_out());
                             format!(
                                 "{what}: after loading, the node does not show what was loaded: {}; the next apply will load everything",
                                 Plan::first_difference(&p.expected, owned.as_deref().unwrap_or(""))
@@ -1048,7 +991,7 @@ impl Ctx<'_> {
         prep: &Prepared,
         kernel: Option<&str>,
         cmds: &Commands,
-        dir: &Path,
+        dir: &Records,
     ) -> Result<DirectLoad, Fail> {
         let netns = self.args.netns.as_deref();
         // An empty read (no table at all) cannot say whether iptables is iptables-nft; the
@@ -1063,12 +1006,11 @@ impl Ctx<'_> {
         let (Some(n), Some(before)) = (n, nfgen::generation(netns)) else {
             return Ok(DirectLoad::Skipped);
         };
-        fs::create_dir_all(dir)
-            .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
-        let path = dir.join(format!("load.{}", self.target.ext));
+        dir.create()?;
+        let path = dir.load();
         write_atomic(&path, &prep.scratch)?;
         let argv = self.on_node(cmds.load.clone(), Some(&path));
-        let out = run_loader(&argv, self.lock.as_ref(), &dir.join("load.log"))?;
+        let out = run_loader(&argv, self.lock.as_ref(), &dir.load_log())?;
         if !out.ok && n <= 1 {
             // One transaction changed nothing: the usual way (the scratch namespace) says
             // why.
@@ -1082,14 +1024,14 @@ impl Ctx<'_> {
                 .direct_revert(&now)
                 .map_err(|e| Fail(format!("cannot plan the revert: {e}")))?;
             if let Some(revert) = revert {
-                let rpath = dir.join(format!("revert.{}", self.target.ext));
+                let rpath = dir.revert();
                 write_atomic(&rpath, &revert)?;
                 let rargv = self.on_node(cmds.load.clone(), Some(&rpath));
-                let rout = run_loader(&rargv, self.lock.as_ref(), &dir.join("revert.log"))?;
+                let rout = run_loader(&rargv, self.lock.as_ref(), &dir.revert_log())?;
                 let again = self.read_node(cmds)?;
                 let clean = prep.direct_revert(&again).is_ok_and(|r| r.is_none());
                 if !rout.ok || !clean {
-                    let _ = fs::remove_file(dir.join("applied.state"));
+                    let _ = fs::remove_file(dir.state());
                     return Err(Fail(format!(
                         "{} {}: loading failed (`{}`): {}; taking off the tables it had committed failed too ({}; see {}); the next apply will load everything",
                         self.target.name,
@@ -1147,16 +1089,15 @@ impl Ctx<'_> {
             std::env::temp_dir().join(format!("svc-compile-scratch-{}.{ext}", process::id()))
         } else {
             let dir = self.dir(prep.family);
-            fs::create_dir_all(&dir)
-                .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
-            dir.join(format!("scratch.{ext}"))
+            dir.create()?;
+            dir.scratch()
         };
         // The read-back of a document depends on nothing but the document, the commands,
         // the tools that run them and the running kernel: one already seen this boot with
         // the same tools is not loaded again (a full reload of an unchanged document, with
         // `--full`, costs one load, not two). A read-back the node then disagrees with is
         // dropped (see `apply_one`).
-        let cache = path.with_file_name("scratch.out");
+        let cache = self.dir(prep.family).scratch_out();
         let key = crate::netns::boot_id()
             .filter(|_| !self.args.dry_run)
             .map(|boot| {
@@ -1209,8 +1150,7 @@ impl Ctx<'_> {
         plan: &Plan,
         cmds: &Commands,
         before: &str,
-        dir: &Path,
-        ext: &str,
+        dir: &Records,
     ) -> Result<String, Fail> {
         let now = self.read_node(cmds)?;
         let revert = plan
@@ -1219,17 +1159,17 @@ impl Ctx<'_> {
         let Some(revert) = revert else {
             return Ok("nothing was changed".into());
         };
-        let path = dir.join(format!("revert.{ext}"));
+        let path = dir.revert();
         write_atomic(&path, &revert)?;
         let argv = self.on_node(cmds.load.clone(), Some(&path));
-        let out = run_loader(&argv, self.lock.as_ref(), &dir.join("revert.log"))?;
+        let out = run_loader(&argv, self.lock.as_ref(), &dir.revert_log())?;
         let now = self.read_node(cmds)?;
         let restored =
             out.ok && matches!((plan.owned(&now), plan.owned(before)), (Ok(a), Ok(b)) if a == b);
         if restored {
             Ok("the tables it had committed were put back; the previous state is in place".into())
         } else {
-            let _ = fs::remove_file(dir.join("applied.state"));
+            let _ = fs::remove_file(dir.state());
             Ok(format!(
                 "putting back the tables it had committed failed too ({}; see {}); the next apply will load everything",
                 first_line(&out.stderr),
@@ -1241,30 +1181,28 @@ impl Ctx<'_> {
     /// The new record; the old one becomes `previous` when the document changed.
     fn record(
         &self,
-        dir: &Path,
+        dir: &Records,
         doc: &str,
         header: &str,
         owned: &str,
         applied_doc: Option<&str>,
         written: Option<NextDocument>,
     ) -> Result<(), Fail> {
-        let ext = self.target.ext;
-        fs::create_dir_all(dir)
-            .map_err(|e| Fail(format!("cannot create {}: {e}", dir.display())))?;
-        let applied = dir.join(format!("applied.{ext}"));
-        let state = dir.join("applied.state");
+        dir.create()?;
+        let applied = dir.applied();
+        let state = dir.state();
         // The old record becomes `previous` by rename, not by writing it again (a 10k-service
         // node's record is 180 MB). A kill between the steps leaves no `applied.{ext}` or a
         // document whose hash the state does not name: no record, the next apply loads
         // everything; `previous.{ext}` is always a whole document.
         if applied_doc.is_some_and(|old| old != doc) {
-            let moved = |from: &Path, to: &str| {
-                fs::rename(from, dir.join(to))
+            let moved = |from: &Path, to: &Path| {
+                fs::rename(from, to)
                     .map_err(|e| Fail(format!("cannot move {}: {e}", from.display())))
             };
-            moved(&applied, &format!("previous.{ext}"))?;
+            moved(&applied, &dir.previous())?;
             if state.exists() {
-                moved(&state, "previous.state")?;
+                moved(&state, &dir.previous_state())?;
             }
         }
         if applied_doc != Some(doc) {
@@ -1280,15 +1218,7 @@ impl Ctx<'_> {
     /// `--dry-run`: a shell script with the exact documents and commands.
     /// The dry run's script: the commands apply would run, `check` saying whether that
     /// includes the check on the node.
-    fn print_dry_run(
-        &self,
-        what: &str,
-        plan: &Plan,
-        cmds: &Commands,
-        dir: &Path,
-        ext: &str,
-        check: bool,
-    ) {
+    fn print_dry_run(&self, what: &str, plan: &Plan, cmds: &Commands, dir: &Records, check: bool) {
         let mut out = format!(
             "#!/bin/sh\n# svc-compile apply --dry-run: {what} in {}: {}\n# {}\n",
             self.where_(),
@@ -1301,10 +1231,10 @@ impl Ctx<'_> {
         match &plan.load {
             None => out += "# nothing to load: the node already shows this state\n",
             Some(load) => {
-                let path = dir.join(format!("load.{ext}"));
+                let path = dir.load();
                 out += &format!(
                     "set -e\nmkdir -p {}\ncat > {} <<'SVC_COMPILE_EOF'\n{load}SVC_COMPILE_EOF\n",
-                    shell_word(&dir.display().to_string()),
+                    shell_word(&dir.path().display().to_string()),
                     shell_word(&path.display().to_string())
                 );
                 if check {

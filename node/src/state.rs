@@ -74,10 +74,12 @@ pub struct NextDocument {
 impl NextDocument {
     /// Written here (into the page cache: ~15 ms for 25 MB, where a copy for the thread
     /// would cost as much in new pages), synced on the thread.
-    pub fn start(dir: &Path, ext: &str, doc: &str) -> NextDocument {
-        let path = dir.join(format!("next.{ext}"));
+    pub fn start(path: &Path, doc: &str) -> NextDocument {
+        let path = path.to_path_buf();
         let written = (|| -> std::io::Result<File> {
-            fs::create_dir_all(dir)?;
+            if let Some(dir) = path.parent() {
+                fs::create_dir_all(dir)?;
+            }
             let mut f = File::create(&path)?;
             f.write_all(doc.as_bytes())?;
             Ok(f)

@@ -30,6 +30,13 @@ pub trait Tracer: Sync {
         port: u16,
         doc: &str,
     ) -> Vec<Vec<String>>;
+    /// What a trace's heading says the lines under its steps are.
+    fn heading(&self) -> &'static str {
+        match self.mode() {
+            Mode::Iptables => "iptables rules",
+            Mode::Nftables => "nftables rules",
+        }
+    }
     /// Whether [`Tracer::rules`] gives a step of `rule` its lines (it then always does:
     /// tested). Default: every step that stands for rules, i.e. all but the packet's
     /// source and a miss.

@@ -237,6 +237,55 @@ fn drift_finds_one_hand_made_change_and_nothing_else() {
     }
 }
 
+/// A node applied with `--nft-layout fast`, checked without the flag: every object would
+/// differ, so drift says the layouts differ (from apply's record) and exits 2; with the
+/// flag, no drift.
+#[test]
+fn drift_names_the_layout_apply_wrote() {
+    if !require_root("drift_names_the_layout_apply_wrote") {
+        return;
+    }
+    let lab = Lab::new("driftlay", &LabSpec::bare()).expect("lab");
+    let ns = lab.netns("node").to_string();
+    let state = TempDir::new("drift-layout");
+    let state_dir = state.path().to_str().unwrap();
+    let mut apply = vec!["apply"];
+    apply.extend(INPUT);
+    apply.extend([
+        "--node",
+        "node-1",
+        "--target",
+        "nftables",
+        "--nft-layout",
+        "fast",
+    ]);
+    apply.extend(["--netns", &ns, "--state-dir", state_dir]);
+    svc(&apply, None, &root()).expect(0);
+    let run = drift("nftables", &["--netns", &ns, "--state-dir", state_dir]);
+    run.expect(2);
+    assert!(
+        run.stderr.contains("applied with --nft-layout fast")
+            && run.stderr.contains("compile with --nft-layout kube-proxy")
+            && run.stderr.lines().count() == 1,
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stdout, "", "no object listed");
+    let same = drift(
+        "nftables",
+        &[
+            "--netns",
+            &ns,
+            "--state-dir",
+            state_dir,
+            "--nft-layout",
+            "fast",
+        ],
+    );
+    same.expect(0);
+    assert!(same.stdout.contains(": no drift"), "{}", same.stdout);
+}
+
 /// `a "b c" d` → [a, b c, d]: enough for iptables-save's quoting of comments.
 fn shell_words(s: &str) -> Vec<String> {
     let mut words = Vec::new();

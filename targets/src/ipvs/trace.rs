@@ -16,6 +16,9 @@ impl Tracer for Ipvs {
     fn mode(&self) -> Mode {
         Mode::Iptables
     }
+    fn heading(&self) -> &'static str {
+        "ipvs rules; the verdict is iptables mode's, not checked against IPVS"
+    }
     fn shows(&self, rule: Rule) -> bool {
         matches!(rule, Rule::ServiceMatch | Rule::Endpoints)
     }
