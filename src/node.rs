@@ -3,7 +3,9 @@
 
 use crate::cli::{ApplyCmd, ApplySource, CompileOpts, DriftCmd, Nodes, TargetArgs};
 use crate::compile::{compile_read, node_jobs, read_all, target_params_of};
+use crate::inputs::read_file;
 use crate::report::{Emitter, Fail, Outcome};
+use std::path::Path;
 use svc_compiler::passes::node::node_view;
 use svc_node::apply::{inputs_key, Compiled, Input};
 use svc_node::times::Times;
@@ -22,11 +24,20 @@ pub fn apply(cmd: &ApplyCmd) -> Result<Outcome, Fail> {
     {
         crate::alloc::purge_never();
     }
+    // Refused before anything is read.
+    svc_node::apply::preflight(target, &cmd.apply)?;
     let params = target_params_of(&cmd.target)?;
     let input = match &cmd.source {
         ApplySource::Rollback => Input::Rollback,
-        ApplySource::From(from) => Input::From(from.clone()),
-        ApplySource::Manifests => manifests(&cmd.opts, &cmd.target, &cmd.nodes)?,
+        ApplySource::From(from) => Input::From {
+            path: from.clone(),
+            text: read_file(Path::new(from))?,
+        },
+        ApplySource::Manifests => {
+            // Only a planner's apply can skip the compile (by the inputs' fingerprint).
+            let keyed = target.planner.is_some() && !svc_node::ebpf::applies(target);
+            manifests(&cmd.opts, &cmd.target, &cmd.nodes, keyed)?
+        }
     };
     Ok(
         match svc_node::apply::apply(target, &cmd.apply, &params, input)? {
@@ -39,11 +50,16 @@ pub fn apply(cmd: &ApplyCmd) -> Result<Outcome, Fail> {
 /// `svc-compile drift`: `svc_node` answers 0 (no drift), 1 (drift, printed) or 2 (input
 /// errors, printed).
 pub fn drift(cmd: &DriftCmd) -> Result<Outcome, Fail> {
-    let input = manifests(&cmd.opts, &cmd.target, &cmd.nodes)?;
+    svc_node::drift::preflight(&cmd.drift)?;
+    let saved = match &cmd.from_saved {
+        Some(file) => Some((file.as_str(), read_file(Path::new(file))?)),
+        None => None,
+    };
+    let input = manifests(&cmd.opts, &cmd.target, &cmd.nodes, false)?;
     let code = svc_node::drift::drift(
         cmd.target.target,
         &cmd.drift,
-        cmd.from_saved.as_deref(),
+        saved.as_ref().map(|(f, t)| (*f, t.as_str())),
         input,
     )?;
     Ok(match code {
@@ -53,19 +69,20 @@ pub fn drift(cmd: &DriftCmd) -> Result<Outcome, Fail> {
     })
 }
 
-/// The manifests read (the I/O happens now) and fingerprinted; compiled when the node
-/// crate asks.
+/// The manifests read (the I/O happens now) and, when `keyed`, fingerprinted; compiled
+/// when the node crate asks.
 fn manifests<'a>(
     opts: &'a CompileOpts,
     target: &'a TargetArgs,
     nodes: &'a Nodes,
+    keyed: bool,
 ) -> Result<Input<'a>, Fail> {
     let mut times = Times::default();
     times.mark("");
     let read = read_all(opts, Some(target))?;
     times.mark("read the inputs");
     Ok(Input::Manifests {
-        key: inputs_key(&read.sources),
+        key: keyed.then(|| inputs_key(&read.sources)),
         times,
         compile: Box::new(move |times: &mut Times| {
             let mut compiled = compile_read(opts, read);

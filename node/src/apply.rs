@@ -83,13 +83,15 @@ pub enum Input<'a> {
     /// reads ([`inputs_key`]); `compile` compiles them (printing the diagnostics), and is
     /// not called when the key and the node show that the last apply's state stands.
     Manifests {
-        key: String,
+        /// `None`: the caller's target has no fast path before the compile.
+        key: Option<String>,
         /// The reading's times; the compile and the render add theirs.
         times: Times,
         compile: Box<dyn FnOnce(&mut Times) -> Compile + 'a>,
     },
-    /// `--from FILE`: a compiled document.
-    From(String),
+    /// `--from FILE`: a compiled document, read by the caller (within its input limits):
+    /// where it came from, its text.
+    From { path: String, text: String },
     /// `--rollback`: the previous documents of the state directory.
     Rollback,
 }
@@ -123,7 +125,7 @@ const BY_REPAIR: &str =
     "node state known by its fingerprint, not read: what differed from the record was mended";
 
 /// A document to apply: its family, its text, where it came from.
-pub type Document = (Family, String, String);
+pub(crate) type Document = (Family, String, String);
 
 /// Where and how this apply runs.
 struct Ctx<'a> {
@@ -171,11 +173,11 @@ pub fn apply(
             times,
             compile,
         } => (
-            Some(key).filter(|_| !args.full && !args.dry_run),
+            key.filter(|_| !args.full && !args.dry_run),
             Some((times, compile)),
             None,
         ),
-        Input::From(from) => (None, None, Some(from)),
+        Input::From { path, text } => (None, None, Some((path, text))),
         Input::Rollback => (None, None, None),
     };
     if let Some(key) = &key {
@@ -190,8 +192,8 @@ pub fn apply(
     // What to apply: (family, document, where it came from).
     let docs: Vec<Document> = match (&input_from, compile) {
         (_, _) if rollback => Vec::new(), // read under the lock
-        (Some(from), _) => {
-            let doc = read_file(Path::new(from))?;
+        (Some((from, doc)), _) => {
+            let doc = doc.clone();
             let family = match (args.family, planner.family_of(&doc)) {
                 (Some(f), _) => family_of_ip(f),
                 (None, Some(f)) => f,
@@ -299,7 +301,7 @@ fn holds(path: &Path, text: &str) -> bool {
         && fs::read(path).is_ok_and(|b| b == text.as_bytes())
 }
 
-pub fn family_of_ip(f: IpFamily) -> Family {
+pub(crate) fn family_of_ip(f: IpFamily) -> Family {
     match f {
         IpFamily::IPv4 => Family::V4,
         IpFamily::IPv6 => Family::V6,
@@ -309,7 +311,7 @@ pub fn family_of_ip(f: IpFamily) -> Family {
 /// The node's documents, one per family of `compiled`'s views, rendered by `target`.
 /// `capacity` guesses a family's document size (the last one applied): a 58 MB document
 /// grown by doubling copies itself and touches twice the memory.
-pub fn render(
+pub(crate) fn render(
     target: &Target,
     compiled: Compiled,
     capacity: &dyn Fn(Family) -> usize,
@@ -334,8 +336,21 @@ pub fn render(
     docs
 }
 
+/// What `apply` checks before anything is read: root, and the `--netns` namespace. The
+/// caller runs it before reading the inputs, so that a refusal costs nothing.
+pub fn preflight(target: &Target, args: &Options) -> Result<(), Fail> {
+    if crate::ebpf::applies(target) {
+        need_root(
+            "apply needs root: it loads BPF programs and maps and attaches them to a cgroup",
+        )?;
+    } else {
+        need_root("apply needs root: it reads and loads the node's packet filter rules (run it as root, or in a privileged pod with hostNetwork)")?;
+    }
+    check_netns(args.netns.as_deref())
+}
+
 /// `Err` with `why` unless this process is root.
-pub fn need_root(why: &str) -> Result<(), Fail> {
+pub(crate) fn need_root(why: &str) -> Result<(), Fail> {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Err(Fail(why.into()));
@@ -344,18 +359,13 @@ pub fn need_root(why: &str) -> Result<(), Fail> {
 }
 
 /// `Err` unless `ip netns` knows the network namespace `ns`.
-pub fn check_netns(ns: Option<&str>) -> Result<(), Fail> {
+pub(crate) fn check_netns(ns: Option<&str>) -> Result<(), Fail> {
     match ns {
         Some(ns) if !Path::new("/run/netns").join(ns).exists() => Err(Fail(format!(
             "no network namespace `{ns}` (see `ip netns list`)"
         ))),
         _ => Ok(()),
     }
-}
-
-/// A file's text, or a failure naming it.
-pub fn read_file(p: &Path) -> Result<String, Fail> {
-    fs::read_to_string(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
 }
 
 impl Ctx<'_> {
@@ -1125,23 +1135,19 @@ impl Ctx<'_> {
             }
         }
         write_atomic(&path, &prep.scratch)?;
-        let mut argv = cmds.scratch.clone();
-        argv.push(path.display().to_string());
-        let out = run_captured(&argv);
+        let out = rules::load_scratch(&cmds.scratch, &path);
         if self.args.dry_run {
             let _ = fs::remove_file(&path);
         }
-        let out = out?;
-        if !out.ok {
-            return Err(Fail(format!(
-                "the kernel refuses {source} (loaded into an empty network namespace first): {}; nothing was changed",
-                first_line(&out.stderr)
-            )));
-        }
+        let out = out?.map_err(|e| {
+            Fail(format!(
+                "the kernel refuses {source} (loaded into an empty network namespace first): {e}; nothing was changed"
+            ))
+        })?;
         if let Some(key) = key {
-            write_atomic(&cache, &format!("{key}{}", out.stdout))?;
+            write_atomic(&cache, &format!("{key}{}", out))?;
         }
-        Ok(out.stdout)
+        Ok(out)
     }
 
     /// After a failed load: put back the tables it committed. Returns what happened.

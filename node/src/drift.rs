@@ -8,22 +8,28 @@
 //! Exit codes: 0 no drift, 1 drift, 2 anything else (including input errors, so that CI
 //! can tell drift from a broken manifest).
 
-use crate::apply::{check_netns, need_root, read_file, render, Input, Options};
+use crate::apply::{check_netns, need_root, render, Input, Options};
 use crate::proc::check_tools;
 use crate::rules;
 use crate::state::StateDir;
 use crate::Fail;
-use std::path::Path;
 use svc_targets::drift;
 use svc_targets::plan::{self, Family, Planner};
 use svc_targets::Target;
 
+/// What `drift` checks before anything is read: root, and the `--netns` namespace.
+pub fn preflight(args: &Options) -> Result<(), Fail> {
+    need_root("drift needs root: it loads the compiled ruleset into a throwaway network namespace to learn the kernel's spelling (and reads the node's rules)")?;
+    check_netns(args.netns.as_deref())
+}
+
 /// `svc-compile drift`: 0 no drift, 1 drift, 2 (`Err`, or input errors) anything else.
-/// `from_saved`: a saved listing instead of the node's.
+/// `from_saved`: a saved listing (where it came from, its text, read by the caller)
+/// instead of the node's.
 pub fn drift(
     target: &'static Target,
     args: &Options,
-    from_saved: Option<&str>,
+    from_saved: Option<(&str, &str)>,
     input: Input<'_>,
 ) -> Result<u8, Fail> {
     let Some(planner) = target.planner else {
@@ -32,8 +38,7 @@ pub fn drift(
             target.name
         )));
     };
-    need_root("drift needs root: it loads the compiled ruleset into a throwaway network namespace to learn the kernel's spelling (and reads the node's rules)")?;
-    check_netns(args.netns.as_deref())?;
+    preflight(args)?;
     let Input::Manifests {
         mut times, compile, ..
     } = input
@@ -62,7 +67,7 @@ pub fn drift(
         }
         check_tools(planner.tools(*family), args.netns.is_some())?;
         let (listing, source) = match from_saved {
-            Some(file) => (read_file(Path::new(file))?, file.to_string()),
+            Some((file, text)) => (text.to_string(), file.to_string()),
             None => read_node(planner, *family, args.netns.as_deref())?,
         };
         let kernel =

@@ -1,8 +1,8 @@
 //! `svc-compile apply --target ebpf`: loads the socket load balancer (`bpf/sock_lb.c`,
 //! compiled by build.rs and embedded) with a node's Cilium maps into a cgroup v2. The
 //! eBPF side of apply does not fit the `Planner` frame (there are no commands to run: the
-//! loader is this process); it reuses the frame's lock, state directory and atomic writes
-//! (`crate::apply`), and plans with the pure `svc_targets::ebpf::plan`.
+//! loader is this process); it shares the frame's state directory, lock and atomic writes
+//! (`crate::state`), and plans with the pure `svc_targets::ebpf::plan`.
 //!
 //! Pins, all under `--pin-dir` (default and only allowed root `/sys/fs/bpf/svc-compile`),
 //! in one instance directory per cgroup (`INST` = `PIN_DIR/cg-<cgroup path, `/` and `.` as `_`>`:
@@ -34,7 +34,7 @@
 //!
 //! Nothing outside the instance directory is ever pinned, changed or deleted.
 
-use crate::apply::{need_root, read_file, Compiled, Input, Options};
+use crate::apply::{preflight, Compiled, Input, Options};
 use crate::proc::{check_tools, first_line, run_captured};
 use crate::state::{write_atomic, Records, StateDir};
 use crate::Fail;
@@ -55,7 +55,7 @@ use svc_targets::{Params, Target};
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sock_lb.o"));
 
 /// The only directory apply pins under.
-pub const PIN_ROOT: &str = "/sys/fs/bpf/svc-compile";
+pub(crate) const PIN_ROOT: &str = "/sys/fs/bpf/svc-compile";
 
 /// The eight programs and their cgroup attach types (`enum bpf_attach_type`).
 const PROGRAMS: [(&str, u32); 8] = [
@@ -83,13 +83,13 @@ struct Doc {
 
 /// `apply --target ebpf` (see the module doc).
 pub fn apply(
-    _target: &'static Target,
+    target: &'static Target,
     args: &Options,
     params: &Params,
     input: Input<'_>,
 ) -> Result<u8, Fail> {
     let start = Instant::now();
-    need_root("apply needs root: it loads BPF programs and maps and attaches them to a cgroup")?;
+    preflight(target, args)?;
     if OBJECT.is_empty() {
         return Err(Fail(
             "apply --target ebpf: this svc-compile was built without the socket load balancer (clang was not found when it was built); install clang and libbpf-dev (Debian/Ubuntu: apt-get install clang libbpf-dev) and rebuild".into(),
@@ -117,10 +117,7 @@ pub fn apply(
     let rollback = matches!(input, Input::Rollback);
     let docs: Vec<Doc> = match input {
         Input::Rollback => Vec::new(),
-        Input::From(from) => {
-            let json = read_file(Path::new(&from))?;
-            vec![doc_of_json(json, &from)?]
-        }
+        Input::From { path, text } => vec![doc_of_json(text, &path)?],
         Input::Manifests {
             mut times, compile, ..
         } => {

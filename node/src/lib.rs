@@ -11,13 +11,13 @@
 pub mod apply;
 pub mod drift;
 pub mod ebpf;
-pub mod netns;
-pub mod nfgen;
-pub mod nfnl;
-pub mod nftdigest;
-pub mod proc;
-pub mod rules;
-pub mod state;
+mod netns;
+mod nfgen;
+mod nfnl;
+mod nftdigest;
+mod proc;
+mod rules;
+mod state;
 pub mod times;
 
 /// A failure that is not the input's (exit 2): one line that says what to do.

@@ -1,5 +1,5 @@
 //! `svc-compile drift`: the difference between the owned state a node shows and the one a
-//! compiled ruleset gives, grouped by service. Pure: `src/drift.rs` reads the node (or a
+//! compiled ruleset gives, grouped by service. Pure: `svc_node::drift` reads the node (or a
 //! saved listing), learns the kernel's spelling of the compiled document in a scratch
 //! namespace, and hands both owned states here as the canonical text of [`crate::plan`]
 //! (`Plan::expected` and `Plan::owned`).

@@ -1,5 +1,5 @@
 //! What one family's apply does next, decided without I/O: [`Decider::next`] takes what the
-//! last [`Step`] found ([`Seen`]) and names the next step. `Ctx::apply_one` carries the
+//! last [`Step`] found ([`Seen`]) and names the next step. `Ctx::apply_once` carries the
 //! steps out (it runs the planner, the loaders and the reads, and writes the record) and
 //! holds the data they produce (reads, plans, fingerprints); the decider holds what is
 //! needed to choose: the record's facts, the nf_tables generations, and what has

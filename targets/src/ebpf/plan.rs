@@ -1,6 +1,6 @@
 //! Planning `svc-compile apply --target ebpf`: pure functions from the wanted maps (a
 //! [`Layout`], or this target's JSON) and what the pinned maps hold now (`bpftool -j map
-//! dump` text) to the writes that move one to the other. `src/ebpf_apply.rs` runs them.
+//! dump` text) to the writes that move one to the other. `svc_node::ebpf` runs them.
 //!
 //! Invariants:
 //! - Only the configuration maps are planned ([`MapId::configured`]): the runtime maps

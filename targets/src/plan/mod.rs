@@ -1,6 +1,6 @@
 //! Planning `svc-compile apply`: pure functions from (the newly compiled document, what the
 //! kernel shows now, what the last apply recorded) to the documents and commands that move
-//! the node to the new state. Nothing here runs a process or touches a file; `src/apply.rs`
+//! the node to the new state. Nothing here runs a process or touches a file; `svc_node::apply`
 //! runs the plan.
 //!
 //! Every back end that can be applied has a [`Planner`] (named in its registry entry,
