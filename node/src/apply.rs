@@ -44,6 +44,7 @@ use crate::proc::{
 };
 use crate::rules;
 use crate::state::{write_atomic, write_atomic_parts, NextDocument, Records, StateDir};
+use crate::sysctl;
 use crate::times::Times;
 use crate::Fail;
 use decide::{By, Decider, Failure, Note, Outcome, PlanFrom, Planned, Seen, Setup, Step};
@@ -277,6 +278,13 @@ pub fn apply(
     let mut ends = Vec::new();
     for (family, doc, source) in &docs {
         ends.push(ctx.apply_one(*family, doc, source)?);
+        // Once its rules are in (the martian rule before route_localnet opens 127/8).
+        if !args.dry_run {
+            let what = format!("{} {}", target.name, family.as_str());
+            for s in sysctl::ensure(args.netns.as_deref(), &planner.sysctls(doc))? {
+                eprintln!("svc-compile: note: {what}: set {s}, which its rules need");
+            }
+        }
     }
     if !args.dry_run && !changed.is_empty() {
         for f in [Family::V4, Family::V6]

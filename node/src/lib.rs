@@ -18,6 +18,7 @@ mod nftdigest;
 mod proc;
 mod rules;
 mod state;
+mod sysctl;
 pub mod times;
 
 /// A failure that is not the input's (exit 2): one line that says what to do.

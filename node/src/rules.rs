@@ -46,13 +46,25 @@ pub fn read_node(
         .is_some_and(|absent| out.stderr.contains(absent))
     {
         Ok(String::new())
+    } else if let Some(hint) = planner.explain(&out.stderr) {
+        Err(Fail(hint))
     } else {
         Err(Fail(format!(
             "cannot read the node's state (`{}`): {}",
-            shell_line(&argv),
+            shell_line(&brief(&argv)),
             first_line(&out.stderr)
         )))
     }
+}
+
+/// `argv` for a message: a script argument (several lines) is shown as `…`.
+fn brief(argv: &[String]) -> Vec<String> {
+    argv.iter()
+        .map(|a| match a.contains('\n') {
+            true => "…".to_string(),
+            false => a.clone(),
+        })
+        .collect()
 }
 
 /// Loads the document at `path` into a new, empty network namespace with the planner's

@@ -128,18 +128,62 @@ impl StateDir {
         self.root.exists()
     }
 
+    /// Creates the directory (and its missing parents) for root alone (0700).
     pub fn create(&self) -> Result<(), Fail> {
-        fs::create_dir_all(&self.root).map_err(|e| {
-            Fail(format!(
-                "cannot create the state directory {}: {e}",
-                self.root.display()
-            ))
-        })
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.root)
+            .map_err(|e| {
+                Fail(format!(
+                    "cannot create the state directory {}: {e}",
+                    self.root.display()
+                ))
+            })
     }
 
-    /// Takes `STATE/lock` (see [`take_lock`]); `timeout_s` defaults to
-    /// [`DEFAULT_LOCK_TIMEOUT`].
+    /// Refuses a state directory that someone but root could have written: root loads the
+    /// documents it holds (`--rollback`, the record), so one not owned by root, writable
+    /// by group or others, or in a directory others can write without the sticky bit
+    /// (another user could move it away and put theirs in place) is an error, as sshd's
+    /// `StrictModes` refuses such files.
+    pub fn verify(&self) -> Result<(), Fail> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.root.display();
+        let meta = |p: &Path| {
+            fs::metadata(p).map_err(|e| Fail(format!("cannot read {}: {e}", p.display())))
+        };
+        let m = meta(&self.root)?;
+        if m.uid() != 0 {
+            return Err(Fail(format!(
+                "the state directory {dir} belongs to uid {}, not root: root loads what is recorded there; use a directory root owns (chown root {dir}) or another --state-dir",
+                m.uid()
+            )));
+        }
+        if m.mode() & 0o022 != 0 {
+            return Err(Fail(format!(
+                "the state directory {dir} can be written by others (mode {:o}): root loads what is recorded there; chmod 700 {dir}",
+                m.mode() & 0o7777
+            )));
+        }
+        if let Some(parent) = self.root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let p = meta(parent)?;
+            if p.mode() & 0o002 != 0 && p.mode() & 0o1000 == 0 {
+                return Err(Fail(format!(
+                    "the state directory {dir} is in {}, which anyone can write (mode {:o}, no sticky bit): another user could put their own in its place; use another --state-dir",
+                    parent.display(),
+                    p.mode() & 0o7777
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes `STATE/lock` (see [`take_lock`]) once the directory passes [`Self::verify`];
+    /// `timeout_s` defaults to [`DEFAULT_LOCK_TIMEOUT`].
     pub fn lock(&self, timeout_s: Option<f64>) -> Result<File, Fail> {
+        self.verify()?;
         take_lock(
             &self.root.join("lock"),
             timeout_s.unwrap_or(DEFAULT_LOCK_TIMEOUT),
@@ -255,6 +299,57 @@ impl Records {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn is_root() -> bool {
+        // SAFETY: geteuid cannot fail.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    /// A directory others could have written is refused, with what to do; 0700 and 0755
+    /// under a sticky /tmp pass. (The owner check needs root to chown.)
+    #[test]
+    fn a_state_directory_others_could_write_is_refused() {
+        let base = std::env::temp_dir().join(format!("svc-node-perm-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let state = StateDir::new(Some(base.join("s").to_str().unwrap()), None);
+        state.create().unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(state.path()), 0o700, "created for root alone");
+        let chmod =
+            |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+        chmod(&base, 0o755);
+        if !is_root() {
+            // Not ours to judge: the owner is the test's user.
+            let _ = fs::remove_dir_all(&base);
+            return;
+        }
+        state.verify().unwrap();
+        chmod(state.path(), 0o755);
+        state.verify().unwrap();
+        chmod(state.path(), 0o775);
+        let Err(Fail(msg)) = state.verify() else {
+            panic!("group-writable passed")
+        };
+        assert!(
+            msg.contains("mode 775") && msg.contains("chmod 700"),
+            "{msg}"
+        );
+        chmod(state.path(), 0o700);
+        chmod(&base, 0o777);
+        let Err(Fail(msg)) = state.lock(Some(0.0)) else {
+            panic!("world-writable parent passed")
+        };
+        assert!(msg.contains("no sticky bit"), "{msg}");
+        chmod(&base, 0o1777);
+        state.verify().unwrap();
+        std::os::unix::fs::chown(state.path(), Some(65534), None).unwrap();
+        let Err(Fail(msg)) = state.verify() else {
+            panic!("another owner passed")
+        };
+        assert!(msg.contains("uid 65534"), "{msg}");
+        let _ = fs::remove_dir_all(&base);
+    }
 
     #[test]
     fn the_layout_is_the_documented_one() {

@@ -2119,3 +2119,66 @@ fn a_fingerprint_after_element_writes_asks_for_those_elements_alone() {
             .says(BY_FINGERPRINT);
     }
 }
+
+/// Localhost node ports need `route_localnet` (kube-proxy's iptables mode sets it): an
+/// iptables apply sets it once its rules (the martian drop among them) are in, says so
+/// once, and `127.0.0.1:NODEPORT` answers; nftables mode has no localhost node ports and
+/// leaves the sysctl alone.
+#[test]
+fn apply_sets_route_localnet_for_localhost_node_ports() {
+    if !require_root("apply_sets_route_localnet_for_localhost_node_ports") {
+        return;
+    }
+    let local = "127.0.0.1:30080".parse().unwrap();
+    for target in TARGETS {
+        let lab = lab(&format!("aprl{}", &target[..3]));
+        let node = Node::new(&lab, target);
+        let get = || node.exec("sysctl", &["-n", "net.ipv4.conf.all.route_localnet"]);
+        node.exec("sysctl", &["-qw", "net.ipv4.conf.all.route_localnet=0"]);
+        let v1 = node.version("v1", V1_API, CHAT);
+        let r = node.apply(&v1, &[]);
+        r.expect(0);
+        let note = "set net.ipv4.conf.all.route_localnet=1, which its rules need";
+        let probe = lab.probe("node", Proto::Tcp, local);
+        if target == "iptables" {
+            assert!(r.stderr.contains(note), "[{target}] {}", r.stderr);
+            assert_eq!(get().trim(), "1", "[{target}]");
+            assert!(
+                matches!(probe, super::Outcome::Answered { .. }),
+                "[{target}] {local}: {probe:?}"
+            );
+            // Set already: nothing said.
+            let v2 = node.version("v2", V2_API, CHAT);
+            let again = node.apply(&v2, &[]);
+            again.expect(0);
+            assert!(!again.stderr.contains(note), "[{target}] {}", again.stderr);
+        } else {
+            assert!(!r.stderr.contains(note), "[{target}] {}", r.stderr);
+            assert_eq!(get().trim(), "0", "[{target}]");
+        }
+    }
+}
+
+/// `apply --target ipvs` on a kernel without IPVS (this one: the IPVS suite boots another
+/// kernel) says so in one line that says what to do, not the read script and its output.
+#[test]
+fn apply_ipvs_without_ipvs_says_what_to_do_in_one_line() {
+    if !require_root("apply_ipvs_without_ipvs_says_what_to_do_in_one_line") {
+        return;
+    }
+    if Path::new("/proc/net/ip_vs").exists() {
+        println!("this kernel has IPVS: nothing to check here");
+        return;
+    }
+    let lab = Lab::new("apnoipvs", &LabSpec::bare()).expect("lab");
+    let node = Node::new(&lab, "ipvs");
+    let v1 = node.version("v1", V1_API, CHAT);
+    let r = node.apply(&v1, &[]);
+    r.expect(2);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("this kernel has no IPVS") && r.stderr.contains("modprobe ip_vs"),
+        "{}",
+        r.stderr
+    );
+}

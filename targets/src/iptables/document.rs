@@ -7,9 +7,9 @@
 //! [`Sections`], [`write_tables`] (nat first there), [`write_jumps`] for its setup, and the
 //! rules both modes share ([`masquerade_rules`], [`forward_rules`]).
 
-use super::names::KUBE_SERVICES;
 use super::names::{KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ};
 use super::names::{KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_PROXY_FIREWALL};
+use super::names::{KUBE_SERVICES, MARTIAN_COMMENT};
 use super::{MarkFormat, Options};
 use crate::common::quote;
 use std::fmt::{self, Display, Write as _};
@@ -269,7 +269,7 @@ impl<'a> StaticRules<'a> {
             // route_localnet (needed for localhost node ports) lets remote hosts reach
             // 127.0.0.0/8; this closes that hole (a copy of kubelet's rule).
             out.filter_chain(KUBE_FIREWALL);
-            out.filter_rule(format_args!("-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"));
+            out.filter_rule(format_args!("-A {KUBE_FIREWALL} -m comment --comment \"{MARTIAN_COMMENT}\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"));
         }
     }
 

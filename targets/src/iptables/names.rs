@@ -19,6 +19,10 @@ pub(crate) const KUBE_FORWARD: &str = "KUBE-FORWARD";
 pub(crate) const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 pub(crate) const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
 pub(crate) const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
+/// The comment of the rule that drops remote traffic to 127.0.0.0/8 (kubelet's rule),
+/// written exactly when localhost node ports are on, i.e. when the node needs
+/// `route_localnet` (the planner asks for the sysctl by it).
+pub(crate) const MARTIAN_COMMENT: &str = "block incoming localnet connections";
 
 // The per-service chains' prefixes; a 16-character hash follows (`common::chain_hash`).
 const SVC: &str = "KUBE-SVC-";

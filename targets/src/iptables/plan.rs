@@ -23,7 +23,7 @@
 //! is canonical, ours is not (`-m tcp -p tcp` reads back as `-p tcp -m tcp`, addresses get
 //! `/32`, …).
 
-use super::names::is_service_chain;
+use super::names::{is_service_chain, MARTIAN_COMMENT};
 use crate::plan::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
 use crate::plan::{Previous, Step, Summary, Tool};
 use std::collections::{BTreeMap, BTreeSet};
@@ -427,6 +427,19 @@ impl Planner for Iptables {
     }
 
     /// The family a compiled document names in its first line, if any.
+    /// Localhost node ports (the martian rule is their mark, see `names::MARTIAN_COMMENT`)
+    /// need `route_localnet`, as kube-proxy's iptables mode sets it (`NewProxier`).
+    fn sysctls(&self, doc: &str) -> Vec<(&'static str, &'static str)> {
+        let martian = format!("--comment \"{MARTIAN_COMMENT}\"");
+        match doc
+            .lines()
+            .any(|l| l.starts_with("-A ") && l.contains(&martian))
+        {
+            true => vec![("ipv4/conf/all/route_localnet", "1")],
+            false => Vec::new(),
+        }
+    }
+
     fn family_of(&self, doc: &str) -> Option<Family> {
         crate::plan::family_in_first_line(doc, "# svc-compile:", ';')
     }

@@ -643,6 +643,14 @@ impl Planner for Ipvs {
         }
     }
 
+    /// ipvsadm (and the read script's `modprobe`) on a kernel without IPVS.
+    fn explain(&self, stderr: &str) -> Option<String> {
+        let no_ipvs = ["Can't initialize ipvs", "Module ip_vs not found"];
+        no_ipvs.iter().any(|m| stderr.contains(m)).then(|| {
+            "this kernel has no IPVS (module ip_vs): load it (`modprobe ip_vs`), or apply with --target iptables or nftables (IPVS mode is deprecated upstream)".to_string()
+        })
+    }
+
     fn family_of(&self, doc: &str) -> Option<Family> {
         crate::plan::family_in_first_line(doc, "# ==== ", ')')
     }

@@ -76,6 +76,18 @@ pub trait Planner: Sync {
     fn layout_of(&self, _doc: &str) -> Option<(&'static str, &'static str)> {
         None
     }
+    /// What to do when a command of this back end failed with `stderr`, where the back end
+    /// knows the cause (a kernel without the module it needs): one line for the user
+    /// instead of the tool's output. Default: none.
+    fn explain(&self, _stderr: &str) -> Option<String> {
+        None
+    }
+    /// The sysctls a node running `doc` needs, as (`/proc/sys` path below `net/`, value):
+    /// `apply` writes those that differ once the document is loaded (kube-proxy sets them
+    /// at start-up). Default: none.
+    fn sysctls(&self, _doc: &str) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
     /// Whether `svc-compile drift` can compare this planner's owned-state text
     /// (`targets::drift` reads iptables-save and nft JSON lines only).
     fn drift(&self) -> bool {
