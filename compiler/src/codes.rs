@@ -7,7 +7,7 @@
 //! | SVC002 | error    | alias expansion exceeds the node budget (an alias bomb) |
 //! | SVC003 | warning  | unknown field in a known kind (with "did you mean") |
 //! | SVC004 | error    | a field has the wrong type (e.g. a quoted number) |
-//! | SVC005 | error    | a mapping repeats a key |
+//! | SVC005 | warning  | a mapping repeats a key (kubectl keeps the last value; so do we) |
 //! | SVC006 | error    | an object without apiVersion or kind, or a document that is no mapping |
 //! | SVC007 | error    | unsupported apiVersion for a known kind |
 //! | SVC008 | note     | a kind svc-compile does not read was skipped |
@@ -22,6 +22,7 @@
 //! | SVC017 | note     | a file a kustomization names as a patch was not read as manifests |
 //! | SVC018 | note     | more diagnostics than `diag::MAX_DIAGNOSTICS`: the rest are only counted |
 //! | SVC019 | error    | more than `tree::MAX_DOCUMENTS` documents in one file; it was not read |
+//! | SVC020 | error    | two objects glued into one document (`apiVersion`/`kind` written again: a `---` missing) |
 //! | SVC351 | error    | the service IP range is full |
 //! | SVC352 | error    | the node-port range is full (a nodePort or a healthCheckNodePort) |
 //! | SVC360 | error    | the lock file cannot be read |

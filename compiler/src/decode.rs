@@ -35,9 +35,11 @@ pub struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    /// The value of `key`; its last, where a mapping repeats it (as kubectl keeps it).
     pub fn get(&self, key: &str) -> Option<&'a Node> {
         self.entries
             .iter()
+            .rev()
             .find(|e| e.key == key)
             .map(|e| &e.value)
             .filter(|n| n.value != Value::Null)
@@ -141,12 +143,14 @@ impl Decoder<'_> {
             std::collections::HashMap::with_capacity(entries.len());
         for e in entries {
             if let Some(&first) = seen.get(e.key.as_str()) {
+                // kubectl keeps the last value and the API server takes the object
+                // (kubernetes#125885): worth fixing, not a reason to refuse it.
                 self.diags.push(
-                    Diagnostic::error("SVC005", format!("duplicate key `{}`", e.key))
+                    Diagnostic::warning("SVC005", format!("duplicate key `{}`", e.key))
                         .at(e.key_span)
                         .path(path.key(&e.key).to_string())
                         .related(first, "first written here")
-                        .hint("a mapping may hold each key once; the API server would reject it"),
+                        .hint("kubectl keeps the last value (this one), as svc-compile does; remove the other"),
                 );
             } else {
                 seen.insert(&e.key, e.key_span);
@@ -239,13 +243,15 @@ impl Decoder<'_> {
         out
     }
 
-    /// A `map[string]string` (labels, selector, annotations), in written order.
+    /// A `map[string]string` (labels, selector, annotations), in written order; a repeated
+    /// key keeps its first place and its last value.
     pub fn str_map(&mut self, n: Option<&Node>, path: &Path) -> Vec<(Sp<String>, Sp<String>)> {
         let Some(n) = n else { return Vec::new() };
         let Some(f) = self.map(n, path, "", None) else {
             return Vec::new();
         };
-        let mut out = Vec::new();
+        let mut out: Vec<(Sp<String>, Sp<String>)> = Vec::new();
+        let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for e in f.entries() {
             let p = path.key(&e.key);
             let v = match &e.value.value {
@@ -264,8 +270,14 @@ impl Decoder<'_> {
                 }
                 _ => self.str_(Some(&e.value), &p),
             };
-            if let Some(v) = v {
-                out.push((Sp::new(e.key.clone(), e.key_span), v));
+            let Some(v) = v else { continue };
+            // A repeated key (a warning of `map`): the last value, as kubectl keeps it.
+            match at.get(e.key.as_str()) {
+                Some(&i) => out[i].1 = v,
+                None => {
+                    at.insert(e.key.as_str(), out.len());
+                    out.push((Sp::new(e.key.clone(), e.key_span), v));
+                }
             }
         }
         out
@@ -401,5 +413,38 @@ mod duration_tests {
         assert!(d("5").is_err());
         assert!(d("5d").is_err());
         assert!(d("").is_err());
+    }
+}
+
+#[cfg(test)]
+mod repeated_keys {
+    use super::{Decoder, Path};
+    use crate::diag::{Diagnostics, Severity};
+    use crate::source::FileId;
+
+    /// A repeated key is a warning, and the last value is the one read, as kubectl keeps
+    /// it: in a `map[string]string` (keeping the key's first place) and in a field.
+    #[test]
+    fn the_last_value_wins_with_a_warning() {
+        let text = "labels: {app: web, tier: db, app: shop}\nname: a\nname: b\n";
+        let (docs, _) = crate::tree::parse_file(FileId(0), text);
+        let root = &docs[0].root;
+        let mut diags = Diagnostics::default();
+        let mut d = Decoder { diags: &mut diags };
+        let labels = d.str_map(root.get("labels"), &Path::ROOT.key("labels"));
+        let got: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|(k, v)| (k.v.as_str(), v.v.as_str()))
+            .collect();
+        assert_eq!(got, [("app", "shop"), ("tier", "db")]);
+        let f = d.map(root, &Path::ROOT, "test", None).unwrap();
+        assert_eq!(f.get("name").and_then(|n| n.as_str()), Some("b"));
+        assert_eq!(root.get("name").and_then(|n| n.as_str()), Some("b"));
+        let codes: Vec<(&str, Severity)> = diags
+            .items
+            .iter()
+            .map(|d| (d.code, d.severity))
+            .collect();
+        assert_eq!(codes, [("SVC005", Severity::Warning), ("SVC005", Severity::Warning)]);
     }
 }

@@ -309,7 +309,7 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
     // Helm's Chart.yaml or values.yaml, a dashboard): a `List`'s items and kube-proxy's
     // embedded config.conf must be objects.
     let top = matches!(path, Path::Root(""));
-    let Value::Map(_) = &root.value else {
+    let Value::Map(entries) = &root.value else {
         if top && matches!(root.value, Value::Seq(_)) {
             d.diags.push(not_an_object(root, "a list"));
             return;
@@ -327,6 +327,30 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
         );
         return;
     };
+    // `apiVersion` or `kind` again in one mapping: a second object appended without `---`
+    // (`kubectl get … -o yaml >> file`). Either object alone would be read wrongly.
+    if let Some(again) = entries.iter().enumerate().find_map(|(i, e)| {
+        let key = e.key.as_str();
+        (matches!(key, "apiVersion" | "kind") && entries[..i].iter().any(|f| f.key == key))
+            .then_some(e)
+    }) {
+        d.diags.push(
+            Diagnostic::error(
+                "SVC020",
+                format!(
+                    "two objects in one document: `{}` is written a second time",
+                    again.key
+                ),
+            )
+            .at(again.key_span)
+            .path(path.key(&again.key).to_string())
+            .hint(format!(
+                "a `---` line is missing before the second object (line {}?); neither is read until it is there",
+                again.key_span.line
+            )),
+        );
+        return;
+    }
     // A mapping without `kind` and without `metadata` does not claim to be an object.
     if top && root.get("kind").is_none() && root.get("metadata").is_none() {
         d.diags.push(not_an_object(

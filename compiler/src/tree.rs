@@ -51,15 +51,16 @@ impl Node {
             Value::Map(_) => "mapping",
         }
     }
+    /// The value of `key`; its last, where a mapping repeats it (as kubectl keeps it).
     pub fn get(&self, key: &str) -> Option<&Node> {
         match &self.value {
-            Value::Map(es) => es.iter().find(|e| e.key == key).map(|e| &e.value),
+            Value::Map(es) => es.iter().rev().find(|e| e.key == key).map(|e| &e.value),
             _ => None,
         }
     }
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Node> {
         match &mut self.value {
-            Value::Map(es) => es.iter_mut().find(|e| e.key == key).map(|e| &mut e.value),
+            Value::Map(es) => es.iter_mut().rev().find(|e| e.key == key).map(|e| &mut e.value),
             _ => None,
         }
     }
