@@ -378,3 +378,54 @@ fn exclude_and_include_repeat() {
     r.expect(0);
     assert!(r.stdout.contains("ok: 2 file(s) checked"), "{}", r.stdout);
 }
+
+/// A check that reads nothing fails (exit 2, one line): an exclude or a path that leaves
+/// no manifest is a broken pipeline, not a clean repository.
+#[test]
+fn a_check_that_reads_nothing_fails() {
+    let dir = TempDir::new("check-nothing");
+    write(dir.path(), "svc.yaml", "apiVersion: v1\nkind: Service\n");
+    let d = dir.path().to_str().unwrap();
+    let r = svc(&["check", d, "--exclude", "*.yaml"], None, &root());
+    r.expect(2);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("nothing to check"), "{}", r.stderr);
+    assert!(!r.stdout.contains("ok:"), "{}", r.stdout);
+    let empty = TempDir::new("check-empty");
+    svc(&["check", empty.path().to_str().unwrap()], None, &root()).expect(2);
+}
+
+/// What kubectl and the API server take checks clean: `metadata.namespace: ""` is an unset
+/// namespace (kubectl fills in its context's), and the API's own typed list
+/// (`kubectl get --raw /api/v1/services`) leaves `apiVersion` and `kind` out of its items.
+#[test]
+fn an_empty_namespace_and_a_raw_service_list_check_clean() {
+    let t = TempDir::new("check-raw");
+    write(
+        t.path(),
+        "ns.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: \"\"\nspec:\n  clusterIP: 10.96.0.10\n  ports:\n  - port: 80\n",
+    );
+    write(
+        t.path(),
+        "raw.json",
+        r#"{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"api","namespace":"shop"},"spec":{"clusterIP":"10.96.0.11","ports":[{"port":80}]}}]}"#,
+    );
+    let d = t.path().to_str().unwrap();
+    let r = svc(&["check", d], None, &root());
+    r.expect(0);
+    assert!(
+        r.stdout.contains("ok: 2 file(s) checked, 0 warning(s)"),
+        "{}",
+        r.stdout
+    );
+    // Both are read: the empty namespace as `default`, the item as a Service.
+    let zone = svc(&[d, "--target", "dns"], None, &root());
+    zone.expect(0);
+    for name in [
+        "web.default.svc.cluster.local.",
+        "api.shop.svc.cluster.local.",
+    ] {
+        assert!(zone.stdout.contains(name), "{name}\n{}", zone.stdout);
+    }
+}

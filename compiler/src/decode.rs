@@ -440,11 +440,11 @@ mod repeated_keys {
         let f = d.map(root, &Path::ROOT, "test", None).unwrap();
         assert_eq!(f.get("name").and_then(|n| n.as_str()), Some("b"));
         assert_eq!(root.get("name").and_then(|n| n.as_str()), Some("b"));
-        let codes: Vec<(&str, Severity)> = diags
-            .items
-            .iter()
-            .map(|d| (d.code, d.severity))
-            .collect();
-        assert_eq!(codes, [("SVC005", Severity::Warning), ("SVC005", Severity::Warning)]);
+        let codes: Vec<(&str, Severity)> =
+            diags.items.iter().map(|d| (d.code, d.severity)).collect();
+        assert_eq!(
+            codes,
+            [("SVC005", Severity::Warning), ("SVC005", Severity::Warning)]
+        );
     }
 }

@@ -7,7 +7,7 @@
 use crate::decode::{Decoder, Fields, IntOrString, Path, Sp};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::source::Span;
-use crate::tree::{Document, Node, Part, Value};
+use crate::tree::{Document, Entry, Node, Part, Value};
 
 #[derive(Clone, Debug, Default)]
 pub struct Meta {
@@ -289,13 +289,53 @@ pub fn decode_part(part: &Part<'_>, out: &mut Objects, diags: &mut Diagnostics) 
             // itself reports a missing apiVersion or kind.
             let api = list.get("apiVersion").and_then(Node::as_str);
             let kind = list.get("kind").and_then(Node::as_str);
-            if api.is_some() && kind.is_some_and(|k| is_list(k, list)) {
+            if let (Some(api), Some(kind)) = (api, kind.filter(|k| is_list(k, list))) {
                 let list = Path::ROOT.key("items");
                 for (i, it) in items.iter().enumerate() {
-                    decode_object(it, &list.index(first + i), &mut d, out);
+                    decode_item(api, kind, it, &list.index(first + i), &mut d, out);
                 }
             }
         }
+    }
+}
+
+/// One item of a list of kind `list_kind` (`apiVersion` `api`). The API's own typed lists
+/// (`kubectl get --raw /api/v1/services`: a `ServiceList`) leave `apiVersion` and `kind`
+/// out of their items, which are then the list's kind without `List`, in its apiVersion.
+fn decode_item(
+    api: &str,
+    list_kind: &str,
+    item: &Node,
+    path: &Path,
+    d: &mut Decoder,
+    out: &mut Objects,
+) {
+    let kind = list_kind.strip_suffix("List").filter(|k| !k.is_empty());
+    match (kind, &item.value) {
+        (Some(kind), Value::Map(entries))
+            if item.get("kind").is_none() && item.get("apiVersion").is_none() =>
+        {
+            let scalar = |text: &str| Node {
+                span: item.span,
+                value: Value::Scalar {
+                    text: text.into(),
+                    plain: true,
+                },
+            };
+            let entry = |key: &str, text: &str| Entry {
+                key: key.into(),
+                key_span: item.span,
+                value: scalar(text),
+            };
+            let mut typed = vec![entry("apiVersion", api), entry("kind", kind)];
+            typed.extend(entries.iter().cloned());
+            let item = Node {
+                span: item.span,
+                value: Value::Map(typed),
+            };
+            decode_object(&item, path, d, out);
+        }
+        _ => decode_object(item, path, d, out),
     }
 }
 
@@ -392,7 +432,7 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
         k if is_list(k, root) => {
             let items_path = path.key("items");
             for (i, it) in d.seq(root.get("items"), &items_path).iter().enumerate() {
-                decode_object(it, &items_path.index(i), d, out);
+                decode_item(a, k, it, &items_path.index(i), d, out);
             }
         }
         "Service" if a == "v1" => {
@@ -461,7 +501,12 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
         | "Node"
         | "Pod"
         | "KubeProxyConfiguration"
-        | "ClusterConfig") => {
+        | "ClusterConfig")
+            if group_of(a) == kind_group(k) =>
+        {
+            // Our kind in another version of its group. The same kind name in another
+            // group (Knative's `serving.knative.dev/v1` Service) is another kind: skipped
+            // below, as the API server serves it apart.
             d.diags.push(
                 Diagnostic::error(
                     "SVC007",
@@ -477,7 +522,8 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
                 }),
             );
         }
-        k if KINDS.iter().any(|known| known.eq_ignore_ascii_case(k)) => {
+        // (An exact name of ours here is another group's kind: skipped below.)
+        k if !KINDS.contains(&k) && KINDS.iter().any(|known| known.eq_ignore_ascii_case(k)) => {
             // The API server's kinds are case-sensitive: kubectl answers "no matches for
             // kind" for `kind: service`.
             let known = KINDS.iter().find(|known| known.eq_ignore_ascii_case(k));
@@ -495,15 +541,42 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
             d.diags.push(
                 Diagnostic::note(
                     "SVC008",
-                    format!(
-                        "skipped {k} `{}`: svc-compile does not read this kind",
-                        object_name(root)
-                    ),
+                    match KINDS.contains(&k) {
+                        // Another group's kind of the same name: say which.
+                        true => format!(
+                            "skipped {k} `{}` of {a}: svc-compile reads {k} of {} only",
+                            object_name(root),
+                            match kind_group(k) {
+                                "" => "v1",
+                                g => g,
+                            }
+                        ),
+                        false => format!(
+                            "skipped {k} `{}`: svc-compile does not read this kind",
+                            object_name(root)
+                        ),
+                    },
                 )
                 .at(kind.span)
                 .path(path.key("kind").to_string()),
             );
         }
+    }
+}
+
+/// The API group of an apiVersion (`discovery.k8s.io/v1` → `discovery.k8s.io`; the core
+/// group's `v1` → ``).
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(g, _)| g)
+}
+
+/// The API group of a kind svc-compile reads.
+fn kind_group(kind: &str) -> &'static str {
+    match kind {
+        "EndpointSlice" => "discovery.k8s.io",
+        "KubeProxyConfiguration" => "kubeproxy.config.k8s.io",
+        "ClusterConfig" => group_of(CLUSTER_CONFIG_API),
+        _ => "",
     }
 }
 
@@ -582,8 +655,11 @@ fn meta(root: &Node, path: &Path, what: &str, d: &mut Decoder, namespaced: bool)
         );
         return None;
     };
+    // An empty namespace is an unset one: kubectl fills in the context's (kubectl's
+    // `namespace: ""` is no error), so the object lands in `default` here.
     let namespace = d
         .str_(m.get("namespace"), &mp.key("namespace"))
+        .filter(|n| !n.v.is_empty())
         .unwrap_or_else(|| {
             Sp::new(
                 if namespaced {

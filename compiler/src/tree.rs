@@ -60,7 +60,11 @@ impl Node {
     }
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Node> {
         match &mut self.value {
-            Value::Map(es) => es.iter_mut().rev().find(|e| e.key == key).map(|e| &mut e.value),
+            Value::Map(es) => es
+                .iter_mut()
+                .rev()
+                .find(|e| e.key == key)
+                .map(|e| &mut e.value),
             _ => None,
         }
     }
