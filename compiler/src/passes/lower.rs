@@ -75,9 +75,12 @@ pub fn lower(
                     .iter()
                     .filter_map(|e| parse_ip(&e.v))
                     .collect(),
+                // The API server drops status on create and refuses it on a Service that
+                // is no LoadBalancer; an invalid entry is a warning (validate), left out.
                 load_balancer_ingress: s
                     .lb_ingress
                     .iter()
+                    .filter(|_| kind == ir::ServiceType::LoadBalancer)
                     .filter_map(|g| {
                         Some(ir::LoadBalancerIngress {
                             ip: parse_ip(&g.ip.as_ref()?.v)?,

@@ -60,9 +60,9 @@
 //! | SVC138 | error    | `externalIPs` entry is unspecified, loopback or link-local |
 //! | SVC139 | error    | load-balancer source range (field or annotation) is not a CIDR |
 //! | SVC140 | error    | load-balancer source ranges on a Service that is not a LoadBalancer |
-//! | SVC141 | error    | `status.loadBalancer.ingress` with an invalid `ip` or `hostname` |
-//! | SVC142 | error    | `ipMode` unsupported (VIP, Proxy) or set without `ip` |
-//! | SVC143 | error    | `status.loadBalancer.ingress` on a Service that is not a LoadBalancer |
+//! | SVC141 | warning  | `status.loadBalancer.ingress` with an invalid `ip` or `hostname` (left out) |
+//! | SVC142 | warning  | `ipMode` unsupported (VIP, Proxy) or set without `ip` (read as VIP) |
+//! | SVC143 | warning  | `status.loadBalancer.ingress` on a Service that is not a LoadBalancer (left out) |
 //! | SVC144 | error    | more than 16 `topologyKeys` |
 //! | SVC145 | error    | `topologyKeys` entry is not a valid label key |
 //! | SVC146 | error    | duplicate `topologyKeys` entry |

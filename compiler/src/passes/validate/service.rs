@@ -898,7 +898,7 @@ fn lb_status(cx: &mut Cx, s: &Service, ty: Type) {
     };
     if !matches!(ty, Type::LoadBalancer | Type::Unknown) {
         cx.push(
-            Diagnostic::error(
+            Diagnostic::warning(
                 "SVC143",
                 "status.loadBalancer.ingress may only be set when type is LoadBalancer",
             )
@@ -908,7 +908,7 @@ fn lb_status(cx: &mut Cx, s: &Service, ty: Type) {
                 .find_map(span_of)
                 .unwrap_or(s.meta.name.span))
             .path("status.loadBalancer.ingress")
-            .hint("set `type: LoadBalancer`, or remove the status"),
+            .hint("the API server drops status when it creates the Service; svc-compile leaves it out: set `type: LoadBalancer`, or remove the status"),
         );
         return;
     }
@@ -918,7 +918,7 @@ fn lb_status(cx: &mut Cx, s: &Service, ty: Type) {
         if let Some(ip) = ip {
             if parse_ip(&ip.v).is_none() {
                 cx.push(
-                    Diagnostic::error(
+                    Diagnostic::warning(
                         "SVC141",
                         format!(
                             "load-balancer ingress ip `{}` is not a valid IP address",
@@ -939,7 +939,7 @@ fn lb_status(cx: &mut Cx, s: &Service, ty: Type) {
             };
             if let Some(e) = err {
                 cx.push(
-                    Diagnostic::error(
+                    Diagnostic::warning(
                         "SVC141",
                         format!("invalid load-balancer ingress hostname `{}`: {e}", h.v),
                     )
@@ -952,13 +952,21 @@ fn lb_status(cx: &mut Cx, s: &Service, ty: Type) {
         if let Some(m) = &g.ip_mode {
             if ip.is_none() {
                 cx.push(
-                    Diagnostic::error("SVC142", "ipMode may not be set when `ip` is not set")
+                    Diagnostic::warning("SVC142", "ipMode may not be set when `ip` is not set")
                         .at(m.span)
                         .path(path("ipMode"))
                         .hint("add the load balancer's `ip`, or remove ipMode"),
                 );
-            } else {
-                cx.one_of("SVC142", m, &["VIP", "Proxy"], "ipMode", path("ipMode"));
+            } else if !matches!(m.v.as_str(), "VIP" | "Proxy") {
+                cx.push(
+                    Diagnostic::warning(
+                        "SVC142",
+                        format!("unsupported ipMode `{}`: must be one of VIP, Proxy", m.v),
+                    )
+                    .at(m.span)
+                    .path(path("ipMode"))
+                    .hint("read as VIP (the default); the API server drops status when it creates the Service"),
+                );
             }
         }
     }
