@@ -1,45 +1,59 @@
 //! `svc-compile apply` cleans stale UDP conntrack entries as kube-proxy does: a client that
 //! keeps its socket (one 5-tuple, as a resolver does) reaches the service's new endpoint
-//! after the old one is replaced, through the cluster IP and through the node port.
+//! after the old one is replaced, through the cluster IP and through the node port, in both
+//! families.
 //! Without the cleanup the entry the old DNAT made keeps sending it to the old endpoint,
 //! which still answers here.
 
 use super::echo::PROBE_TIMEOUT;
 use super::sys::in_netns;
-use super::{require_root, Lab, LabSpec, Proto};
+use super::{addr, require_root, Family, Lab, LabSpec, Proto};
 use crate::support::{root, svc, TempDir};
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::thread;
 
 const TARGETS: [&str; 2] = ["iptables", "nftables"];
-const CLUSTER_IP: &str = "10.96.0.53";
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 53);
 const NODE_PORT: u16 = 30053;
 const TARGET_PORT: u16 = 5353;
 
-/// A UDP NodePort service `dns` (10.96.0.53:53, node port 30053 → :5353) whose one
-/// endpoint is `ep` (on node-1 when 10.244.1.x).
-fn manifests(ep: &str) -> String {
-    let node = if ep.starts_with("10.244.1.") {
+/// A dual-stack UDP NodePort service `dns` (10.96.0.53 and fd00:10:96::53, port 53, node
+/// port 30053 → :5353) whose one endpoint per family is `ep` (10.244.x.y, and its twin
+/// fd00:10:244:x::y; on node-1 when 10.244.1.y).
+fn manifests(ep: Ipv4Addr) -> String {
+    let node = if ep.octets()[2] == 1 {
         "node-1"
     } else {
         "node-2"
     };
-    format!(
+    let mut out = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: dns, namespace: shop}}\n\
-         spec:\n  type: NodePort\n  clusterIP: {CLUSTER_IP}\n  selector: {{app: dns}}\n  \
-         ports:\n  - {{port: 53, protocol: UDP, targetPort: {TARGET_PORT}, nodePort: {NODE_PORT}}}\n---\n\
-         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-         metadata:\n  name: dns-1\n  namespace: shop\n  labels: {{kubernetes.io/service-name: dns}}\n\
-         addressType: IPv4\nports:\n- {{port: {TARGET_PORT}, protocol: UDP}}\n\
-         endpoints:\n- {{addresses: [{ep}], nodeName: {node}}}\n"
-    )
+         spec:\n  type: NodePort\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  \
+         clusterIPs: [{CLUSTER_IP}, \"{}\"]\n  selector: {{app: dns}}\n  \
+         ports:\n  - {{port: 53, protocol: UDP, targetPort: {TARGET_PORT}, nodePort: {NODE_PORT}}}\n",
+        addr::v6(CLUSTER_IP)
+    );
+    for (family, ip) in [("IPv4", ep.to_string()), ("IPv6", addr::v6(ep).to_string())] {
+        out += &format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata:\n  name: dns-{}\n  namespace: shop\n  labels: {{kubernetes.io/service-name: dns}}\n\
+             addressType: {family}\nports:\n- {{port: {TARGET_PORT}, protocol: UDP}}\n\
+             endpoints:\n- {{addresses: [\"{ip}\"], nodeName: {node}}}\n",
+            family.to_lowercase()
+        );
+    }
+    out
 }
 
 /// A UDP socket in `host`'s namespace, bound to `port` and connected to `dst`: every
 /// datagram it sends has the same 5-tuple.
 fn client(lab: &Lab, host: &str, port: u16, dst: SocketAddr) -> UdpSocket {
+    let any: SocketAddr = match dst {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, port).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, port).into(),
+    };
     let s = in_netns(lab.netns(host), || {
-        let s = UdpSocket::bind(("0.0.0.0", port))?;
+        let s = UdpSocket::bind(any)?;
         s.connect(dst)?;
         s.set_read_timeout(Some(PROBE_TIMEOUT))?;
         Ok::<_, std::io::Error>(s)
@@ -109,10 +123,12 @@ fn moved(target: &str) {
             .expect("serve udp");
     }
     let (state, inputs) = (TempDir::new("ct-state"), TempDir::new("ct-in"));
-    let apply = |name: &str, ep: &str, extra: &[&str]| {
+    let cluster = root().join("golden/cases/dual-stack-ipv6/cluster.yaml");
+    let apply = |name: &str, ep: Ipv4Addr, extra: &[&str]| {
         let dir = inputs.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("svc.yaml"), manifests(ep)).unwrap();
+        std::fs::copy(&cluster, dir.join("cluster.yaml")).unwrap();
         let state = state.path().display().to_string();
         let dir = dir.display().to_string();
         let args = [
@@ -124,62 +140,86 @@ fn moved(target: &str) {
             "--state-dir",
             &state,
             &dir,
-            "golden/common",
             "--node",
             "node-1",
+            "--service-cluster-ip-range",
+            "10.96.0.0/12,fd00:10:96::/112",
         ];
         let args: Vec<&str> = args.iter().chain(extra).copied().collect();
         let r = svc(&args, None, &root());
         r.expect(0);
         r
     };
-    apply("v1", "10.244.1.2", &[]); // pod-a
-    let vip = client(
-        &lab,
-        "pod-b",
-        40053,
-        format!("{CLUSTER_IP}:53").parse().unwrap(),
-    );
-    let node_port = client(
-        &lab,
-        "client1",
-        40054,
-        SocketAddr::new(lab.ip("node", super::Family::V4), NODE_PORT),
-    );
-    assert_eq!(ask(&vip, "cluster IP, v1"), "pod-a", "[{target}]");
-    assert_eq!(ask(&node_port, "node port, v1"), "pod-a", "[{target}]");
+    let (pod_a, pod_r1) = (Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2));
+    apply("v1", pod_a, &[]);
+    // Per family: pod-b to the cluster IP, client1 to the node port, each from a port of
+    // its own.
+    let clients: Vec<(String, UdpSocket)> = [Family::V4, Family::V6]
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, f)| {
+            let vip = SocketAddr::new(addr::of(CLUSTER_IP, f), 53);
+            let np = SocketAddr::new(lab.ip("node", f), NODE_PORT);
+            let port = 40053 + 2 * i as u16;
+            [
+                (format!("pod-b to {vip}"), client(&lab, "pod-b", port, vip)),
+                (
+                    format!("client1 to {np}"),
+                    client(&lab, "client1", port + 1, np),
+                ),
+            ]
+        })
+        .collect();
+    for (what, c) in &clients {
+        assert_eq!(ask(c, what), "pod-a", "[{target}] {what}, v1");
+    }
     let before = entries(&lab);
 
     // The dry run's script says what would be cleaned, and cleans nothing.
-    let r = apply("v2", "10.244.2.2", &["--dry-run"]);
-    assert!(
-        r.stdout.contains("# then: delete the IPv4 conntrack entries of 1 UDP frontend and 1 node port whose reply source is not a serving endpoint"),
-        "[{target}] {}",
-        r.stdout
-    );
+    let r = apply("v2", pod_r1, &["--dry-run"]);
+    for family in ["IPv4", "IPv6"] {
+        assert!(
+            r.stdout.contains(&format!("# then: delete the {family} conntrack entries of 1 UDP frontend and 1 node port whose reply source is not a serving endpoint")),
+            "[{target}] {}",
+            r.stdout
+        );
+    }
     assert_eq!(
         entries(&lab),
         before,
         "[{target}] the dry run changed conntrack"
     );
 
-    let r = apply("v2", "10.244.2.2", &[]); // pod-r1; pod-a still answers if asked
-    let what = format!(
+    let r = apply("v2", pod_r1, &[]); // pod-a still answers if asked
+    let said = format!(
         "[{target}] conntrack before:\n{before}\nafter the apply:\n{}\napply said:\n{}{}",
         entries(&lab),
         r.stdout,
         r.stderr
     );
-    assert_eq!(ask(&vip, "cluster IP, v2"), "pod-r1", "{what}");
-    assert_eq!(ask(&node_port, "node port, v2"), "pod-r1", "{what}");
-    // Both flows' entries were DNATed to pod-a, which no longer serves the service.
-    assert!(
-        r.stdout.contains("; 2 stale UDP conntrack entries deleted"),
-        "{what}"
-    );
-    assert!(!r.stderr.contains("warning"), "{what}");
+    // Every flow, so that a failure shows which of them stayed on pod-a.
+    let answers: Vec<String> = clients
+        .iter()
+        .map(|(what, c)| format!("{what}: {}", ask(c, what)))
+        .collect();
+    let want: Vec<String> = clients
+        .iter()
+        .map(|(what, _)| format!("{what}: pod-r1"))
+        .collect();
+    assert_eq!(answers, want, "{said}");
+    // Each family's two entries were DNATed to pod-a, which no longer serves the service.
+    for family in ["ipv4", "ipv6"] {
+        assert!(
+            r.stdout
+                .lines()
+                .any(|l| l.contains(&format!(" {family} applied "))
+                    && l.ends_with("; 2 stale UDP conntrack entries deleted")),
+            "{said}"
+        );
+    }
+    assert!(!r.stderr.contains("warning"), "{said}");
 
     // Applying the same manifests again cleans nothing and says nothing of it.
-    let r = apply("v2", "10.244.2.2", &[]);
+    let r = apply("v2", pod_r1, &[]);
     assert!(!r.stdout.contains("conntrack"), "[{target}] {}", r.stdout);
 }
