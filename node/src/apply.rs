@@ -19,7 +19,12 @@
 //!    fast path, the generation advanced by exactly the load's transactions proves that
 //!    only this load changed the node, and the expectation is the new state;
 //! 7. record the document and that owned state (`applied.*`, the one before moved to
-//!    `previous.*` for `--rollback`), and the generation it holds at (`applied.gen`).
+//!    `previous.*` for `--rollback`), and the generation it holds at (`applied.gen`);
+//! 8. after a load of a changed document compiled from manifests, delete the family's
+//!    stale UDP conntrack entries, as kube-proxy does after a sync
+//!    ([`crate::conntrack`], decided by `svc_targets::plan::conntrack`). `--from` and
+//!    `--rollback` have no views to tell the services' endpoints by, so they clean
+//!    nothing; a cleanup that fails is a warning, the load stands.
 //!
 //! What comes next at each point (the fast paths, a repair, a retry in full after a
 //! refusal, a read back, a restart) is `decide::Decider`'s choice; this module carries
@@ -37,6 +42,7 @@
 
 mod decide;
 
+use crate::conntrack;
 use crate::nfgen::{self, Generation};
 use crate::nftdigest::{self, Digest};
 use crate::proc::{
@@ -58,6 +64,7 @@ use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::allocate::NodeIds;
 use svc_compiler::source::SourceMap;
+use svc_targets::plan::conntrack::Spec;
 use svc_targets::plan::{self, Commands, Family, Mode, Plan, Planner, Prepared, Previous};
 use svc_targets::{Params, Render, Sharing, Target};
 
@@ -91,9 +98,11 @@ pub enum Input<'a> {
         compile: Box<dyn FnOnce(&mut Times) -> Compile + 'a>,
     },
     /// `--from FILE`: a compiled document, read by the caller (within its input limits):
-    /// where it came from, its text.
+    /// where it came from, its text. No views: no stale UDP conntrack entries are cleaned
+    /// after its load (which endpoints serve is not known from a document).
     From { path: String, text: String },
-    /// `--rollback`: the previous documents of the state directory.
+    /// `--rollback`: the previous documents of the state directory. As for `From`, no
+    /// conntrack cleanup.
     Rollback,
 }
 
@@ -190,6 +199,9 @@ pub fn apply(
         }
     }
 
+    // The stale UDP conntrack entries to clean after each family's load, from the views
+    // (`--from` and `--rollback` have none: nothing is cleaned).
+    let mut cleanups: Vec<(Family, Spec)> = Vec::new();
     // What to apply: (family, document, where it came from).
     let docs: Vec<Document> = match (&input_from, compile) {
         (_, _) if rollback => Vec::new(), // read under the lock
@@ -221,6 +233,11 @@ pub fn apply(
             if !compiled.quiet {
                 key = None;
             }
+            cleanups = compiled
+                .views
+                .iter()
+                .map(|v| (family_of_ip(v.family), plan::conntrack::spec(v)))
+                .collect();
             let docs = render(target, compiled, &size, &mut times);
             times.print("compile");
             docs
@@ -277,7 +294,8 @@ pub fn apply(
         .collect();
     let mut ends = Vec::new();
     for (family, doc, source) in &docs {
-        ends.push(ctx.apply_one(*family, doc, source)?);
+        let cleanup = cleanups.iter().find(|c| c.0 == *family).map(|c| &c.1);
+        ends.push(ctx.apply_one(*family, doc, source, cleanup)?);
         // Once its rules are in (the martian rule before route_localnet opens 127/8).
         if !args.dry_run {
             let what = format!("{} {}", target.name, family.as_str());
@@ -492,17 +510,19 @@ impl Ctx<'_> {
         rules::read_node(self.planner, cmds.read.clone(), self.args.netns.as_deref())
     }
 
-    /// Applies one family's document. `Some(generation)`: the node's nf_tables generation
-    /// when this apply ended, with everything owned verified at it (by the fast path or a
-    /// read), for [`Ctx::record_inputs`].
+    /// Applies one family's document, and after a load of a changed document cleans the
+    /// stale UDP conntrack entries `cleanup` names. `Some(generation)`: the node's
+    /// nf_tables generation when this apply ended, with everything owned verified at it
+    /// (by the fast path or a read), for [`Ctx::record_inputs`].
     fn apply_one(
         &self,
         family: Family,
         doc: &str,
         source: &str,
+        cleanup: Option<&Spec>,
     ) -> Result<Option<Generation>, Fail> {
         loop {
-            if let Some(end) = self.apply_once(family, doc, source)? {
+            if let Some(end) = self.apply_once(family, doc, source, cleanup)? {
                 return Ok(end);
             }
         }
@@ -515,6 +535,7 @@ impl Ctx<'_> {
         family: Family,
         doc: &str,
         source: &str,
+        cleanup: Option<&Spec>,
     ) -> Result<Option<Option<Generation>>, Fail> {
         let start = Instant::now();
         let mut times = Times::default();
@@ -528,6 +549,10 @@ impl Ctx<'_> {
         // with it only if nothing was committed in between (the id is the same after).
         let gen_start = nfgen::generation(netns);
         let applied_doc = fs::read_to_string(dir.applied()).ok();
+        // Only a changed document can have moved a service's endpoints: the conntrack
+        // cleanup runs after its load (kube-proxy's: after a sync that changed a UDP
+        // service's endpoints, `ConntrackCleanupRequired`).
+        let cleanup = cleanup.filter(|_| applied_doc.as_deref() != Some(doc));
         // A new document is written to disk (and synced) while this apply plans and
         // loads; the record takes it by rename ([`Ctx::record`]).
         let mut written = (!self.args.dry_run && applied_doc.as_deref() != Some(doc))
@@ -912,7 +937,7 @@ impl Ctx<'_> {
                 }
                 Step::Done(Outcome::DryRun { check }) => {
                     let p = plan.as_ref().expect("planned");
-                    self.print_dry_run(&what, p, &cmds, &dir, check);
+                    self.print_dry_run(&what, p, &cmds, &dir, check, cleanup);
                     return Ok(Some(None));
                 }
                 Step::Done(Outcome::Unchanged { by, at }) => {
@@ -941,13 +966,19 @@ impl Ctx<'_> {
                         );
                     }
                     let p = plan.as_ref().expect("planned");
+                    let verified = start.elapsed().as_millis();
+                    let cleaned = match cleanup {
+                        Some(spec) if loaded && !self.args.dry_run => {
+                            self.clean_conntrack(&what, spec, &mut times)
+                        }
+                        _ => String::new(),
+                    };
                     println!(
-                        "svc-compile: {what} {} in {}: {}: {}; verified in {} ms ({})",
+                        "svc-compile: {what} {} in {}: {}: {}; verified in {verified} ms ({}){cleaned}",
                         if loaded { "applied" } else { "unchanged" },
                         self.where_(),
                         p.mode,
                         p.summary,
-                        start.elapsed().as_millis(),
                         by_words(by)
                     );
                     times.print(&what);
@@ -979,6 +1010,36 @@ impl Ctx<'_> {
                     }));
                 }
             };
+        }
+    }
+
+    /// kube-proxy's stale UDP conntrack cleanup after a load ([`crate::conntrack`]): the
+    /// words the report line ends with when entries were deleted. A failure is a warning:
+    /// the load stands.
+    fn clean_conntrack(&self, what: &str, spec: &Spec, times: &mut Times) -> String {
+        let cleaned = conntrack::clean(self.args.netns.as_deref(), spec);
+        times.mark("conntrack cleanup");
+        match cleaned {
+            Ok(c) => {
+                if let Some((n, e)) = c.failed {
+                    eprintln!(
+                        "svc-compile: warning: {what}: {n} stale UDP conntrack {} could not be deleted ({e}); clients may keep reaching an old endpoint until {} out (`conntrack -D -p udp` deletes them)",
+                        if n == 1 { "entry" } else { "entries" },
+                        if n == 1 { "it times" } else { "they time" },
+                    );
+                }
+                match c.deleted {
+                    0 => String::new(),
+                    1 => "; 1 stale UDP conntrack entry deleted".into(),
+                    n => format!("; {n} stale UDP conntrack entries deleted"),
+                }
+            }
+            Err(e) => {
+                eprintln!(
+                    "svc-compile: warning: {what}: stale UDP conntrack entries were not deleted: the conntrack table could not be read ({e}); clients may keep reaching an old endpoint until their entries time out"
+                );
+                String::new()
+            }
         }
     }
 
@@ -1231,8 +1292,16 @@ impl Ctx<'_> {
 
     /// `--dry-run`: a shell script with the exact documents and commands.
     /// The dry run's script: the commands apply would run, `check` saying whether that
-    /// includes the check on the node.
-    fn print_dry_run(&self, what: &str, plan: &Plan, cmds: &Commands, dir: &Records, check: bool) {
+    /// includes the check on the node, and the conntrack cleanup after the load.
+    fn print_dry_run(
+        &self,
+        what: &str,
+        plan: &Plan,
+        cmds: &Commands,
+        dir: &Records,
+        check: bool,
+        cleanup: Option<&Spec>,
+    ) {
         let mut out = format!(
             "#!/bin/sh\n# svc-compile apply --dry-run: {what} in {}: {}\n# {}\n",
             self.where_(),
@@ -1261,6 +1330,13 @@ impl Ctx<'_> {
                     "# then: {} (its owned part must be the plan's expectation)\n",
                     shell_line(&self.on_node(cmds.read.clone(), None))
                 );
+                if let Some(spec) = cleanup.filter(|s| !s.is_empty()) {
+                    out += &format!(
+                        "# then: delete the {} conntrack entries of {} whose reply source is not a serving endpoint (kube-proxy's stale UDP cleanup, over netlink)\n",
+                        spec.family().as_str(),
+                        spec.describe()
+                    );
+                }
             }
         }
         let mut stdout = io::stdout().lock();

@@ -9,6 +9,7 @@
 //! Arrows: `svc-compile` → `svc-node` → `svc-targets` → `svc-compiler`, nothing back.
 
 pub mod apply;
+mod conntrack;
 pub mod drift;
 pub mod ebpf;
 mod netns;

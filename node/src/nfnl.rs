@@ -1,5 +1,6 @@
-//! nfnetlink requests to nf_tables: one socket, requests and dumps, and the attribute
-//! helpers their answers need (for the generation id and the table fingerprint).
+//! nfnetlink requests: one socket, requests and dumps, and the attribute helpers their
+//! answers need (nf_tables: the generation id and the table fingerprint; ctnetlink: the
+//! conntrack cleanup).
 
 use std::io;
 use std::mem::size_of;
@@ -132,10 +133,24 @@ impl Socket {
         self.request(kind, family, libc::NLM_F_DUMP as u16, attrs, each)
     }
 
-    /// Sends a request of `kind` (with `flags` besides `NLM_F_REQUEST`) and hands every
-    /// answer's message to `each`, until the end of a dump or the acknowledgement.
+    /// Sends an nf_tables request of `kind` (with `flags` besides `NLM_F_REQUEST`) and
+    /// hands every answer's message to `each`, until the end of a dump or the
+    /// acknowledgement.
     pub(crate) fn request(
         &mut self,
+        kind: u16,
+        family: u8,
+        flags: u16,
+        attrs: &[u8],
+        each: impl FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.request_to(NFNL_SUBSYS_NFTABLES, kind, family, flags, attrs, each)
+    }
+
+    /// [`Socket::request`] to the nfnetlink subsystem `subsys`.
+    pub(crate) fn request_to(
+        &mut self,
+        subsys: u16,
         kind: u16,
         family: u8,
         flags: u16,
@@ -147,7 +162,7 @@ impl Socket {
         let len = 20 + attrs.len();
         let mut req = Vec::with_capacity(len);
         req.extend_from_slice(&(len as u32).to_ne_bytes());
-        req.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | kind).to_ne_bytes());
+        req.extend_from_slice(&((subsys << 8) | kind).to_ne_bytes());
         let flags = libc::NLM_F_REQUEST as u16 | flags;
         req.extend_from_slice(&flags.to_ne_bytes());
         req.extend_from_slice(&seq.to_ne_bytes());

@@ -48,6 +48,7 @@
 //! [`Lab::probe`] turns that into an [`Outcome`].
 
 mod apply;
+mod conntrack;
 mod differential;
 mod drift;
 mod ebpf;

@@ -51,6 +51,10 @@
 pub use crate::iptables::plan as iptables;
 pub use crate::nftables::plan as nftables;
 
+/// Apply's cleanup of stale UDP conntrack entries after a load (not a back end's: the
+/// same for every planner).
+pub mod conntrack;
+
 use std::fmt;
 use std::sync::Arc;
 
