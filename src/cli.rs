@@ -32,6 +32,11 @@ fn exit_codes(sub: Option<&str>) -> String {
             "the input has errors (printed; nothing is loaded)",
             "usage, I/O or apply failure (nothing or the previous state is loaded)",
         ),
+        Some("cleanup") => (
+            "removed, or nothing of ours there",
+            "-",
+            "usage, I/O or cleanup failure (the target's records are kept: run it again)",
+        ),
         Some("drift") => ("no drift", "drift (the report is printed)", DIFFERS),
         Some("trace") => ("traced", ERRORS, USAGE),
         Some("diff") => ("no change", "changes (the report is printed)", DIFFERS),
@@ -97,6 +102,8 @@ enum Sub {
         #[command(flatten)]
         apply: ApplyFlags,
     },
+    /// Remove everything apply loaded for a target on this node, and its records (needs root)
+    Cleanup(CleanupFlags),
     /// Compare a node's live (or saved) rules with the compiled ruleset; exit 1 on drift
     Drift {
         #[command(flatten)]
@@ -133,6 +140,7 @@ const SUBCOMMANDS: &[&str] = &[
     "check",
     "compile",
     "apply",
+    "cleanup",
     "drift",
     "trace",
     "gen",
@@ -275,6 +283,31 @@ struct ApplyFlags {
     cgroup: Option<String>,
 }
 
+/// `svc-compile cleanup`: no inputs, no node to compile for; the node is this host or
+/// `--netns`.
+#[derive(Args)]
+struct CleanupFlags {
+    /// Whose state to remove: what `apply --target TARGET` loaded (see Targets)
+    #[arg(long, value_name = "TARGET")]
+    target: Option<String>,
+    /// Remove inside network namespace NAME (ip netns)
+    #[arg(long, value_name = "NAME")]
+    netns: Option<String>,
+    /// Print the commands and documents, change nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Where apply recorded this node (the target's records there are removed)
+    /// [default: /var/lib/svc-compile/<netns or host>]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<String>,
+    /// Wait at most this long for an apply that holds the lock [default: 30]
+    #[arg(long, value_name = "SECONDS")]
+    lock_timeout: Option<String>,
+    /// ebpf: the cgroup v2 directory apply attached to [default: the cgroup2 mount's root]
+    #[arg(long, value_name = "PATH")]
+    cgroup: Option<String>,
+}
+
 #[derive(Args)]
 #[command(next_help_heading = "Drift options")]
 struct DriftFlags {
@@ -375,6 +408,7 @@ pub enum Run {
     Check(CheckCmd),
     Compile(Box<CompileCmd>),
     Apply(Box<ApplyCmd>),
+    Cleanup(Box<CleanupCmd>),
     Drift(Box<DriftCmd>),
     Trace(Box<TraceCmd>),
     Diff(DiffCmd),
@@ -464,6 +498,14 @@ pub struct ApplyCmd {
     pub apply: svc_node::apply::Options,
 }
 
+/// `svc-compile cleanup`.
+pub struct CleanupCmd {
+    pub target: &'static Target,
+    /// `--netns`, `--dry-run`, `--state-dir`, `--lock-timeout` and `--cgroup`, as the node
+    /// crate takes them.
+    pub cleanup: svc_node::apply::Options,
+}
+
 /// `svc-compile drift`.
 pub struct DriftCmd {
     pub opts: CompileOpts,
@@ -536,7 +578,7 @@ pub struct GenCmd {
 /// The targets a subcommand takes.
 fn targets_of(sub: &str, targets: &[&'static Target]) -> Vec<&'static Target> {
     let takes = |t: &Target| match sub {
-        "apply" => t.planner.is_some() || svc_node::ebpf::applies(t),
+        "apply" | "cleanup" => t.planner.is_some() || svc_node::ebpf::applies(t),
         "drift" => t.planner.is_some_and(|p| p.drift()),
         "trace" => t.name == "ir" || svc_targets::trace::TRACEABLE.contains(&t.name),
         "diff" => t.per_node(),
@@ -605,6 +647,21 @@ fn command(targets: &[&'static Target]) -> clap::Command {
         let codes = exit_codes(Some(c.get_name()));
         c.after_help(codes)
     };
+    let cleanup = |c: clap::Command| {
+        let own = targets_of("cleanup", targets);
+        let values: Vec<PossibleValue> = own
+            .iter()
+            .map(|t| PossibleValue::new(t.name).help(t.about))
+            .collect();
+        c.mut_arg("target", |a| {
+            a.value_parser(PossibleValuesParser::new(values))
+        })
+        .after_help(format!(
+            "{}\n{}",
+            target_list(&own),
+            exit_codes(Some("cleanup"))
+        ))
+    };
     let diff_targets: Vec<PossibleValue> = targets_of("diff", targets)
         .iter()
         .map(|t| PossibleValue::new(t.name).help(t.about))
@@ -618,6 +675,7 @@ fn command(targets: &[&'static Target]) -> clap::Command {
         .mut_subcommand("check", plain)
         .mut_subcommand("compile", with_targets)
         .mut_subcommand("apply", with_targets)
+        .mut_subcommand("cleanup", cleanup)
         .mut_subcommand("drift", with_targets)
         .mut_subcommand("trace", with_targets)
         .mut_subcommand("gen", plain)
@@ -686,6 +744,7 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
             node,
             apply,
         } => apply_cmd(inputs, node, apply, m, targets),
+        Sub::Cleanup(c) => cleanup_cmd(c, targets),
         Sub::Drift {
             inputs,
             node,
@@ -1164,15 +1223,7 @@ fn apply_cmd(
     if matches!(source, ApplySource::Manifests) && nodes.node.is_none() {
         return Err("apply needs --node NAME: the node this ruleset is for".into());
     }
-    let lock_timeout = a
-        .lock_timeout
-        .map(|s| {
-            s.parse::<f64>()
-                .ok()
-                .filter(|t| t.is_finite() && *t >= 0.0)
-                .ok_or_else(|| format!("--lock-timeout `{s}`: give seconds, e.g. 30"))
-        })
-        .transpose()?;
+    let lock_timeout = lock_timeout(a.lock_timeout)?;
     Ok(Run::Apply(Box::new(ApplyCmd {
         apply: svc_node::apply::Options {
             netns: a.netns,
@@ -1188,6 +1239,46 @@ fn apply_cmd(
         target,
         nodes,
         source,
+    })))
+}
+
+/// `--lock-timeout SECONDS`.
+fn lock_timeout(given: Option<String>) -> Result<Option<f64>, String> {
+    given
+        .map(|s| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|t| t.is_finite() && *t >= 0.0)
+                .ok_or_else(|| format!("--lock-timeout `{s}`: give seconds, e.g. 30"))
+        })
+        .transpose()
+}
+
+fn cleanup_cmd(c: CleanupFlags, targets: &[&'static Target]) -> Result<Run, String> {
+    let own = targets_of("cleanup", targets);
+    let Some(target) = c
+        .target
+        .as_deref()
+        .and_then(|n| own.iter().find(|t| t.name == n))
+    else {
+        return Err(format!(
+            "cleanup needs {}",
+            one_of(own.iter().map(|t| format!("--target {}", t.name)))
+        ));
+    };
+    if c.cgroup.is_some() && !svc_node::ebpf::applies(target) {
+        return Err("--cgroup is for cleanup --target ebpf".into());
+    }
+    Ok(Run::Cleanup(Box::new(CleanupCmd {
+        target,
+        cleanup: svc_node::apply::Options {
+            netns: c.netns,
+            dry_run: c.dry_run,
+            state_dir: c.state_dir,
+            lock_timeout: lock_timeout(c.lock_timeout)?,
+            cgroup: c.cgroup,
+            ..Default::default()
+        },
     })))
 }
 

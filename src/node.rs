@@ -1,7 +1,7 @@
-//! `apply` and `drift`: the command line's side. The compile happens here (reading,
+//! `apply`, `cleanup` and `drift`: the command line's side. The compile happens here (reading,
 //! parsing, passes, node views, diagnostics); everything done to the node is `svc_node`'s.
 
-use crate::cli::{ApplyCmd, ApplySource, CompileOpts, DriftCmd, Nodes, TargetArgs};
+use crate::cli::{ApplyCmd, ApplySource, CleanupCmd, CompileOpts, DriftCmd, Nodes, TargetArgs};
 use crate::compile::{compile_read, node_jobs, read_all, target_params_of};
 use crate::inputs::read_file;
 use crate::report::{Emitter, Fail, Outcome};
@@ -45,6 +45,12 @@ pub fn apply(cmd: &ApplyCmd) -> Result<Outcome, Fail> {
             _ => Outcome::InputErrors,
         },
     )
+}
+
+/// `svc-compile cleanup`: `svc_node` answers 0 (removed, or nothing there) or fails.
+pub fn cleanup(cmd: &CleanupCmd) -> Result<Outcome, Fail> {
+    svc_node::cleanup::cleanup(cmd.target, &cmd.cleanup)?;
+    Ok(Outcome::Done)
 }
 
 /// `svc-compile drift`: `svc_node` answers 0 (no drift), 1 (drift, printed) or 2 (input

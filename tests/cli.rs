@@ -1371,6 +1371,86 @@ fn help_shows_what_applies() {
     assert!(!check.stdout.contains("drift"), "{}", check.stdout);
 }
 
+/// `cleanup`: the targets apply takes, its own exit codes, and one line for each mistake
+/// (all refused before root is asked for, so they hold for any user).
+#[test]
+fn cleanup_command_line() {
+    let help = svc(&["cleanup", "--help"], None, &root());
+    help.expect(0);
+    for t in svc_targets::TARGETS {
+        let takes = t.planner.is_some() || svc_node::ebpf::applies(t);
+        let listed = help
+            .stdout
+            .lines()
+            .any(|l| l.starts_with(&format!("  {} ", t.name)));
+        assert_eq!(listed, takes, "{}: {}", t.name, help.stdout);
+    }
+    for want in [
+        "  0  removed, or nothing of ours there",
+        "  2  usage, I/O or cleanup failure",
+    ] {
+        assert!(help.stdout.contains(want), "{want}: {}", help.stdout);
+    }
+    assert!(!help.stdout.contains("  1  "), "{}", help.stdout);
+    let one_line = |args: &[&str], want: &str| {
+        let r = svc(args, None, &root());
+        r.expect(2);
+        assert_eq!(r.stderr, format!("svc-compile: {want}\n"), "{args:?}");
+        assert_eq!(r.stdout, "", "{args:?}");
+    };
+    one_line(
+        &["cleanup"],
+        "cleanup needs --target iptables, --target nftables, --target ipvs or --target ebpf",
+    );
+    one_line(
+        &["cleanup", "--target", "dns"],
+        "`svc-compile cleanup` does not take --target dns: use iptables, nftables, ipvs or ebpf",
+    );
+    for t in ["ipvs", "ebpf"] {
+        one_line(
+            &["cleanup", "--target", t],
+            &format!("cleanup --target {t} is not yet supported (it is for --target iptables and --target nftables); remove its state by hand"),
+        );
+    }
+    one_line(
+        &[
+            "cleanup",
+            "--target",
+            "nftables",
+            "--cgroup",
+            "/sys/fs/cgroup",
+        ],
+        "--cgroup is for cleanup --target ebpf",
+    );
+    one_line(
+        &["cleanup", "--target", "iptables", "--lock-timeout", "soon"],
+        "--lock-timeout `soon`: give seconds, e.g. 30",
+    );
+    one_line(
+        &["cleanup", "--target", "iptables", "examples/"],
+        "unexpected argument `examples/`",
+    );
+    one_line(
+        &["cleanup", "--target", "iptables", "--node", "node-a"],
+        "--node belongs to `svc-compile compile`, `apply`, `drift`, `trace` and `diff`, not `cleanup`",
+    );
+    // SAFETY: geteuid cannot fail.
+    let want = match unsafe { svc_node::sys::libc::geteuid() } {
+        0 => "no network namespace `svc-compile-no-such-ns` (see `ip netns list`)",
+        _ => "cleanup needs root: it reads and changes the node's packet filter rules (run it as root, or in a privileged pod with hostNetwork)",
+    };
+    one_line(
+        &[
+            "cleanup",
+            "--target",
+            "iptables",
+            "--netns",
+            "svc-compile-no-such-ns",
+        ],
+        want,
+    );
+}
+
 /// Another subcommand's flag is refused, naming where it belongs; a misspelt flag gets
 /// the one meant.
 #[test]
@@ -1390,11 +1470,11 @@ fn flags_belong_to_their_subcommand_and_typos_are_named() {
     );
     one_line(
         &["check", "examples/", "--target", "iptables"],
-        "--target belongs to `svc-compile compile`, `apply`, `drift`, `trace` and `diff`, not `check`",
+        "--target belongs to `svc-compile compile`, `apply`, `cleanup`, `drift`, `trace` and `diff`, not `check`",
     );
     one_line(
         &["trace", "examples/", "--dry-run"],
-        "--dry-run belongs to `svc-compile apply`, not `trace`",
+        "--dry-run belongs to `svc-compile apply` and `cleanup`, not `trace`",
     );
     one_line(
         &["check", "examples/", "--fromat", "json"],
@@ -1406,7 +1486,7 @@ fn flags_belong_to_their_subcommand_and_typos_are_named() {
     );
     one_line(
         &["check", "examples/", "--dry-rn"],
-        "unknown flag `--dry-rn`: did you mean `--dry-run`? (--dry-run belongs to `svc-compile apply`, not `check`)",
+        "unknown flag `--dry-rn`: did you mean `--dry-run`? (--dry-run belongs to `svc-compile apply` and `cleanup`, not `check`)",
     );
     one_line(
         &["examples/", "--frobnicate"],

@@ -1,6 +1,6 @@
 //! svc-node: everything svc-compile does to a node. The binary compiles and prints; this
 //! crate runs the tools a plan names, keeps the state directory, talks netlink and bpf(2),
-//! and carries out `apply` and `drift`.
+//! and carries out `apply`, `drift` and `cleanup`.
 //!
 //! Architecture Invariant: this is the only crate of the workspace that touches a node
 //! (processes, network namespaces, nf_tables, BPF objects, the state directory) and the
@@ -9,6 +9,7 @@
 //! Arrows: `svc-compile` → `svc-node` → `svc-targets` → `svc-compiler`, nothing back.
 
 pub mod apply;
+pub mod cleanup;
 mod conntrack;
 pub mod drift;
 pub mod ebpf;

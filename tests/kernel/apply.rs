@@ -2182,3 +2182,113 @@ fn apply_ipvs_without_ipvs_says_what_to_do_in_one_line() {
         r.stderr
     );
 }
+
+/// `svc-compile cleanup` on a node with the user's own rules: everything owned goes (the
+/// dry run first changes nothing), the user's rules and table stay byte for byte, the
+/// records go, a second cleanup is a no-op, and the next apply is a first apply.
+#[test]
+fn cleanup_removes_what_apply_owns_and_nothing_else() {
+    for_each_target(
+        "kernel cleanup: owned state gone, the user's kept",
+        |target| {
+            let lab = lab(&format!("cl{}", &target[..3]));
+            let ipt = "*filter\n:MY-CHAIN - [0:0]\n-A MY-CHAIN -s 203.0.113.9/32 -j DROP\n\
+                   -A INPUT -j MY-CHAIN\nCOMMIT\n";
+            lab.exec_ok("node", "iptables-restore", &["--noflush"], Some(ipt))
+                .unwrap();
+            let nft = "table inet mine {\n\tchain in {\n\t\ttype filter hook input priority 10; policy accept;\n\
+                   \t\tip saddr 203.0.113.22 drop\n\t}\n}\n";
+            lab.exec_ok("node", "nft", &["-f", "-"], Some(nft)).unwrap();
+            let node = Node::new(&lab, target);
+            // The user's: iptables' filter table (comments and chain counters dropped) and
+            // the table `inet mine`.
+            let users = || {
+                let filter = node.exec("iptables-save", &["-t", "filter"]);
+                let filter: Vec<String> = filter
+                    .lines()
+                    .filter(|l| !l.starts_with('#'))
+                    .map(|l| match l.strip_prefix(':') {
+                        Some(d) => format!(":{}", d.rsplit_once(' ').map_or(d, |(a, _)| a)),
+                        None => l.to_string(),
+                    })
+                    .collect();
+                format!(
+                    "{}\n---\n{}",
+                    filter.join("\n"),
+                    node.exec("nft", &["list", "table", "inet", "mine"])
+                )
+            };
+            let before = users();
+            assert!(before.contains("-A INPUT -j MY-CHAIN"), "{before}");
+            let v1 = node.version("v1", V1_API, CHAT);
+            let v2 = node.version("v2", V2_API, CHAT);
+            node.apply(&v1, &[]).expect(0);
+            node.apply(&v2, &[]).expect(0);
+            let owned = node.owned_raw();
+            assert!(
+                owned.contains("KUBE-") || owned.contains("kube-proxy"),
+                "[{target}] {owned}"
+            );
+            let records = node.state.path().join(format!("{target}-ipv4"));
+            let inputs = node.state.path().join(format!("{target}.inputs"));
+            assert!(records.join("previous.state").exists() && inputs.exists());
+
+            let cleanup = |extra: &[&str]| {
+                let ns = lab.netns("node").to_string();
+                let state = node.state.path().display().to_string();
+                let mut args = vec!["cleanup", "--target", target, "--netns", &ns];
+                args.extend(["--state-dir", &state]);
+                args.extend(extra);
+                svc_env(&args, None, &root(), &[])
+            };
+            let dry = cleanup(&["--dry-run"]);
+            dry.expect(0).says("svc-compile cleanup --dry-run");
+            let removes = match target {
+                "iptables" => "-X KUBE-SERVICES",
+                _ => "delete table ip kube-proxy",
+            };
+            dry.says(removes);
+            assert_eq!(
+                node.owned_raw(),
+                owned,
+                "[{target}] the dry run changed the node"
+            );
+            assert!(
+                records.exists() && inputs.exists(),
+                "[{target}] the dry run forgot"
+            );
+
+            cleanup(&[])
+                .expect(0)
+                .says(&format!("{target} ipv4 in network namespace"));
+            assert_eq!(node.owned_raw(), "", "[{target}] owned state left");
+            let save = node.exec("iptables-save", &[]);
+            let kube: Vec<&str> = save.lines().filter(|l| l.contains("KUBE-")).collect();
+            assert!(kube.is_empty(), "[{target}] {kube:?}");
+            let tables = node.exec("nft", &["list", "tables"]);
+            assert!(!tables.contains("kube-proxy"), "[{target}] {tables}");
+            assert_eq!(users(), before, "[{target}] the user's rules changed");
+            assert!(!records.exists(), "[{target}] {} kept", records.display());
+            assert!(!inputs.exists(), "[{target}] {} kept", inputs.display());
+
+            cleanup(&[]).expect(0).says("nothing of ours there");
+            assert_eq!(
+                users(),
+                before,
+                "[{target}] the second cleanup changed the user's"
+            );
+
+            node.apply(&v1, &[])
+                .expect(0)
+                .says("full (no previous apply recorded)");
+            node.flows(FLOWS_V1);
+            let now = users();
+            for line in [
+                "-A INPUT -j MY-CHAIN",
+                "-A MY-CHAIN -s 203.0.113.9/32 -j DROP",
+            ] {
+                assert!(now.contains(line), "[{target}] {line} gone: {now}");
+            }
+        },
+    );
+}

@@ -25,7 +25,7 @@
 
 use super::names::{is_service_chain, MARTIAN_COMMENT};
 use crate::plan::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
-use crate::plan::{Previous, Step, Summary, Tool};
+use crate::plan::{Previous, Recorded, Removal, RemovalPlanner, Step, Summary, Tool};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -515,6 +515,10 @@ impl Planner for Iptables {
         true
     }
 
+    fn removal(&self) -> Option<RemovalPlanner> {
+        Some(removal)
+    }
+
     /// Step one (see the module docs of [`super`]). `force_full` plans a full load;
     /// `previous` still says what the last apply owned.
     fn prepare(
@@ -540,6 +544,126 @@ impl Planner for Iptables {
         });
         prepare_parsed(new, family, previous, kernel, force_full)
     }
+}
+
+/// [`Planner::removal`]: what apply owns on the node, taken off. Owned is what `plan`
+/// owns: the per-service chains by prefix, the chains the recorded documents and snapshots
+/// declare, and the recorded snapshots' jumps from built-in chains by their exact
+/// `iptables-save` text (so without a record only per-service chains are owned, as an
+/// apply without one would take them). One block per table: owned chains flushed (`:C`),
+/// owned jumps deleted (`-D` with the saved text), owned chains deleted (`-X`). An owned
+/// chain a rule we do not own still jumps to (directly, or through other such chains) is
+/// left as it is, with a warning: deleting it would fail the table, flushing it would
+/// change what that rule does.
+fn removal(_family: Family, kernel: &str, recorded: &Recorded) -> Result<Removal, String> {
+    let k = parse(kernel, Source::Save).map_err(|e| format!("iptables-save output: {e}"))?;
+    let mut owner = Owner::default();
+    for doc in &recorded.documents {
+        if let Ok(tables) = parse(doc, Source::Document) {
+            for (t, table) in &tables {
+                owner
+                    .chains
+                    .entry(t.clone())
+                    .or_default()
+                    .extend(table.user_chains().cloned());
+            }
+        }
+    }
+    for snap in &recorded.snapshots {
+        if let Ok(tables) = parse(snap, Source::Save) {
+            let o = Owner::from_snapshot(&tables);
+            for (t, chains) in o.chains {
+                owner.chains.entry(t).or_default().extend(chains);
+            }
+            for (t, by_chain) in o.jumps {
+                let mine = owner.jumps.entry(t).or_default();
+                for (c, rules) in by_chain {
+                    mine.entry(c).or_default().extend(rules);
+                }
+            }
+        }
+    }
+    let (mut load, mut expected) = (String::new(), Tables::new());
+    let (mut chains, mut jumps) = (0, 0);
+    let mut warnings = Vec::new();
+    for t in table_order(k.keys().cloned()) {
+        let table = &k[&t];
+        let owned: BTreeSet<&str> = table
+            .user_chains()
+            .filter(|c| owner.owns_chain(&t, c))
+            .map(String::as_str)
+            .collect();
+        let ours: Vec<(&String, &String)> = table
+            .order
+            .iter()
+            .filter(|c| !table.is_user(c))
+            .flat_map(|c| {
+                table
+                    .rules(c)
+                    .iter()
+                    .filter(|r| owner.owns_jump(&t, c, r))
+                    .map(move |r| (c, r))
+            })
+            .collect();
+        // Owned chains that rules staying behind reach.
+        let mut kept: BTreeSet<&str> = BTreeSet::new();
+        let mut reached: Vec<&str> = Vec::new();
+        for c in table.order.iter().filter(|c| !owned.contains(c.as_str())) {
+            for r in table.rules(c) {
+                if !table.is_user(c) && owner.owns_jump(&t, c, r) {
+                    continue;
+                }
+                reached.extend(targets(r).filter(|x| owned.contains(x)));
+            }
+        }
+        while let Some(c) = reached.pop() {
+            if kept.insert(c) {
+                let rules = table.rules(c).iter();
+                reached.extend(rules.flat_map(|r| targets(r)).filter(|x| owned.contains(x)));
+            }
+        }
+        if !kept.is_empty() {
+            let names: Vec<&str> = kept.iter().copied().collect();
+            warnings.push(format!(
+                "{t}: {} left in place: a rule svc-compile did not write jumps to it",
+                names.join(", ")
+            ));
+            let mut exp = Table::default();
+            for c in table.user_chains().filter(|c| kept.contains(c.as_str())) {
+                exp.order.push(c.clone());
+                exp.policy.insert(c.clone(), "-".into());
+                exp.rules.insert(c.clone(), table.rules(c).to_vec());
+            }
+            expected.insert(t.clone(), exp);
+        }
+        let gone: Vec<&String> = table
+            .user_chains()
+            .filter(|c| owned.contains(c.as_str()) && !kept.contains(c.as_str()))
+            .collect();
+        if gone.is_empty() && ours.is_empty() {
+            continue;
+        }
+        let _ = writeln!(load, "*{t}");
+        for c in &gone {
+            let _ = writeln!(load, ":{c} - [0:0]");
+        }
+        for (c, r) in &ours {
+            let _ = writeln!(load, "-D {c} {r}");
+        }
+        for c in &gone {
+            let _ = writeln!(load, "-X {c}");
+        }
+        load.push_str("COMMIT\n");
+        chains += gone.len();
+        jumps += ours.len();
+    }
+    Ok(Removal {
+        load: (!load.is_empty()).then_some(load),
+        expected: format_owned(&expected),
+        summary: format!("{chains} chain(s), {jumps} jump(s)"),
+        warnings,
+        owner: Arc::new(owner),
+    })
 }
 
 /// [`Planner::prepare`] of documents already parsed: the new one, the last apply's

@@ -38,7 +38,8 @@
 use super::names::{HAIRPIN_ENDPOINTS, TABLE};
 use crate::plan::{argv, scratch, Commands, Family, Mode, Owned, Plan, Planner, Prepared};
 use crate::plan::{
-    is_unread, Drift, ElementWrites, Previous, Step, Summary, Tool, Touched, UNREAD,
+    is_unread, Drift, ElementWrites, Previous, Recorded, Removal, RemovalPlanner, Step, Summary,
+    Tool, Touched, UNREAD,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -587,6 +588,23 @@ impl Owned for Owner {
     }
 }
 
+/// [`Planner::removal`]: the table `kube-proxy` of the family is all we own, whoever wrote
+/// it (kube-proxy's `--cleanup` deletes it the same way); no record is needed.
+fn removal(family: Family, kernel: &str, _recorded: &Recorded) -> Result<Removal, String> {
+    let there = !normalize(kernel)?.is_empty();
+    let table = format!("table {} {TABLE}", nft_family(family));
+    Ok(Removal {
+        load: there.then(|| format!("delete {table}\n")),
+        expected: String::new(),
+        summary: match there {
+            true => table,
+            false => "nothing".into(),
+        },
+        warnings: Vec::new(),
+        owner: Arc::new(Owner),
+    })
+}
+
 /// Step one's nftables part.
 #[derive(Clone, Debug)]
 pub(super) struct Prep {
@@ -637,6 +655,10 @@ impl Planner for Nftables {
             load: argv(&["nft", "-f"]),
             scratch: scratch(&format!("nft -f \"$1\" && nft -j list table {fam} {TABLE}")),
         }
+    }
+
+    fn removal(&self) -> Option<RemovalPlanner> {
+        Some(removal)
     }
 
     /// The family of a compiled document (its `add table` line).

@@ -158,6 +158,49 @@ pub trait Planner: Sync {
     fn scratch_proves_first_load(&self) -> bool {
         false
     }
+    /// How `svc-compile cleanup` takes off a node everything this back end owns there (see
+    /// [`Removal`]); `None` (the default): this back end cannot do it yet.
+    fn removal(&self) -> Option<RemovalPlanner> {
+        None
+    }
+}
+
+/// A back end's removal planner ([`Planner::removal`]): from one family's read of the node
+/// (`Commands::read` output; empty when [`Planner::absent`] says nothing is there) and
+/// what the state directory recorded of earlier applies, the [`Removal`].
+pub type RemovalPlanner = fn(Family, &str, &Recorded) -> Result<Removal, String>;
+
+/// What the state directory holds of earlier applies of one family, for
+/// [`Planner::removal`]: the documents they loaded (`applied.*`, `previous.*`) and the
+/// owned states recorded after them (`applied.state`, `previous.state`; headers are
+/// comments). A text that cannot be read is passed over: it owns nothing more.
+#[derive(Clone, Debug, Default)]
+pub struct Recorded<'a> {
+    pub documents: Vec<&'a str>,
+    pub snapshots: Vec<&'a str>,
+}
+
+/// What `svc-compile cleanup` loads to take off the node everything a back end owns there
+/// (and nothing else: the same ownership as [`Plan::owned`]), and what must be left after.
+#[derive(Clone, Debug)]
+pub struct Removal {
+    /// The document for [`Commands::load`]; `None`: nothing owned is there.
+    pub load: Option<String>,
+    /// The owned state the kernel must show once `load` is in (compare with
+    /// [`Removal::owned`] of a fresh read): empty, unless a rule we do not own still jumps
+    /// to an owned chain (then it stays, with its rules, and a warning says so).
+    pub expected: String,
+    /// What the load removes, for the report ("3 chain(s), 2 jump(s)").
+    pub summary: String,
+    pub warnings: Vec<String>,
+    pub(crate) owner: Arc<dyn Owned>,
+}
+
+impl Removal {
+    /// The owned part of a kernel read, in the canonical text [`Removal::expected`] uses.
+    pub fn owned(&self, kernel: &str) -> Result<String, String> {
+        self.owner.owned(kernel)
+    }
 }
 
 /// A program a plan runs, and the Debian package that has it.

@@ -820,3 +820,126 @@ fn a_new_jump_is_planned_from_a_read() {
         .count();
     assert_eq!(inserted, 0, "{:?}", plan.load);
 }
+
+/// [`Planner::removal`] against the model: the removal of what `apply` left.
+fn remove(sim: &mut Sim, documents: &[&str], snapshots: &[&str]) -> Removal {
+    let recorded = crate::plan::Recorded {
+        documents: documents.to_vec(),
+        snapshots: snapshots.to_vec(),
+    };
+    let removal =
+        Iptables.removal().expect("iptables removes")(Family::V4, &sim.save(), &recorded).unwrap();
+    if let Some(load) = &removal.load {
+        sim.restore(load).unwrap_or_else(|e| panic!("{e}\n{load}"));
+    }
+    assert_eq!(
+        removal.owned(&sim.save()).unwrap(),
+        removal.expected,
+        "the kernel differs from the removal's expectation"
+    );
+    removal
+}
+
+/// Every `KUBE-` chain and every rule naming one.
+fn kube(sim: &Sim) -> Vec<String> {
+    let mut out = Vec::new();
+    for (t, chains) in &sim.tables {
+        for (c, rules) in chains {
+            if c.starts_with("KUBE-") {
+                out.push(format!("{t} {c}"));
+            }
+            for r in rules.iter().filter(|r| r.contains("KUBE-")) {
+                out.push(format!("{t} {c} {r}"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn removal_takes_off_everything_recorded_and_nothing_else() {
+    let mut sim = with_foreign();
+    let before = sim.clone();
+    let old = doc(&[("A", &["1", "2"]), ("C", &["3"])]);
+    let (_, first) = apply(&mut sim, &old, None, false);
+    let new = doc(&[("A", &["1"]), ("B", &[])]);
+    let (_, second) = apply(&mut sim, &new, Some(&first), false);
+    assert!(!kube(&sim).is_empty());
+    let removal = remove(&mut sim, &[&new, &old], &[&second.1, &first.1]);
+    assert_eq!(kube(&sim), Vec::<String>::new(), "{:?}", removal.load);
+    assert_eq!(removal.expected, "");
+    assert!(removal.warnings.is_empty(), "{:?}", removal.warnings);
+    // The user's chains and rules as they were; the tables apply created stay (empty).
+    for (t, chains) in &before.tables {
+        assert_eq!(&sim.tables[t], chains, "{t}");
+    }
+    let load = removal.load.unwrap();
+    assert!(!load.contains("MINE") && !load.contains("MYNAT") && !load.contains("*raw"));
+    assert!(
+        load.contains(
+            "-D OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+        ),
+        "{load}"
+    );
+    assert_eq!(removal.summary, "9 chain(s), 5 jump(s)");
+    // Nothing left: nothing to load.
+    let again = remove(&mut sim, &[&new], &[&second.1]);
+    assert!(again.load.is_none() && again.expected.is_empty());
+    assert_eq!(again.summary, "0 chain(s), 0 jump(s)");
+}
+
+#[test]
+fn without_a_record_only_unreferenced_per_service_chains_are_owned() {
+    let mut sim = with_foreign();
+    let new = doc(&[("A", &["1"])]);
+    apply(&mut sim, &new, None, false);
+    sim.restore("*nat\n:KUBE-SVC-OLD - [0:0]\n-A KUBE-SVC-OLD -j RETURN\nCOMMIT\n")
+        .unwrap();
+    let before = kube(&sim);
+    let removal = remove(&mut sim, &[], &[]);
+    assert_eq!(
+        removal.load.as_deref(),
+        Some("*nat\n:KUBE-SVC-OLD - [0:0]\n-X KUBE-SVC-OLD\nCOMMIT\n")
+    );
+    let left: Vec<String> = before
+        .into_iter()
+        .filter(|l| !l.contains("KUBE-SVC-OLD"))
+        .collect();
+    assert_eq!(kube(&sim), left);
+    // KUBE-SERVICES is not ours without a record: the chains it reaches stay, named.
+    assert_eq!(
+        removal.warnings,
+        ["nat: KUBE-SEP-A1, KUBE-SVC-A left in place: a rule svc-compile did not write jumps to it"]
+    );
+    assert!(
+        removal.expected.contains(":KUBE-SVC-A - [0:0]"),
+        "{}",
+        removal.expected
+    );
+}
+
+#[test]
+fn an_owned_chain_a_foreign_rule_jumps_to_stays_as_it_is() {
+    let mut sim = with_foreign();
+    let new = doc(&[("A", &["1"])]);
+    let (_, rec) = apply(&mut sim, &new, None, false);
+    sim.restore("*nat\n-A MYNAT -j KUBE-SVC-A\nCOMMIT\n")
+        .unwrap();
+    let removal = remove(&mut sim, &[&new], &[&rec.1]);
+    assert_eq!(
+        removal.warnings,
+        ["nat: KUBE-MARK-MASQ, KUBE-SEP-A1, KUBE-SVC-A left in place: a rule svc-compile did not write jumps to it"]
+    );
+    // The chains it reaches keep their rules; everything else of ours is gone.
+    assert_eq!(
+        kube(&sim),
+        [
+            "nat KUBE-MARK-MASQ",
+            "nat KUBE-SEP-A1",
+            "nat KUBE-SEP-A1 -s 1 -j KUBE-MARK-MASQ",
+            "nat KUBE-SVC-A",
+            "nat KUBE-SVC-A -m comment --comment \"A -> 1\" -j KUBE-SEP-A1",
+            "nat MYNAT -j KUBE-SVC-A",
+        ]
+    );
+}

@@ -1016,3 +1016,22 @@ fn an_empty_chain_dropped_is_named_stale_in_an_unread_record() {
     assert_eq!(plan.load, None);
     assert_eq!(plan.expected, unread(&["endpoint-a-9", "spare"]));
 }
+
+#[test]
+fn removal_deletes_the_family_table_when_it_is_there() {
+    let remove = Nftables.removal().expect("nftables removes");
+    let none = crate::plan::Recorded::default();
+    let r = remove(Family::V4, &listing("x"), &none).unwrap();
+    assert_eq!(r.load.as_deref(), Some("delete table ip kube-proxy\n"));
+    assert_eq!(
+        (r.summary.as_str(), r.expected.as_str()),
+        ("table ip kube-proxy", "")
+    );
+    assert!(!r.owned(&listing("x")).unwrap().is_empty());
+    assert_eq!(r.owned("").unwrap(), "");
+    let r = remove(Family::V6, &listing("x"), &none).unwrap();
+    assert_eq!(r.load.as_deref(), Some("delete table ip6 kube-proxy\n"));
+    // Nothing there (the read of an absent table is empty): nothing to load.
+    let r = remove(Family::V4, "", &none).unwrap();
+    assert!(r.load.is_none() && r.expected.is_empty());
+}
