@@ -81,6 +81,9 @@ enum Sub {
         inputs: InputFlags,
         #[command(flatten)]
         lock: WriteLockFlag,
+        /// Write the report (any --format) to FILE instead of stdout
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        report: Option<String>,
     },
     /// Compile the manifests for a target (the default command)
     Compile {
@@ -179,8 +182,8 @@ struct InputFlags {
     /// Keep allocations stable across commits (read if present)
     #[arg(long, value_name = "FILE")]
     lock: Option<String>,
-    /// How diagnostics are printed (sarif: for code scanning in CI)
-    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "sarif"])]
+    /// How diagnostics are printed (sarif: code scanning; github: workflow annotations)
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "sarif", "github"])]
     format: String,
     /// Leave out files and directories the glob matches (repeatable; `*`, `?`, `**`;
     /// e.g. 'templates/**')
@@ -421,6 +424,8 @@ pub enum Format {
     Text,
     Json,
     Sarif,
+    /// GitHub Actions workflow commands (`::error file=…::message`), one per diagnostic.
+    Github,
 }
 
 /// What every compile shares: the inputs, the compiler's settings and how diagnostics are
@@ -465,6 +470,8 @@ pub struct Nodes {
 pub struct CheckCmd {
     pub opts: CompileOpts,
     pub write_lock: bool,
+    /// `-o FILE`: the report goes there instead of stdout.
+    pub output: Option<String>,
 }
 
 /// `svc-compile compile` (and `svc-compile PATHS...`).
@@ -720,7 +727,11 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
     let cli = Cli::from_arg_matches(&matches).map_err(|e| message(&e, sub, targets))?;
     let m = matches.subcommand().map(|(_, m)| m);
     match cli.sub {
-        Sub::Check { inputs, lock } => {
+        Sub::Check {
+            inputs,
+            lock,
+            report,
+        } => {
             let opts = compile_opts(inputs, None)?;
             if lock.write_lock && opts.lock.is_none() {
                 return Err("--write-lock needs --lock FILE".into());
@@ -731,6 +742,7 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
             Ok(Run::Check(CheckCmd {
                 opts,
                 write_lock: lock.write_lock,
+                output: report,
             }))
         }
         Sub::Compile {
@@ -1052,6 +1064,7 @@ fn compile_opts(c: InputFlags, node: Option<&NodeFlags>) -> Result<CompileOpts, 
         format: match c.format.as_str() {
             "json" => Format::Json,
             "sarif" => Format::Sarif,
+            "github" => Format::Github,
             _ => Format::Text,
         },
         color: color(&c.color),

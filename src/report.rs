@@ -54,6 +54,8 @@ pub(crate) struct Emitter {
     format: Format,
     color: Option<bool>,
     stdout: bool,
+    /// `check -o FILE`: the report collected here, written by [`Emitter::finish`].
+    file: Option<(String, std::cell::RefCell<String>)>,
 }
 
 impl Emitter {
@@ -63,6 +65,29 @@ impl Emitter {
             format: opts.format,
             color: opts.color,
             stdout: false,
+            file: None,
+        }
+    }
+
+    /// The report as the product (`check`), into `path` when given (`-o FILE`: written by
+    /// [`Emitter::finish`], never coloured), else on stdout.
+    pub fn report(opts: &CompileOpts, path: Option<&str>) -> Emitter {
+        match path {
+            Some(p) => Emitter {
+                color: Some(false),
+                file: Some((p.to_string(), Default::default())),
+                ..Emitter::new(opts)
+            },
+            None => Emitter::product(opts),
+        }
+    }
+
+    /// Writes the report to its file, if it has one.
+    pub fn finish(self) -> Result<(), Fail> {
+        match self.file {
+            Some((path, text)) => std::fs::write(&path, text.into_inner())
+                .map_err(|e| Fail(format!("cannot write {path}: {e}"))),
+            None => Ok(()),
         }
     }
 
@@ -80,11 +105,14 @@ impl Emitter {
             format: Format::Text,
             color,
             stdout: false,
+            file: None,
         }
     }
 
     fn write(&self, text: &str) {
-        if self.stdout {
+        if let Some((_, buf)) = &self.file {
+            buf.borrow_mut().push_str(text);
+        } else if self.stdout {
             let _ = write!(std::io::stdout(), "{text}");
         } else {
             eprint!("{text}");
@@ -108,6 +136,7 @@ impl Emitter {
                 let text = serde_json::to_string_pretty(&value).expect("diagnostics serialise");
                 self.write(&(text + "\n"));
             }
+            Format::Github => self.write(&github(diags, sources)),
             Format::Text => {
                 let text = diag::render_all(diags, sources);
                 // Where the text goes decides `--color auto`.
@@ -147,6 +176,44 @@ impl Emitter {
 /// `NO_COLOR` is set to anything but the empty string (https://no-color.org).
 fn colour(flag: Option<bool>, terminal: bool) -> bool {
     flag.unwrap_or_else(|| terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()))
+}
+
+/// GitHub Actions workflow commands, one per diagnostic: `::error file=F,line=L,col=C,
+/// endLine=L,endColumn=E,title=SVCnnn::message` (notes as `::notice`), which annotate the
+/// lines of a pull request. Data is escaped as the runner reads it (`%`, CR, LF), and
+/// properties also `:` and `,`.
+fn github(diags: &diag::Diagnostics, sources: &SourceMap) -> String {
+    fn data(s: &str) -> String {
+        s.replace('%', "%25")
+            .replace('\r', "%0D")
+            .replace('\n', "%0A")
+    }
+    fn property(s: &str) -> String {
+        data(s).replace(':', "%3A").replace(',', "%2C")
+    }
+    let mut out = String::new();
+    for d in &diags.items {
+        let level = match d.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+            Severity::Note => "notice",
+        };
+        let mut props = Vec::new();
+        if let Some(s) = d.span {
+            props.push(format!("file={}", property(sources.name(s.file))));
+            props.push(format!("line={}", s.line));
+            props.push(format!("col={}", s.col));
+            props.push(format!("endLine={}", s.line));
+            props.push(format!("endColumn={}", s.col + s.len.max(1)));
+        }
+        props.push(format!("title={}", property(d.code)));
+        let message = match &d.hint {
+            Some(h) => format!("{}\nhelp: {h}", d.message),
+            None => d.message.clone(),
+        };
+        out += &format!("::{level} {}::{}\n", props.join(","), data(&message));
+    }
+    out
 }
 
 /// SARIF 2.1.0, for code-scanning tools in CI.

@@ -24,16 +24,19 @@ pub fn check(cmd: CheckCmd) -> Result<Outcome, Fail> {
         checked,
         ..
     } = compile_inputs(&cmd.opts, None)?;
+    let report = Emitter::report(&cmd.opts, cmd.output.as_deref());
     if checked == 0 && !comp.diags.has_errors() {
         // A validator that read nothing must not pass: a glob or an exclude that leaves no
         // file is a mistake in the pipeline, not a clean repository.
-        Emitter::product(&cmd.opts).diagnostics(&comp.diags, &sources);
+        report.diagnostics(&comp.diags, &sources);
+        report.finish()?;
         return Err(Fail(format!(
             "nothing to check: no file under {} was read as manifests (check the paths and any --exclude/--include)",
             cmd.opts.paths.join(", ")
         )));
     }
-    Emitter::product(&cmd.opts).checked(&comp.diags, &sources, checked);
+    report.checked(&comp.diags, &sources, checked);
+    report.finish()?;
     if comp.diags.has_errors() {
         return Ok(Outcome::InputErrors);
     }

@@ -1609,3 +1609,52 @@ fn the_cluster_domain_is_checked() {
         dotted.stdout
     );
 }
+
+/// `check --format github`: one workflow command per diagnostic, with the span's end and
+/// the code as title, data escaped as the runner reads it; `-o FILE` writes any format's
+/// report to FILE and nothing to stdout.
+#[test]
+fn check_writes_github_annotations_and_reports_to_a_file() {
+    let two = [
+        "golden/errors/14-port-out-of-range.yaml",
+        "golden/errors/91-endpointslice-v1beta1.yaml",
+    ];
+    let mut args = vec!["check", "--format", "github"];
+    args.extend(two);
+    let r = svc(&args, None, &root());
+    r.expect(1);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    assert_eq!(
+        lines[0],
+        "::error file=golden/errors/14-port-out-of-range.yaml,line=11,col=11,endLine=11,endColumn=16,title=SVC110::port 80800 is out of range: must be between 1 and 65535"
+    );
+    assert!(
+        lines[2].starts_with("::warning file=golden/errors/91-endpointslice-v1beta1.yaml,line=13,"),
+        "{}",
+        lines[2]
+    );
+    // A hint follows on a line of its own, escaped (the runner turns %0A into a newline).
+    assert!(
+        lines[2].contains("%0Ahelp: use discovery.k8s.io/v1"),
+        "{}",
+        lines[2]
+    );
+
+    let dir = TempDir::new("check-report");
+    for format in ["text", "json", "sarif", "github"] {
+        let file = dir.path().join(format!("report.{format}"));
+        let f = file.to_str().unwrap();
+        let mut args = vec!["check", "--format", format, "-o", f];
+        args.extend(two);
+        let r = svc(&args, None, &root());
+        r.expect(1);
+        assert_eq!(r.stdout, "", "[{format}] nothing on stdout");
+        let written = std::fs::read_to_string(&file).unwrap();
+        assert!(written.contains("SVC110"), "[{format}] {written}");
+        // The same report as on stdout.
+        let mut plain = vec!["check", "--format", format, "--color", "never"];
+        plain.extend(two);
+        assert_eq!(written, svc(&plain, None, &root()).stdout, "[{format}]");
+    }
+}
