@@ -137,33 +137,39 @@ impl Emitter {
                 self.write(&(text + "\n"));
             }
             Format::Github => self.write(&github(diags, sources)),
-            Format::Text => {
-                let text = diag::render_all(diags, sources);
-                // Where the text goes decides `--color auto`.
-                let terminal = if self.stdout {
-                    std::io::stdout().is_terminal()
-                } else {
-                    std::io::stderr().is_terminal()
-                };
-                if colour(self.color, terminal) {
-                    self.write(&diag::colorize(&text));
-                } else {
-                    self.write(&text);
-                }
-            }
+            Format::Text => self.write_text(&diag::render_all(diags, sources)),
+        }
+    }
+
+    /// Rendered diagnostics, coloured where `--color` and the destination say.
+    fn write_text(&self, text: &str) {
+        // Where the text goes decides `--color auto`.
+        let terminal = if self.stdout {
+            std::io::stdout().is_terminal()
+        } else {
+            std::io::stderr().is_terminal()
+        };
+        if self.file.is_none() && colour(self.color, terminal) {
+            self.write(&diag::colorize(text));
+        } else {
+            self.write(text);
         }
     }
 
     /// `check`'s diagnostics, and in text a last line for a run without errors:
     /// `ok: {checked} file(s) checked, {n} warning(s)`.
+    /// The `ok:` line stands for the renderer's summary line (warnings counted once).
     pub fn checked(&self, diags: &diag::Diagnostics, sources: &SourceMap, checked: usize) {
-        self.diagnostics(diags, sources);
-        if self.format == Format::Text && !diags.has_errors() {
-            self.write(&format!(
-                "ok: {checked} file(s) checked, {} warning(s)\n",
-                diags.count(Severity::Warning)
-            ));
+        if self.format != Format::Text || diags.has_errors() {
+            return self.diagnostics(diags, sources);
         }
+        let mut text = diag::render_all(diags, sources);
+        let warnings = diags.count(Severity::Warning);
+        if let Some(kept) = text.strip_suffix(&format!("0 error(s), {warnings} warning(s)\n")) {
+            text.truncate(kept.len());
+        }
+        text += &format!("ok: {checked} file(s) checked, {warnings} warning(s)\n");
+        self.write_text(&text);
     }
 
     /// A line of its own before diagnostics (`diff`: which revision they are of).
