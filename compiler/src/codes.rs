@@ -16,7 +16,7 @@
 //! | SVC011 | error    | a kind svc-compile reads, written in the wrong case (`kind: service`) |
 //! | SVC012 | note     | a top-level document that is not a Kubernetes object was skipped |
 //! | SVC013 | warning  | EndpointSlice in `discovery.k8s.io/v1beta1` (removed in 1.25) |
-//! | SVC014 | note     | a file that fails where `{{` or `${VAR}` is written looks like an unrendered template |
+//! | SVC014 | note     | a file that fails where `{{`, `${VAR}` or `{VAR}` is written looks like an unrendered template |
 //! | SVC015 | error    | a file is neither UTF-8 nor UTF-16 with a BOM; it was not read |
 //! | SVC016 | note     | `--no-allocate` without ranges: the service (or node-port) range inferred from the input |
 //! | SVC017 | note     | a file a kustomization names as a patch was not read as manifests |

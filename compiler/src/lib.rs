@@ -145,7 +145,7 @@ pub fn read(sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
     (objects, diags)
 }
 
-/// A file that holds `{{` or `${NAME` and does not parse, or has an error on a line with
+/// A file that holds `{{`, `${NAME` or `{NAME}` and does not parse, or has an error on a line with
 /// such a marker, was most likely never rendered: say so once, at that marker, so the
 /// errors it caused are read in that light. (Markers in valid values, such as a
 /// dashboard's `{{instance}}`, say nothing.)
@@ -185,6 +185,7 @@ fn template_notes(sources: &SourceMap, inputs: &[FileId], diags: &mut Diagnostic
                 .at(span)
                 .hint(match what {
                     "Helm" => "check what `helm template` renders, or leave the chart's templates out with --exclude GLOB",
+                    "placeholder" => "check the file once its `{NAME}` placeholders are filled in (by your script), or leave it out with --exclude GLOB",
                     _ => "check the file after `envsubst` (or your templating tool), or leave it out with --exclude GLOB",
                 }),
             );

@@ -102,8 +102,9 @@ pub fn is_plain_number(t: &str) -> bool {
             || (t.parse::<f64>().is_ok() && t.bytes().any(|b| b.is_ascii_digit())))
 }
 
-/// The first template marker of a text, outside comments: `{{` (Helm, Go templates) or
-/// `${NAME` (envsubst, shell), with which kind of template it suggests.
+/// The first template marker of a text, outside comments: `{{` (Helm, Go templates),
+/// `${NAME` (envsubst, shell) or `{NAME}` in capitals (a placeholder a script fills in),
+/// with which kind of template it suggests.
 pub fn template_marker(file: FileId, text: &str) -> Option<(Span, &'static str)> {
     for (i, line) in text.split('\n').enumerate() {
         let code = match line.trim_start().starts_with('#') {
@@ -117,11 +118,28 @@ pub fn template_marker(file: FileId, text: &str) -> Option<(Span, &'static str)>
                 .next()
                 .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         });
-        let (at, what, len) = match (helm, env) {
-            (Some(h), Some(e)) if e < h => (e, "envsubst", 2),
-            (Some(h), _) => (h, "Helm", 2),
-            (None, Some(e)) => (e, "envsubst", 2),
-            (None, None) => continue,
+        // `{SERVICE_IP_PREFIX}`: an upper-case placeholder a script fills in (sed).
+        let placeholder = code.match_indices('{').map(|(j, _)| j).find(|&j| {
+            let name: &str = code[j + 1..].split('}').next().unwrap_or("");
+            code[j + 1..].contains('}')
+                && name.len() >= 2
+                && name.starts_with(|c: char| c.is_ascii_uppercase())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        });
+        let first = [
+            (helm, "Helm"),
+            (env, "envsubst"),
+            (placeholder, "placeholder"),
+        ]
+        .into_iter()
+        .filter_map(|(at, what)| Some((at?, what)))
+        .min_by_key(|(at, _)| *at);
+        let Some((at, what)) = first else { continue };
+        let len = match what {
+            "placeholder" => 1,
+            _ => 2,
         };
         let col = code[..at].chars().count() as u32 + 1;
         return Some((Span::new(file, i as u32 + 1, col, len), what));
