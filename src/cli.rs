@@ -185,6 +185,10 @@ struct InputFlags {
     /// How diagnostics are printed (sarif: code scanning; github: workflow annotations)
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "sarif", "github"])]
     format: String,
+    /// Unknown fields, as kubectl's --validate: strict (an error: the API server refuses
+    /// them), warn (for those who apply with --validate=false), ignore
+    #[arg(long, value_name = "MODE", default_value = "strict", value_parser = ["strict", "warn", "ignore"])]
+    validate: String,
     /// Leave out files and directories the glob matches (repeatable; `*`, `?`, `**`;
     /// e.g. 'templates/**')
     #[arg(long, value_name = "GLOB")]
@@ -449,6 +453,8 @@ pub struct CompileOpts {
     pub nfacct: Option<bool>,
     /// `--nft-layout kube-proxy|fast`.
     pub nft_layout: Option<NftLayout>,
+    /// `--validate strict|warn|ignore`.
+    pub validate: svc_compiler::Validate,
 }
 
 /// The target and its own flags, as given (a file flag's value is still the path).
@@ -1073,6 +1079,11 @@ fn compile_opts(c: InputFlags, node: Option<&NodeFlags>) -> Result<CompileOpts, 
         nft_layout: node
             .and_then(|n| n.nft_layout.as_deref())
             .and_then(NftLayout::parse),
+        validate: match c.validate.as_str() {
+            "warn" => svc_compiler::Validate::Warn,
+            "ignore" => svc_compiler::Validate::Ignore,
+            _ => svc_compiler::Validate::Strict,
+        },
     })
 }
 

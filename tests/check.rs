@@ -429,3 +429,32 @@ fn an_empty_namespace_and_a_raw_service_list_check_clean() {
         assert!(zone.stdout.contains(name), "{name}\n{}", zone.stdout);
     }
 }
+
+/// Unknown fields follow kubectl's `--validate`: strict (the default) refuses them as the
+/// API server does, warn keeps a warning, ignore says nothing; "did you mean" either way.
+#[test]
+fn unknown_fields_follow_validate() {
+    let t = TempDir::new("check-validate");
+    write(
+        t.path(),
+        "svc.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selctor: {app: web}\n  clusterIP: 10.96.0.10\n  ports:\n  - port: 80\n",
+    );
+    let d = t.path().to_str().unwrap();
+    let strict = svc(&["check", d], None, &root());
+    strict.expect(1);
+    assert!(
+        strict
+            .stdout
+            .contains("error[SVC003]: unknown field `selctor`")
+            && strict.stdout.contains("did you mean `selector`?"),
+        "{}",
+        strict.stdout
+    );
+    let warn = svc(&["check", d, "--validate", "warn"], None, &root());
+    warn.expect(0);
+    assert!(warn.stdout.contains("warning[SVC003]"), "{}", warn.stdout);
+    let ignore = svc(&["check", d, "--validate", "ignore"], None, &root());
+    ignore.expect(0);
+    assert!(!ignore.stdout.contains("SVC003"), "{}", ignore.stdout);
+}

@@ -5,7 +5,7 @@
 //! |--------|----------|---------|
 //! | SVC001 | error    | invalid YAML (or JSON); the rest of that file was not read |
 //! | SVC002 | error    | alias expansion exceeds the node budget (an alias bomb) |
-//! | SVC003 | warning  | unknown field in a known kind (with "did you mean") |
+//! | SVC003 | error    | unknown field in a known kind (with "did you mean"); a warning with `--validate warn`, left out with `ignore` |
 //! | SVC004 | error    | a field has the wrong type (e.g. a quoted number) |
 //! | SVC005 | warning  | a mapping repeats a key (kubectl keeps the last value; so do we) |
 //! | SVC006 | error    | an object without apiVersion or kind, or a document that is no mapping |

@@ -131,7 +131,7 @@ impl Decoder<'_> {
                         d = d.hint(format!("did you mean `{s}`?"));
                     } else {
                         d = d.hint(
-                            "the API server would drop this field; remove it or check the spelling",
+                            "kubectl's default --validate=strict makes the API server refuse it (with --validate=false it drops it); remove it or check the spelling",
                         );
                     }
                     self.diags.push(d);

@@ -47,6 +47,20 @@ pub struct Options {
     pub nfacct: Option<bool>,
     /// `--nft-layout`.
     pub nft_layout: Option<ir::NftLayout>,
+    /// `--validate`: how unknown fields (SVC003) are reported.
+    pub validate: Validate,
+}
+
+/// How unknown fields in a kind svc-compile reads are reported, as kubectl's
+/// `--validate`: `strict` (kubectl's default: the API server refuses the object, so an
+/// error), `warn` (for those who apply with `--validate=false`, where the API server drops
+/// the field), `ignore`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Validate {
+    #[default]
+    Strict,
+    Warn,
+    Ignore,
 }
 
 pub struct Compilation {
@@ -63,6 +77,7 @@ pub struct Compilation {
 /// diagnostics; the module is built from whatever was valid.
 pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compilation {
     let (objects, mut diags) = read(sources, inputs);
+    unknown_fields(&mut diags, opts.validate);
     let mut settings = settings(&objects, opts);
     let config = objects.cluster_configs.first();
     let range_given = opts.service_cidrs.is_some()
@@ -108,6 +123,19 @@ pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compil
         settings,
         lock: new_lock,
         diags,
+    }
+}
+
+/// Unknown fields (SVC003, decoded as warnings) as `--validate` says.
+fn unknown_fields(diags: &mut Diagnostics, validate: Validate) {
+    match validate {
+        Validate::Warn => {}
+        Validate::Strict => diags
+            .items
+            .iter_mut()
+            .filter(|d| d.code == "SVC003")
+            .for_each(|d| d.severity = diag::Severity::Error),
+        Validate::Ignore => diags.items.retain(|d| d.code != "SVC003"),
     }
 }
 
