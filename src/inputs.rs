@@ -125,7 +125,32 @@ pub fn read_inputs(
 /// nothing (it is reported when it is read as an input).
 fn kustomize_patches(found: &[(String, PathBuf)]) -> Vec<(PathBuf, String)> {
     let mut out = Vec::new();
-    for (name, path) in found {
+    // The kustomizations among the inputs, and those in their directories and above (up to
+    // the repository's root: a directory with `.git`): a pre-commit hook passes a changed
+    // patch alone, without the kustomization that makes it one.
+    let mut kustomizations: Vec<(String, PathBuf)> = found.to_vec();
+    let mut dirs: HashSet<PathBuf> = HashSet::new();
+    for (_, path) in found {
+        let mut dir = std::fs::canonicalize(path)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf));
+        while let Some(d) = dir {
+            if !dirs.insert(d.clone()) {
+                break;
+            }
+            for f in svc_compiler::kustomize::FILE_NAMES {
+                let k = d.join(f);
+                if k.is_file() {
+                    kustomizations.push((k.display().to_string(), k));
+                }
+            }
+            if d.join(".git").exists() {
+                break;
+            }
+            dir = d.parent().map(Path::to_path_buf);
+        }
+    }
+    for (name, path) in &kustomizations {
         let is_kustomization = path
             .file_name()
             .and_then(|f| f.to_str())

@@ -458,3 +458,27 @@ fn unknown_fields_follow_validate() {
     ignore.expect(0);
     assert!(!ignore.stdout.contains("SVC003"), "{}", ignore.stdout);
 }
+
+/// A pre-commit hook passes a changed kustomize patch alone: the kustomization that names
+/// it, in its directory or above (up to the repository's root), makes it a patch, skipped
+/// with a note, not an object "without ports" (and a check of only patches passes).
+#[test]
+fn a_patch_passed_alone_is_known_by_the_kustomization_above_it() {
+    let t = TempDir::new("check-patch");
+    std::fs::create_dir_all(t.path().join(".git")).unwrap();
+    write(
+        t.path(),
+        "overlay/kustomization.yaml",
+        "resources:\n- ../base\npatches:\n- path: patches/svc.yaml\n",
+    );
+    write(
+        t.path(),
+        "overlay/patches/svc.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  type: NodePort\n",
+    );
+    let patch = t.path().join("overlay/patches/svc.yaml");
+    let r = svc(&["check", patch.to_str().unwrap()], None, &root());
+    r.expect(0);
+    assert!(r.stdout.contains("note[SVC017]"), "{}", r.stdout);
+    assert!(!r.stdout.contains("error"), "{}", r.stdout);
+}
