@@ -1445,6 +1445,7 @@ mod tests {
         ],
         planner: None,
         trace: None,
+        deprecated: None,
     };
     const TARGETS: &[&Target] = &[&svc_targets::ir::TARGET, &FAKE];
 

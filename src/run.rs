@@ -296,6 +296,7 @@ mod tests {
         flags: &[],
         planner: None,
         trace: None,
+        deprecated: None,
     };
 
     struct Refuses;

@@ -659,6 +659,29 @@ fn ipvs_prints_its_parts_and_one_part_alone() {
     );
 }
 
+/// IPVS mode is deprecated (KEP-5495): `--target ipvs` warns once (SVC321), also when
+/// the inputs say `mode: ipvs` too; another target does not.
+#[test]
+fn ipvs_target_warns_of_its_deprecation_once() {
+    let count = |args: &[&str]| {
+        let r = svc(args, None, &root());
+        r.expect(0);
+        r.stderr.matches("SVC321").count()
+    };
+    let base = ["examples/", "--node", "node-a", "--target"];
+    assert_eq!(count(&[&base[..], &["ipvs"]].concat()), 1);
+    assert_eq!(count(&[&base[..], &["iptables"]].concat()), 0);
+    let with_mode = [
+        "golden/cases/ipvs-settings",
+        "golden/common/nodes.yaml",
+        "--node",
+        "node-1",
+        "--target",
+    ];
+    assert_eq!(count(&[&with_mode[..], &["ipvs"]].concat()), 1);
+    assert_eq!(count(&[&with_mode[..], &["nftables"]].concat()), 1);
+}
+
 /// `--part` is checked against the target's parts before anything is compiled.
 #[test]
 fn a_bad_part_is_a_usage_error() {

@@ -112,8 +112,10 @@
 //! | SVC318 | error    | ClusterConfig `clusterDomain` is not a DNS-1123 subdomain |
 //! | SVC319 | error    | `ipvs` section: a timeout is not a duration, or an `excludeCIDRs` entry is not a CIDR |
 //! | SVC320 | error    | ClusterConfig `nftLayout` is not `kube-proxy` or `fast` |
+//! | SVC321 | warning  | kube-proxy `mode: ipvs` (or `--target ipvs`): IPVS mode is deprecated (KEP-5495) |
 
 mod config;
+pub use config::ipvs_deprecated;
 mod cross;
 mod endpoints;
 mod names;

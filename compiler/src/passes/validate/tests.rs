@@ -165,7 +165,8 @@ status:
 ---
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: ipvs
+# Not ipvs: IPVS mode is deprecated (SVC321, a warning); its section is checked anyway.
+mode: iptables
 clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
 detectLocalMode: ClusterCIDR
 nodePortAddresses: [primary]
@@ -858,6 +859,13 @@ fn config_documents_once() {
 #[test]
 fn kube_proxy_configuration() {
     assert_eq!(codes(&kpc("mode: userspace\n")), ["SVC308"]);
+    // IPVS mode is deprecated (KEP-5495): a warning at the field, once.
+    let ipvs = run(&kpc("mode: ipvs\n"));
+    assert_eq!(ipvs.iter().map(|d| d.code).collect::<Vec<_>>(), ["SVC321"]);
+    assert_eq!(ipvs[0].severity, Severity::Warning);
+    assert_eq!(ipvs[0].path.as_deref(), Some("mode"));
+    assert!(ipvs[0].message.contains("1.35") && ipvs[0].message.contains("1.46"));
+    assert!(codes(&kpc("mode: nftables\n")).is_empty());
     assert_eq!(codes(&kpc("iptables: {masqueradeBit: 32}\n")), ["SVC309"]);
     // The path names the section the value came from.
     let path_309 = |body: &str| {
