@@ -86,6 +86,7 @@ pub(crate) fn compile_read(opts: &CompileOpts, read: Read) -> Compiled {
         random_fully: opts.random_fully,
         nfacct: opts.nfacct,
         nft_layout: opts.nft_layout,
+        topology_keys: opts.topology_keys,
     };
     let mut comp = svc_compiler::compile(&sources, &inputs.files, &options);
     let checked = inputs.files.len();

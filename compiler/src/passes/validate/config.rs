@@ -307,4 +307,14 @@ fn cluster(cx: &mut Cx, c: &ClusterConfigDoc) {
             );
         }
     }
+    if let Some(t) = &c.topology_keys {
+        if crate::ir::TopologyKeys::parse(&t.v).is_none() {
+            cx.push(
+                Diagnostic::error("SVC322", format!("unknown topologyKeys `{}`", t.v))
+                    .at(t.span)
+                    .path("topologyKeys")
+                    .hint("write honour (the default: spec.topologyKeys picks endpoints) or ignore (as a current kube-proxy)"),
+            );
+        }
+    }
 }
