@@ -10,7 +10,7 @@ use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::net::{IpAddr, SocketAddr};
-use svc_compiler::ir::{NftLayout, Protocol};
+use svc_compiler::ir::{NftLayout, Protocol, TopologyKeys};
 use svc_compiler::net::{Cidr, IpFamily};
 use svc_compiler::passes::{parse_port_range, parse_service_cidrs};
 use svc_targets::{Params, Target};
@@ -237,6 +237,10 @@ struct NodeFlags {
     /// else kube-proxy]
     #[arg(long, value_name = "LAYOUT", value_parser = ["kube-proxy", "fast"])]
     nft_layout: Option<String>,
+    /// A Service's spec.topologyKeys (removed in 1.22): honour it (kube-proxy 1.17-1.21) or
+    /// ignore it (a current kube-proxy) [default: ClusterConfig `topologyKeys`, else honour]
+    #[arg(long, value_name = "honour|ignore", value_parser = ["honour", "ignore"])]
+    topology_keys: Option<String>,
 }
 
 #[derive(Args)]
@@ -455,6 +459,8 @@ pub struct CompileOpts {
     pub nft_layout: Option<NftLayout>,
     /// `--validate strict|warn|ignore`.
     pub validate: svc_compiler::Validate,
+    /// `--topology-keys honour|ignore`.
+    pub topology_keys: Option<TopologyKeys>,
 }
 
 /// The target and its own flags, as given (a file flag's value is still the path).
@@ -1084,6 +1090,9 @@ fn compile_opts(c: InputFlags, node: Option<&NodeFlags>) -> Result<CompileOpts, 
             "ignore" => svc_compiler::Validate::Ignore,
             _ => svc_compiler::Validate::Strict,
         },
+        topology_keys: node
+            .and_then(|n| n.topology_keys.as_deref())
+            .and_then(TopologyKeys::parse),
     })
 }
 
@@ -1469,6 +1478,7 @@ mod tests {
         ],
         planner: None,
         trace: None,
+        deprecated: None,
     };
     const TARGETS: &[&Target] = &[&svc_targets::ir::TARGET, &FAKE];
 

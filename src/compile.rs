@@ -30,6 +30,8 @@ pub(crate) struct Read {
     inputs: Inputs,
     lock: Option<FileId>,
     params: Params,
+    /// The target's deprecation warning (`Target::deprecated`).
+    deprecated: Option<fn() -> svc_compiler::diag::Diagnostic>,
 }
 
 /// Read the inputs (and the lock file, if it exists) and compile them; read the files the
@@ -62,6 +64,7 @@ pub(crate) fn read_all(opts: &CompileOpts, target: Option<&TargetArgs>) -> Resul
         inputs,
         lock,
         params,
+        deprecated: target.and_then(|t| t.target.deprecated),
     })
 }
 
@@ -72,6 +75,7 @@ pub(crate) fn compile_read(opts: &CompileOpts, read: Read) -> Compiled {
         inputs,
         lock,
         params,
+        deprecated,
     } = read;
     let options = svc_compiler::Options {
         service_cidrs: opts.service_cidrs.clone(),
@@ -83,13 +87,22 @@ pub(crate) fn compile_read(opts: &CompileOpts, read: Read) -> Compiled {
         nfacct: opts.nfacct,
         nft_layout: opts.nft_layout,
         validate: opts.validate,
+        topology_keys: opts.topology_keys,
     };
     let mut comp = svc_compiler::compile(&sources, &inputs.files, &options);
     let checked = inputs.files.len();
     // Files that could not be read as text, and skipped kustomize patches, report among
     // the others in file order.
-    if !inputs.diags.items.is_empty() {
-        comp.diags.extend(inputs.diags);
+    let mut resort = !inputs.diags.items.is_empty();
+    comp.diags.extend(inputs.diags);
+    // The target's deprecation, once: not again when the inputs said it (`mode: ipvs`).
+    if let Some(d) = deprecated.map(|f| f()) {
+        if !comp.diags.items.iter().any(|x| x.code == d.code) {
+            comp.diags.push(d);
+            resort = true;
+        }
+    }
+    if resort {
         comp.diags.sort(&sources);
     }
     Compiled {

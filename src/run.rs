@@ -302,6 +302,7 @@ mod tests {
         flags: &[],
         planner: None,
         trace: None,
+        deprecated: None,
     };
 
     struct Refuses;

@@ -559,9 +559,10 @@ fn template_renders_and_its_errors_are_diagnostics() {
     );
     e.expect(1);
     assert_eq!(e.stdout, "");
+    // After the inputs' warnings (examples/named-ports.yaml's topologyKeys, SVC154).
     assert!(
         e.stderr
-            .starts_with("error[SVC501]: template: undefined value"),
+            .contains("\nerror[SVC501]: template: undefined value"),
         "{}",
         e.stderr
     );
@@ -657,6 +658,29 @@ fn ipvs_prints_its_parts_and_one_part_alone() {
         "{}",
         one.stdout
     );
+}
+
+/// IPVS mode is deprecated (KEP-5495): `--target ipvs` warns once (SVC321), also when
+/// the inputs say `mode: ipvs` too; another target does not.
+#[test]
+fn ipvs_target_warns_of_its_deprecation_once() {
+    let count = |args: &[&str]| {
+        let r = svc(args, None, &root());
+        r.expect(0);
+        r.stderr.matches("SVC321").count()
+    };
+    let base = ["examples/", "--node", "node-a", "--target"];
+    assert_eq!(count(&[&base[..], &["ipvs"]].concat()), 1);
+    assert_eq!(count(&[&base[..], &["iptables"]].concat()), 0);
+    let with_mode = [
+        "golden/cases/ipvs-settings",
+        "golden/common/nodes.yaml",
+        "--node",
+        "node-1",
+        "--target",
+    ];
+    assert_eq!(count(&[&with_mode[..], &["ipvs"]].concat()), 1);
+    assert_eq!(count(&[&with_mode[..], &["nftables"]].concat()), 1);
 }
 
 /// `--part` is checked against the target's parts before anything is compiled.
@@ -892,7 +916,9 @@ fn ebpf_flag_mistakes_are_one_line() {
         a.extend(extra);
         let r = svc(&a, None, &root());
         r.expect(2);
-        assert_eq!(r.stderr.trim_end(), want);
+        // After the inputs' warnings (examples/named-ports.yaml's topologyKeys, SVC154).
+        assert_eq!(r.stderr.trim_end().lines().last(), Some(want), "{}", r.stderr);
+        assert!(!r.stderr.contains("error["), "{}", r.stderr);
         assert!(r.stdout.is_empty(), "{}", r.stdout);
     }
     let r = svc(
@@ -1657,4 +1683,49 @@ fn check_writes_github_annotations_and_reports_to_a_file() {
         plain.extend(two);
         assert_eq!(written, svc(&plain, None, &root()).stdout, "[{format}]");
     }
+}
+
+/// `--topology-keys honour|ignore` and ClusterConfig `topologyKeys`: flag over document
+/// over the default (honour); `ignore` compiles as a current kube-proxy, which never read
+/// the field after Kubernetes 1.22; a bad document value is SVC322.
+#[test]
+fn topology_keys_from_flag_and_cluster_config() {
+    let compile = |extra: &[&str], stdin: Option<&str>| {
+        let mut args = vec![
+            "golden/cases/topology-keys",
+            "golden/common/nodes.yaml",
+            "golden/common/kube-proxy.yaml",
+            "--node",
+            "node-1",
+            "--target",
+            "iptables",
+        ];
+        args.extend(extra);
+        let r = svc(&args, stdin, &root());
+        r.expect(0);
+        // The field's warning, whatever is done with it.
+        assert!(r.stderr.contains("SVC154"), "{}", r.stderr);
+        r.stdout.clone()
+    };
+    let honour = compile(&[], None);
+    // node-1 has a local endpoint: the hostname key keeps only it.
+    assert!(!honour.contains("10.244.2.2"), "{honour}");
+    assert_eq!(compile(&["--topology-keys", "honour"], None), honour);
+    let ignore = compile(&["--topology-keys", "ignore"], None);
+    assert!(ignore.contains("10.244.2.2"), "{ignore}");
+    let doc = "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\ntopologyKeys: ignore\n";
+    assert_eq!(compile(&["-"], Some(doc)), ignore);
+    assert_eq!(
+        compile(&["-", "--topology-keys", "honour"], Some(doc)),
+        honour
+    );
+    let bad = "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\ntopologyKeys: skip\n";
+    let r = svc(&["check", "-"], Some(bad), &root());
+    r.expect(1);
+    assert!(
+        r.stdout.contains("SVC322") || r.stderr.contains("SVC322"),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
 }

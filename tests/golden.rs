@@ -128,9 +128,13 @@ fn golden_cases() {
     }));
 }
 
-/// `golden/variants` (`NAME TARGET FLAGS...` a line): every case compiled for TARGET with
-/// FLAGS added, into `CASE.TARGET.NAME.snap` (e.g. the nftables targets' fast layout).
-pub fn variants() -> Vec<(String, String, Vec<String>)> {
+/// A variant: its name, the one case it is limited to (`NAME@CASE`), target and flags.
+type Variant = (String, Option<String>, String, Vec<String>);
+
+/// `golden/variants` (`NAME[@CASE] TARGET FLAGS...` a line): every case (or only CASE)
+/// compiled for TARGET with FLAGS added, into `CASE.TARGET.NAME.snap` (e.g. the nftables
+/// targets' fast layout).
+pub fn variants() -> Vec<Variant> {
     let text = std::fs::read_to_string(root().join("golden/variants")).unwrap();
     text.lines()
         .map(str::trim)
@@ -138,8 +142,12 @@ pub fn variants() -> Vec<(String, String, Vec<String>)> {
         .map(|l| {
             let mut w = l.split_whitespace().map(String::from);
             let name = w.next().unwrap();
+            let (name, case) = match name.split_once('@') {
+                Some((n, c)) => (n.to_string(), Some(c.to_string())),
+                None => (name, None),
+            };
             let target = w.next().expect("a variant names its target");
-            (name, target, w.collect())
+            (name, case, target, w.collect())
         })
         .collect()
 }
@@ -150,9 +158,17 @@ fn golden_variants() {
     let cases = case_dirs();
     let variants = variants();
     assert!(!variants.is_empty());
+    for (name, only, ..) in &variants {
+        if let Some(c) = only {
+            assert!(cases.contains(c), "variant {name}: no golden case {c}");
+        }
+    }
     check_each(cases.iter().flat_map(|case| {
         let s = &s;
-        variants.iter().map(move |(name, target, flags)| {
+        let mine = variants
+            .iter()
+            .filter(move |(_, only, ..)| only.as_ref().is_none_or(|c| c == case));
+        mine.map(move |(name, _, target, flags)| {
             let snap = format!("{case}.{target}.{name}");
             let check = {
                 let snap = snap.clone();

@@ -58,6 +58,37 @@ pub struct ClusterConfig {
     /// IR's JSON when it is the default.
     #[serde(skip_serializing_if = "NftLayout::is_default")]
     pub nft_layout: NftLayout,
+    /// Whether `spec.topologyKeys` picks endpoints (`--topology-keys` or `topologyKeys`);
+    /// left out of the IR's JSON when it is the default.
+    #[serde(skip_serializing_if = "TopologyKeys::is_default")]
+    pub topology_keys: TopologyKeys,
+}
+
+/// What the node pass does with a Service's `spec.topologyKeys`. Kubernetes removed the
+/// field in 1.22 and a current kube-proxy ignores it (endpoints are picked by hints and
+/// `trafficDistribution`); the seeds describe it, so it is honoured unless asked not to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyKeys {
+    /// Seed 000: the keys pick endpoints, as kube-proxy 1.17-1.21 did.
+    #[default]
+    Honour,
+    /// As a current kube-proxy: the field is lowered as absent.
+    Ignore,
+}
+
+impl TopologyKeys {
+    /// `honour` or `ignore`.
+    pub fn parse(s: &str) -> Option<TopologyKeys> {
+        match s {
+            "honour" => Some(TopologyKeys::Honour),
+            "ignore" => Some(TopologyKeys::Ignore),
+            _ => None,
+        }
+    }
+    pub fn is_default(&self) -> bool {
+        *self == TopologyKeys::Honour
+    }
 }
 
 /// How the nftables targets lay the ruleset out. Both give every packet the same fate.

@@ -217,6 +217,8 @@ pub struct ClusterConfigDoc {
     pub nfacct: Option<Sp<bool>>,
     /// `nftLayout`: `kube-proxy` or `fast` (see `ir::NftLayout`).
     pub nft_layout: Option<Sp<String>>,
+    /// `topologyKeys`: `honour` or `ignore` (see `ir::TopologyKeys`).
+    pub topology_keys: Option<Sp<String>>,
 }
 
 /// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
@@ -1408,6 +1410,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         "randomFully",
         "nfacct",
         "nftLayout",
+        "topologyKeys",
     ];
     let mut out = ClusterConfigDoc {
         span: root.span,
@@ -1426,6 +1429,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         out.random_fully = d.bool_(f.get("randomFully"), &path.key("randomFully"));
         out.nfacct = d.bool_(f.get("nfacct"), &path.key("nfacct"));
         out.nft_layout = d.str_(f.get("nftLayout"), &path.key("nftLayout"));
+        out.topology_keys = d.str_(f.get("topologyKeys"), &path.key("topologyKeys"));
     }
     out
 }

@@ -47,6 +47,8 @@ pub struct Options {
     pub nfacct: Option<bool>,
     /// `--nft-layout`.
     pub nft_layout: Option<ir::NftLayout>,
+    /// `--topology-keys`.
+    pub topology_keys: Option<ir::TopologyKeys>,
     /// `--validate`: how unknown fields (SVC003) are reported.
     pub validate: Validate,
 }
@@ -253,9 +255,19 @@ pub fn settings(objects: &Objects, opts: &Options) -> Settings {
         {
             s.nft_layout = l;
         }
+        if let Some(t) = doc
+            .topology_keys
+            .as_ref()
+            .and_then(|t| ir::TopologyKeys::parse(&t.v))
+        {
+            s.topology_keys = t;
+        }
     }
     if let Some(l) = opts.nft_layout {
         s.nft_layout = l;
+    }
+    if let Some(t) = opts.topology_keys {
+        s.topology_keys = t;
     }
     if opts.random_fully.is_some() {
         s.random_fully = opts.random_fully;

@@ -48,6 +48,7 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             random_fully: None,
             nfacct: None,
             nft_layout: Default::default(),
+            topology_keys: Default::default(),
         },
         proxy: ProxyConfig {
             mode: "iptables".into(),

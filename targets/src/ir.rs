@@ -17,6 +17,7 @@ pub const TARGET: Target = Target {
     flags: &[],
     planner: None,
     trace: None,
+    deprecated: None,
 };
 
 /// `--target ir`: the module, and the per-node views when a node was selected.

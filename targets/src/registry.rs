@@ -29,6 +29,9 @@ pub struct Target {
     /// Which lines of its output implement each step of `svc-compile trace`; `None`: its
     /// rules are not traced.
     pub trace: Option<&'static dyn Tracer>,
+    /// The warning every compile for this target gives once (a deprecated proxy mode);
+    /// `None`: none.
+    pub deprecated: Option<fn() -> Diagnostic>,
 }
 
 /// What a target renders from, which is also what it needs on the command line.

@@ -101,7 +101,13 @@ pub fn lower(
                         .map_or(10800, |t| t.v.clamp(0, u32::MAX as i64) as u32)
                 }),
                 health_check_node_port: a.health_check_node_port,
-                topology_keys: s.topology_keys.iter().map(|k| k.v.clone()).collect(),
+                // Ignored as a current kube-proxy does: lowered as if absent.
+                topology_keys: match settings.topology_keys {
+                    ir::TopologyKeys::Honour => {
+                        s.topology_keys.iter().map(|k| k.v.clone()).collect()
+                    }
+                    ir::TopologyKeys::Ignore => Vec::new(),
+                },
                 traffic_distribution: s.traffic_distribution.as_ref().map(|t| t.v.clone()),
                 proxy_name: s
                     .meta
@@ -173,6 +179,7 @@ pub fn lower(
             random_fully: settings.random_fully,
             nfacct: settings.nfacct,
             nft_layout: settings.nft_layout,
+            topology_keys: settings.topology_keys,
         },
         proxy: proxy_config(objects.proxy_configs.first()),
         services,

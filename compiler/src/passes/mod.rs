@@ -28,6 +28,8 @@ pub struct Settings {
     pub nfacct: Option<bool>,
     /// `--nft-layout` / `nftLayout`.
     pub nft_layout: crate::ir::NftLayout,
+    /// `--topology-keys` / `topologyKeys`.
+    pub topology_keys: crate::ir::TopologyKeys,
 }
 
 impl Default for Settings {
@@ -39,6 +41,7 @@ impl Default for Settings {
             random_fully: None,
             nfacct: None,
             nft_layout: Default::default(),
+            topology_keys: Default::default(),
         }
     }
 }

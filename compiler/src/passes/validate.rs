@@ -73,6 +73,7 @@
 //! | SVC151 | error    | `loadBalancerClass` or `allocateLoadBalancerNodePorts` on a Service that is not a LoadBalancer, or a class that is not a qualified name |
 //! | SVC152 | error    | annotations larger than 256 KiB in total (any kind) |
 //! | SVC153 | warning  | IPv4 address with leading zeros (read as decimal; any kind) |
+//! | SVC154 | warning  | `topologyKeys` (removed in 1.22; a current kube-proxy ignores it) |
 //! | SVC201 | error    | Endpoints, EndpointSlice, Node or Pod name is not a DNS-1123 subdomain |
 //! | SVC202 | error    | EndpointSlice `addressType` missing or unsupported (IPv4, IPv6, FQDN) |
 //! | SVC203 | error    | endpoint address is not an IP of the slice's type (or not an FQDN) |
@@ -112,8 +113,11 @@
 //! | SVC318 | error    | ClusterConfig `clusterDomain` is not a DNS-1123 subdomain |
 //! | SVC319 | error    | `ipvs` section: a timeout is not a duration, or an `excludeCIDRs` entry is not a CIDR |
 //! | SVC320 | error    | ClusterConfig `nftLayout` is not `kube-proxy` or `fast` |
+//! | SVC321 | warning  | kube-proxy `mode: ipvs` (or `--target ipvs`): IPVS mode is deprecated (KEP-5495) |
+//! | SVC322 | error    | ClusterConfig `topologyKeys` is not `honour` or `ignore` |
 
 mod config;
+pub use config::ipvs_deprecated;
 mod cross;
 mod endpoints;
 mod names;

@@ -96,6 +96,7 @@ pub const TARGET: crate::Target = crate::Target {
     }],
     planner: None,
     trace: None,
+    deprecated: None,
 };
 
 fn render(module: &Module, params: &crate::Params) -> Result<Vec<crate::File>, crate::RenderError> {

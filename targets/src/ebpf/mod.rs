@@ -69,6 +69,7 @@ pub const TARGET: Target = Target {
     ],
     planner: None,
     trace: None,
+    deprecated: None,
 };
 
 /// [`Options`] from the target's flags; an `Err` is a one-line usage error.

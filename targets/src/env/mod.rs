@@ -51,6 +51,7 @@ pub const TARGET: crate::Target = crate::Target {
     flags: &[NAMESPACE],
     planner: None,
     trace: None,
+    deprecated: None,
 };
 
 /// `--target env-json [--namespace NS]`: with NS, `NS.json`, a container's `env` list;
@@ -63,6 +64,7 @@ pub const JSON_TARGET: crate::Target = crate::Target {
     flags: &[NAMESPACE],
     planner: None,
     trace: None,
+    deprecated: None,
 };
 
 const NAMESPACE: crate::Flag = crate::Flag {

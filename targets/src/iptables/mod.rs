@@ -89,6 +89,7 @@ pub const TARGET: Target = Target {
     flags: &[],
     planner: Some(&plan::Iptables),
     trace: Some(&trace::Iptables),
+    deprecated: None,
 };
 
 /// Writes the documents of many nodes (see [`common::Renderer`]).

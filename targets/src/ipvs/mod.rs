@@ -55,6 +55,7 @@ pub const TARGET: Target = Target {
     flags: &[],
     planner: Some(&plan::Ipvs),
     trace: Some(&trace::Ipvs),
+    deprecated: Some(svc_compiler::passes::validate::ipvs_deprecated),
 };
 
 /// The parts' names in [`Part::ALL`] order, as [`NodeRenderer::parts`] lists them.

@@ -321,7 +321,13 @@ pub fn build(view: &NodeView) -> State {
             }
         }
 
-        if let Some(np) = p.node_port.filter(|_| !node_ports.is_empty()) {
+        // `syncProxyRules` (pkg/proxy/ipvs/proxier.go): a node port without node IPs of
+        // the family (`if len(nodeIPs) == 0 { continue }`) skips the rest of the service
+        // port, its health-check node port included; a port without a node port keeps it.
+        if p.node_port.is_some() && node_ports.is_empty() {
+            continue;
+        }
+        if let Some(np) = p.node_port {
             let (set, local_set) = match proto {
                 Protocol::TCP => (Set::NodePortTcp, Set::NodePortLocalTcp),
                 Protocol::UDP => (Set::NodePortUdp, Set::NodePortLocalUdp),

@@ -197,6 +197,30 @@ fn node_port_local() {
     );
 }
 
+/// `syncProxyRules` (`pkg/proxy/ipvs/proxier.go`): a node port with no node IP of the
+/// family (`if len(nodeIPs) == 0 { continue }`) skips the service port's health-check
+/// node port too; with an address of the family the entry is there.
+#[test]
+fn health_check_node_port_needs_a_node_ip_of_the_family() {
+    let t = service(
+        "  type: LoadBalancer\n  ipFamilyPolicy: PreferDualStack\n  ipFamilies: [IPv4, IPv6]\n  externalTrafficPolicy: Local\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]\n  healthCheckNodePort: 30500",
+        "",
+    );
+    let hc = "add KUBE-6-HEALTH-CHECK-NODE-PORT 30500";
+    let ipset6 = |t: &str| {
+        let (v, o) = compile(t, IpFamily::IPv6);
+        write_part(&v, Part::Ipset, &o)
+    };
+    check(&ipset6(&t), &[hc], &[]);
+    let no_v6 = t.replace(", {type: InternalIP, address: 'fd00::10'}", "");
+    assert_ne!(no_v6, t);
+    check(
+        &ipset6(&no_v6),
+        &[],
+        &[hc, "add KUBE-6-NODE-PORT-TCP 30080"],
+    );
+}
+
 /// ETP=Local with no local endpoint falls back to the cluster endpoints (kubernetes#97081).
 #[test]
 fn local_policy_without_local_endpoints_uses_cluster_endpoints() {

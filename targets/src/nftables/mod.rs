@@ -125,6 +125,7 @@ pub const TARGET: Target = Target {
     flags: &[],
     planner: Some(&plan::Nftables),
     trace: Some(&trace::Nftables),
+    deprecated: None,
 };
 
 /// `--target nftables-json`.
@@ -136,6 +137,7 @@ pub const JSON_TARGET: Target = Target {
     flags: &[],
     planner: None,
     trace: None,
+    deprecated: None,
 };
 
 /// [`write_json`] for the registry: the JSON is built whole, nothing is shared.

@@ -225,6 +225,7 @@ pub const TARGET: crate::Target = crate::Target {
     }],
     planner: None,
     trace: None,
+    deprecated: None,
 };
 
 fn render_target(

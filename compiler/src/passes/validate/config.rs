@@ -70,15 +70,29 @@ fn dual_stack_cidrs(text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// IPVS mode's deprecation (KEP-5495), unlocated: `mode: ipvs` gives it at the field,
+/// and the CLI gives it for `--target ipvs` (`svc_targets::Target::deprecated`) when the
+/// compile did not, so it is said once.
+pub fn ipvs_deprecated() -> Diagnostic {
+    Diagnostic::warning(
+        "SVC321",
+        "IPVS mode is deprecated (KEP-5495): deprecated in Kubernetes 1.35, off by default in 1.40, removed in 1.46",
+    )
+    .hint("nftables mode is its replacement: `mode: nftables`, `--target nftables`")
+}
+
 fn proxy(cx: &mut Cx, p: &ProxyConfigDoc) {
     if let Some(m) = &p.mode {
-        cx.one_of(
+        let known = cx.one_of(
             "SVC308",
             m,
             &["", "iptables", "ipvs", "nftables"],
             "kube-proxy mode",
             "mode",
         );
+        if known && m.v == "ipvs" {
+            cx.push(ipvs_deprecated().at(m.span).path("mode"));
+        }
     }
     for (b, path) in &p.masquerade_bits {
         if !(0..=31).contains(&b.v) {
@@ -290,6 +304,16 @@ fn cluster(cx: &mut Cx, c: &ClusterConfigDoc) {
                     .at(l.span)
                     .path("nftLayout")
                     .hint("write kube-proxy (the default) or fast"),
+            );
+        }
+    }
+    if let Some(t) = &c.topology_keys {
+        if crate::ir::TopologyKeys::parse(&t.v).is_none() {
+            cx.push(
+                Diagnostic::error("SVC322", format!("unknown topologyKeys `{}`", t.v))
+                    .at(t.span)
+                    .path("topologyKeys")
+                    .hint("write honour (the default: spec.topologyKeys picks endpoints) or ignore (as a current kube-proxy)"),
             );
         }
     }

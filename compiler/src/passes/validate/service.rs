@@ -978,6 +978,15 @@ fn topology_keys(cx: &mut Cx, s: &Service) {
         return;
     }
     let span = s.topology_keys_span.unwrap_or(keys[0].span);
+    cx.push(
+        Diagnostic::warning(
+            "SVC154",
+            "spec.topologyKeys was removed in Kubernetes 1.22: a current kube-proxy ignores it and picks endpoints by hints and trafficDistribution",
+        )
+        .at(span)
+        .path("spec.topologyKeys")
+        .hint("svc-compile honours it (kube-proxy 1.17-1.21); `--topology-keys ignore` (or ClusterConfig `topologyKeys: ignore`) compiles as a current kube-proxy; trafficDistribution: PreferClose replaces it"),
+    );
     if let Some(p) = s
         .external_traffic_policy
         .as_ref()

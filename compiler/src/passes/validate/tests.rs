@@ -108,7 +108,6 @@ metadata: {name: zoned, namespace: shop}
 spec:
   externalIPs: [198.51.100.9]
   externalTrafficPolicy: Cluster
-  topologyKeys: [kubernetes.io/hostname, topology.kubernetes.io/zone, "*"]
   ports: [{port: 8080}]
 ---
 apiVersion: v1
@@ -165,7 +164,8 @@ status:
 ---
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: ipvs
+# Not ipvs: IPVS mode is deprecated (SVC321, a warning); its section is checked anyway.
+mode: iptables
 clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
 detectLocalMode: ClusterCIDR
 nodePortAddresses: [primary]
@@ -556,29 +556,41 @@ fn load_balancer_status() {
 
 #[test]
 fn topology_keys() {
+    // Valid keys: only the warning that the field is gone (removed in 1.22), at the field.
+    let d = run(&svc_port(
+        "topologyKeys: [kubernetes.io/hostname, topology.kubernetes.io/zone, \"*\"]",
+    ));
+    assert_eq!(codes_of(&d), ["SVC154"]);
+    assert_eq!(d[0].severity, Severity::Warning);
+    assert_eq!(d[0].path.as_deref(), Some("spec.topologyKeys"));
+    assert!(d[0].message.contains("1.22"), "{}", d[0].message);
+    assert!(codes(&svc_port("topologyKeys: []")).is_empty());
     let keys: Vec<String> = (0..17).map(|i| format!("k{i}")).collect();
     assert_eq!(
         codes(&svc_port(&format!("topologyKeys: [{}]", keys.join(", ")))),
-        ["SVC144"]
+        ["SVC144", "SVC154"]
     );
-    assert_eq!(codes(&svc_port("topologyKeys: [\"zone!\"]")), ["SVC145"]);
+    assert_eq!(
+        codes(&svc_port("topologyKeys: [\"zone!\"]")),
+        ["SVC145", "SVC154"]
+    );
     assert_eq!(
         codes(&svc_port(
             "topologyKeys: [kubernetes.io/hostname, kubernetes.io/hostname]"
         )),
-        ["SVC146"]
+        ["SVC146", "SVC154"]
     );
     assert_eq!(
         codes(&svc_port(
             "topologyKeys: [\"*\", topology.kubernetes.io/zone]"
         )),
-        ["SVC147"]
+        ["SVC147", "SVC154"]
     );
     assert_eq!(
         codes(&svc_port(
             "type: NodePort\nexternalTrafficPolicy: Local\ntopologyKeys: [kubernetes.io/hostname]"
         )),
-        ["SVC148"]
+        ["SVC148", "SVC154"]
     );
 }
 
@@ -858,6 +870,13 @@ fn config_documents_once() {
 #[test]
 fn kube_proxy_configuration() {
     assert_eq!(codes(&kpc("mode: userspace\n")), ["SVC308"]);
+    // IPVS mode is deprecated (KEP-5495): a warning at the field, once.
+    let ipvs = run(&kpc("mode: ipvs\n"));
+    assert_eq!(ipvs.iter().map(|d| d.code).collect::<Vec<_>>(), ["SVC321"]);
+    assert_eq!(ipvs[0].severity, Severity::Warning);
+    assert_eq!(ipvs[0].path.as_deref(), Some("mode"));
+    assert!(ipvs[0].message.contains("1.35") && ipvs[0].message.contains("1.46"));
+    assert!(codes(&kpc("mode: nftables\n")).is_empty());
     assert_eq!(codes(&kpc("iptables: {masqueradeBit: 32}\n")), ["SVC309"]);
     // The path names the section the value came from.
     let path_309 = |body: &str| {
@@ -935,6 +954,9 @@ fn cluster_config() {
     );
     assert!(codes(&cc("serviceNodePortRange: 30000+2767\n")).is_empty());
     assert_eq!(codes(&cc("clusterDomain: Cluster_Local\n")), ["SVC318"]);
+    assert_eq!(codes(&cc("topologyKeys: honor\n")), ["SVC322"]);
+    assert!(codes(&cc("topologyKeys: ignore\n")).is_empty());
+    assert!(codes(&cc("topologyKeys: honour\n")).is_empty());
 }
 
 // ---- many problems at once ----
