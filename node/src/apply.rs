@@ -26,6 +26,10 @@
 //!    `--rollback` have no views to tell the services' endpoints by, so they clean
 //!    nothing; a cleanup that fails is a warning, the load stands.
 //!
+//! Once every family is in: an iptables or nftables apply that finds another proxy mode's
+//! records in the state directory takes that mode's rules off ([`crate::cleanup::remove`],
+//! under this apply's lock); a removal that fails is a warning, this apply stands.
+//!
 //! What comes next at each point (the fast paths, a repair, a retry in full after a
 //! refusal, a read back, a restart) is `decide::Decider`'s choice; this module carries
 //! out the steps it names.
@@ -317,8 +321,16 @@ pub fn apply(
     if let Some(key) = &key {
         ctx.record_inputs(key, &docs, &ends)?;
     }
+    ctx.switch_from_others();
     Ok(0)
 }
+
+/// The proxy modes: one node runs one of them, as kube-proxy does. An apply of the first
+/// two takes off what an apply of another left ([`Ctx::switch_from_others`]); an IPVS
+/// apply does not, since its iptables part is in the chains an iptables apply recorded
+/// (the removal would take them).
+const PROXY_MODES: [&str; 3] = ["iptables", "nftables", "ipvs"];
+const SWITCHES_MODE: [&str; 2] = ["iptables", "nftables"];
 
 /// Whether the file holds exactly `text`; read only when the sizes agree (the applied
 /// document of a 10k-service node is 58 MB, and a changed one rarely keeps its size).
@@ -408,6 +420,80 @@ impl Ctx<'_> {
 
     fn where_(&self) -> String {
         rules::describe(self.args.netns.as_deref())
+    }
+
+    /// After this apply's rules are loaded and verified: another proxy mode's records in
+    /// the state directory mean its rules are on the node too, and both would DNAT the
+    /// same services. They are taken off as `svc-compile cleanup` does, under the lock
+    /// this apply holds. A removal that fails is a warning: this apply stands.
+    fn switch_from_others(&self) {
+        if !SWITCHES_MODE.contains(&self.target.name) {
+            return;
+        }
+        let netns = self.args.netns.as_deref();
+        let now = self.target.name;
+        for other in svc_targets::TARGETS
+            .iter()
+            .copied()
+            .filter(|t| t.name != now && PROXY_MODES.contains(&t.name))
+        {
+            let recorded = [Family::V4, Family::V6].into_iter().any(|f| {
+                self.state
+                    .records(other.name, other.ext, f.as_str())
+                    .applied()
+                    .exists()
+            });
+            if !recorded {
+                continue;
+            }
+            let mut cmd = vec!["svc-compile", "cleanup", "--target", other.name]
+                .into_iter()
+                .map(String::from)
+                .collect::<Vec<_>>();
+            if let Some(ns) = netns {
+                cmd.extend(["--netns".into(), ns.into()]);
+            }
+            if let Some(dir) = &self.args.state_dir {
+                cmd.extend(["--state-dir".into(), dir.clone()]);
+            }
+            let cmd = shell_line(&cmd);
+            let switching = format!("switching to {now}");
+            if other.planner.and_then(|p| p.removal()).is_none() {
+                eprintln!(
+                    "svc-compile: warning: {}: the {} rules of the last apply are still in place ({switching}) and svc-compile cannot remove them yet: remove them by hand",
+                    self.where_(),
+                    other.name
+                );
+                continue;
+            }
+            if self.args.dry_run {
+                println!(
+                    "# then: remove the {} rules of the last apply ({switching}), as `{cmd}` does",
+                    other.name
+                );
+                continue;
+            }
+            let mut removed = false;
+            let lock = self.lock.as_ref();
+            let done = &mut |d: &crate::cleanup::Removed| removed |= d.summary.is_some();
+            match crate::cleanup::remove(other, &self.state, netns, lock, false, done) {
+                Ok(()) if !removed => eprintln!(
+                    "svc-compile: note: {}: forgot the records of the last {} apply, whose rules were gone already ({switching})",
+                    self.where_(),
+                    other.name
+                ),
+                Ok(()) => eprintln!(
+                    "svc-compile: note: {}: removed the {} rules of the last apply ({switching})",
+                    self.where_(),
+                    other.name
+                ),
+                Err(Fail(e)) => eprintln!(
+                    "svc-compile: warning: {}: {now} is applied, but the {} rules of the last apply are still in place and both answer the same services ({e}); run `{cmd}`",
+                    self.where_(),
+                    other.name
+                ),
+            }
+        }
     }
 
     /// The record of the last apply's inputs: `STATE/TARGET.inputs`.

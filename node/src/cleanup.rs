@@ -18,7 +18,7 @@ use crate::proc::{check_tools, first_line, run_loader, shell_line, shell_word};
 use crate::rules;
 use crate::state::{write_atomic, Records, StateDir};
 use crate::Fail;
-use std::fs;
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::Path;
 use svc_targets::plan::{Commands, Family, Plan, Planner, Recorded, Removal, RemovalPlanner};
@@ -53,13 +53,8 @@ pub fn preflight(target: &Target, args: &Options) -> Result<(), Fail> {
 
 /// `svc-compile cleanup`: 0 removed (or nothing there), `Err` anything else.
 pub fn cleanup(target: &'static Target, args: &Options) -> Result<u8, Fail> {
-    let (planner, remove) = removal_of(target)?;
     preflight(target, args)?;
     let netns = args.netns.as_deref();
-    let families = [Family::V4, Family::V6];
-    for f in families {
-        check_tools(planner.tools(f), netns.is_some())?;
-    }
     let state = StateDir::new(args.state_dir.as_deref(), netns);
     // Dry runs change nothing: the lock only if the directory exists.
     let lock = match (args.dry_run, state.exists()) {
@@ -69,7 +64,53 @@ pub fn cleanup(target: &'static Target, args: &Options) -> Result<u8, Fail> {
             Some(state.lock(args.lock_timeout)?)
         }
     };
-    if !args.dry_run {
+    remove(
+        target,
+        &state,
+        netns,
+        lock.as_ref(),
+        args.dry_run,
+        &mut |done| {
+            println!(
+                "svc-compile: cleanup: {} in {}: {}",
+                done.what,
+                rules::describe(netns),
+                match &done.summary {
+                    Some(s) => format!("removed {s}"),
+                    None => "nothing of ours there".into(),
+                }
+            )
+        },
+    )?;
+    Ok(0)
+}
+
+/// One family's removal: "nftables ipv4", and what was removed (`None`: nothing of ours
+/// was there).
+pub(crate) struct Removed {
+    pub what: String,
+    pub summary: Option<String>,
+}
+
+/// Takes off the node everything `target` owns there, family by family, and forgets its
+/// records (see the module docs), handing each family's outcome to `done` as soon as it
+/// is whole; `dry_run` prints each family's script instead. The caller holds the state
+/// directory's lock (`lock`, handed to the loaders): `cleanup`, and `apply` removing the
+/// target it switches from.
+pub(crate) fn remove(
+    target: &'static Target,
+    state: &StateDir,
+    netns: Option<&str>,
+    lock: Option<&File>,
+    dry_run: bool,
+    done: &mut dyn FnMut(&Removed),
+) -> Result<(), Fail> {
+    let (planner, remove) = removal_of(target)?;
+    let families = [Family::V4, Family::V6];
+    for f in families {
+        check_tools(planner.tools(f), netns.is_some())?;
+    }
+    if !dry_run {
         remove_file(&state.inputs(target.name))?;
     }
     for family in families {
@@ -93,7 +134,7 @@ pub fn cleanup(target: &'static Target, args: &Options) -> Result<u8, Fail> {
         for w in &removal.warnings {
             eprintln!("svc-compile: warning: {what}: {w}");
         }
-        if args.dry_run {
+        if dry_run {
             print_dry_run(
                 &what,
                 netns,
@@ -109,7 +150,7 @@ pub fn cleanup(target: &'static Target, args: &Options) -> Result<u8, Fail> {
             let path = dir.load();
             write_atomic(&path, load)?;
             let argv = rules::on_node(netns, cmds.load.clone(), Some(&path));
-            let out = run_loader(&argv, lock.as_ref(), &dir.load_log())?;
+            let out = run_loader(&argv, lock, &dir.load_log())?;
             if !out.ok {
                 return Err(Fail(format!(
                     "cleanup: {what}: {} refused the removal ({}; see {}); the records are kept: run cleanup again",
@@ -131,16 +172,12 @@ pub fn cleanup(target: &'static Target, args: &Options) -> Result<u8, Fail> {
             )));
         }
         forget(&dir)?;
-        println!(
-            "svc-compile: cleanup: {what} in {}: {}",
-            rules::describe(netns),
-            match removal.load {
-                Some(_) => format!("removed {}", removal.summary),
-                None => "nothing of ours there".into(),
-            }
-        );
+        done(&Removed {
+            what,
+            summary: removal.load.map(|_| removal.summary),
+        });
     }
-    Ok(0)
+    Ok(())
 }
 
 /// Removes one family's records, `STATE/TARGET-FAMILY/` (applied.*, previous.*, the

@@ -2292,3 +2292,128 @@ fn cleanup_removes_what_apply_owns_and_nothing_else() {
         },
     );
 }
+
+/// Switching proxy modes on one node: `apply --target B` after `apply --target A` with the
+/// same state directory takes A's rules and records off once B's are in (a dry run only
+/// says it would), traffic is answered throughout, and the user's own iptables chain and
+/// nft table stay.
+#[test]
+fn switching_target_removes_the_last_targets_rules() {
+    for_each_target(
+        "kernel apply: switching target removes the other target's rules",
+        |from| {
+            let to = if from == "iptables" {
+                "nftables"
+            } else {
+                "iptables"
+            };
+            let lab = lab(&format!("sw{}", &from[..3]));
+            let ipt = "*filter\n:MY-CHAIN - [0:0]\n-A MY-CHAIN -s 203.0.113.9/32 -j DROP\n\
+                   -A INPUT -j MY-CHAIN\nCOMMIT\n";
+            lab.exec_ok("node", "iptables-restore", &["--noflush"], Some(ipt))
+                .unwrap();
+            let nft = "table inet mine {\n\tchain in {\n\t\ttype filter hook input priority 10; policy accept;\n\
+                   \t\tip saddr 203.0.113.22 drop\n\t}\n}\n";
+            lab.exec_ok("node", "nft", &["-f", "-"], Some(nft)).unwrap();
+            let mut node = Node::new(&lab, from);
+            let mine = || node_exec(&lab, "nft", &["list", "table", "inet", "mine"]);
+            let mine_before = mine();
+            let v1 = node.version("v1", V1_API, CHAT);
+            node.apply(&v1, &[]).expect(0);
+            node.flows(FLOWS_V1);
+            let owned_before = node.owned_raw();
+            assert!(!owned_before.is_empty(), "[{from}] nothing applied");
+            let records = node.state.path().join(format!("{from}-ipv4"));
+            let inputs = node.state.path().join(format!("{from}.inputs"));
+            assert!(records.join("applied.state").exists() && inputs.exists());
+
+            node.target = to;
+            let said = format!("the {from} rules of the last apply (switching to {to})");
+            let dry = node.apply(&v1, &["--dry-run"]);
+            dry.expect(0).says(&format!("# then: remove {said}"));
+            node.target = from;
+            assert_eq!(
+                node.owned_raw(),
+                owned_before,
+                "[{from}] the dry run removed"
+            );
+            assert!(records.exists(), "[{from}] the dry run forgot");
+
+            node.target = to;
+            let run = node.apply(&v1, &[]);
+            run.expect(0);
+            let removed = format!("removed {said}");
+            assert!(
+                run.stderr
+                    .lines()
+                    .any(|l| l.starts_with("svc-compile: note: ") && l.ends_with(&removed)),
+                "[{from} → {to}] no note:\n{}",
+                run.stderr
+            );
+            assert!(!node.owned_raw().is_empty(), "[{to}] nothing applied");
+            node.flows(FLOWS_V1);
+            match from {
+                "nftables" => {
+                    let tables = node.exec("nft", &["list", "tables"]);
+                    assert!(!tables.contains("kube-proxy"), "[{from} → {to}] {tables}");
+                }
+                _ => {
+                    let save = node.exec("iptables-save", &[]);
+                    let kube: Vec<&str> = save.lines().filter(|l| l.contains("KUBE-")).collect();
+                    assert!(kube.is_empty(), "[{from} → {to}] {kube:?}");
+                }
+            }
+            assert!(!records.exists(), "[{from}] {} kept", records.display());
+            assert!(!inputs.exists(), "[{from}] {} kept", inputs.display());
+            let to_records = node.state.path().join(format!("{to}-ipv4"));
+            assert!(
+                to_records.join("applied.state").exists(),
+                "[{to}] not recorded"
+            );
+            let save = node.exec("iptables-save", &["-t", "filter"]);
+            for line in [
+                "-A INPUT -j MY-CHAIN",
+                "-A MY-CHAIN -s 203.0.113.9/32 -j DROP",
+            ] {
+                assert!(save.contains(line), "[{from} → {to}] {line} gone: {save}");
+            }
+            assert_eq!(
+                mine(),
+                mine_before,
+                "[{from} → {to}] the user's table changed"
+            );
+
+            // Nothing of the other target is left to switch from.
+            let again = node.apply(&v1, &["--full"]);
+            again.expect(0);
+            assert!(!again.stderr.contains("switching"), "{}", again.stderr);
+            node.flows(FLOWS_V1);
+
+            // IPVS mode's records: cleanup cannot remove its rules yet, so a warning only,
+            // and its records stay.
+            let ipvs = node.state.path().join("ipvs-ipv4");
+            std::fs::create_dir_all(&ipvs).unwrap();
+            std::fs::write(ipvs.join("applied.ipvs"), "# an earlier IPVS apply\n").unwrap();
+            let warned = node.apply(&v1, &[]);
+            warned.expect(0);
+            assert!(
+                warned
+                    .stderr
+                    .lines()
+                    .any(|l| l.starts_with("svc-compile: warning: ")
+                        && l.contains("the ipvs rules of the last apply are still in place")),
+                "[{to}] {}",
+                warned.stderr
+            );
+            assert!(
+                ipvs.join("applied.ipvs").exists(),
+                "[{to}] ipvs records touched"
+            );
+        },
+    );
+}
+
+fn node_exec(lab: &Lab, prog: &str, args: &[&str]) -> String {
+    lab.exec_ok("node", prog, args, None)
+        .unwrap_or_else(|e| panic!("{prog} {args:?}: {e}"))
+}
