@@ -131,7 +131,9 @@ fn kustomize_patches(found: &[(String, PathBuf)]) -> Vec<(PathBuf, String)> {
     let mut kustomizations: Vec<(String, PathBuf)> = found.to_vec();
     let mut dirs: HashSet<PathBuf> = HashSet::new();
     for (_, path) in found {
-        let mut dir = std::fs::canonicalize(path)
+        // Absolute without touching the file system (each file is canonicalised once,
+        // later); the patch paths themselves are compared canonical.
+        let mut dir = std::path::absolute(path)
             .ok()
             .and_then(|p| p.parent().map(Path::to_path_buf));
         while let Some(d) = dir {

@@ -163,11 +163,8 @@ impl Emitter {
         if self.format != Format::Text || diags.has_errors() {
             return self.diagnostics(diags, sources);
         }
-        let mut text = diag::render_all(diags, sources);
         let warnings = diags.count(Severity::Warning);
-        if let Some(kept) = text.strip_suffix(&format!("0 error(s), {warnings} warning(s)\n")) {
-            text.truncate(kept.len());
-        }
+        let mut text = diag::render_items(diags, sources);
         text += &format!("ok: {checked} file(s) checked, {warnings} warning(s)\n");
         self.write_text(&text);
     }

@@ -32,6 +32,8 @@ pub struct Decoder<'d> {
 pub struct Fields<'a> {
     entries: &'a [Entry],
     pub span: Span,
+    /// Some key is written twice (SVC005 said so).
+    repeated: bool,
 }
 
 impl<'a> Fields<'a> {
@@ -141,8 +143,10 @@ impl Decoder<'_> {
         // Linear in the keys (a Node may carry thousands of labels).
         let mut seen: std::collections::HashMap<&str, Span> =
             std::collections::HashMap::with_capacity(entries.len());
+        let mut repeated = false;
         for e in entries {
             if let Some(&first) = seen.get(e.key.as_str()) {
+                repeated = true;
                 // kubectl keeps the last value and the API server takes the object
                 // (kubernetes#125885): worth fixing, not a reason to refuse it.
                 self.diags.push(
@@ -159,6 +163,7 @@ impl Decoder<'_> {
         Some(Fields {
             entries,
             span: n.span,
+            repeated,
         })
     }
 
@@ -251,7 +256,9 @@ impl Decoder<'_> {
             return Vec::new();
         };
         let mut out: Vec<(Sp<String>, Sp<String>)> = Vec::new();
-        let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        // Only a mapping that repeats a key (rare) needs the index.
+        let mut at: Option<std::collections::HashMap<&str, usize>> =
+            f.repeated.then(std::collections::HashMap::new);
         for e in f.entries() {
             let p = path.key(&e.key);
             let v = match &e.value.value {
@@ -272,13 +279,14 @@ impl Decoder<'_> {
             };
             let Some(v) = v else { continue };
             // A repeated key (a warning of `map`): the last value, as kubectl keeps it.
-            match at.get(e.key.as_str()) {
-                Some(&i) => out[i].1 = v,
-                None => {
-                    at.insert(e.key.as_str(), out.len());
-                    out.push((Sp::new(e.key.clone(), e.key_span), v));
+            if let Some(at) = &mut at {
+                if let Some(&i) = at.get(e.key.as_str()) {
+                    out[i].1 = v;
+                    continue;
                 }
+                at.insert(e.key.as_str(), out.len());
             }
+            out.push((Sp::new(e.key.clone(), e.key_span), v));
         }
         out
     }

@@ -245,14 +245,20 @@ fn frame(out: &mut String, sources: &SourceMap, span: Span, label: Option<&str>)
 
 /// Render all diagnostics plus a summary line, as the CLI prints them.
 pub fn render_all(diags: &Diagnostics, sources: &SourceMap) -> String {
+    let mut out = render_items(diags, sources);
+    let (e, w) = (diags.count(Severity::Error), diags.count(Severity::Warning));
+    if e + w > 0 {
+        let _ = writeln!(out, "{e} error(s), {w} warning(s)");
+    }
+    out
+}
+
+/// Each diagnostic rendered, without [`render_all`]'s summary line.
+pub fn render_items(diags: &Diagnostics, sources: &SourceMap) -> String {
     let mut out = String::new();
     for d in &diags.items {
         out.push_str(&render_text(d, sources));
         out.push('\n');
-    }
-    let (e, w) = (diags.count(Severity::Error), diags.count(Severity::Warning));
-    if e + w > 0 {
-        let _ = writeln!(out, "{e} error(s), {w} warning(s)");
     }
     out
 }

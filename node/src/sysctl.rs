@@ -15,17 +15,14 @@ pub(crate) fn ensure(netns: Option<&str>, wanted: &[(&str, &str)]) -> Result<Vec
     if wanted.is_empty() {
         return Ok(Vec::new());
     }
-    let owned: Vec<(String, String)> = wanted
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    netns::in_named(netns, move || {
+    let name = |(k, v): &(&str, &str)| format!("net.{}={v}", k.replace('/', "."));
+    netns::in_named(netns, || {
         let mut changed = Vec::new();
-        for (key, value) in &owned {
+        for (key, value) in wanted {
             let path = Path::new("/proc/sys/net").join(key);
-            if fs::read_to_string(&path)?.trim() != value {
+            if fs::read_to_string(&path)?.trim() != *value {
                 fs::write(&path, value)?;
-                changed.push(format!("net.{}={value}", key.replace('/', ".")));
+                changed.push(name(&(key, value)));
             }
         }
         Ok(changed)
@@ -33,11 +30,7 @@ pub(crate) fn ensure(netns: Option<&str>, wanted: &[(&str, &str)]) -> Result<Vec
     .map_err(|e| {
         Fail(format!(
             "cannot set the sysctls the rules need ({}): {e}",
-            wanted
-                .iter()
-                .map(|(k, v)| format!("net.{}={v}", k.replace('/', ".")))
-                .collect::<Vec<_>>()
-                .join(", ")
+            wanted.iter().map(name).collect::<Vec<_>>().join(", ")
         ))
     })
 }
