@@ -32,6 +32,11 @@ fn exit_codes(sub: Option<&str>) -> String {
             "the input has errors (printed; nothing is loaded)",
             "usage, I/O or apply failure (nothing or the previous state is loaded)",
         ),
+        Some("agent") => (
+            "stopped by SIGTERM or SIGINT (the rules stay loaded, as kube-proxy leaves them)",
+            "-",
+            "could not start: usage, not root, no such namespace, a path that cannot be watched",
+        ),
         Some("cleanup") => (
             "removed, or nothing of ours there",
             "-",
@@ -105,6 +110,16 @@ enum Sub {
         #[command(flatten)]
         apply: ApplyFlags,
     },
+    /// Stay resident: apply the manifests at start, when they change and every sync period
+    /// (kube-proxy's job on a node, from files; needs root)
+    Agent {
+        #[command(flatten)]
+        inputs: InputFlags,
+        #[command(flatten)]
+        node: NodeFlags,
+        #[command(flatten)]
+        agent: AgentFlags,
+    },
     /// Remove everything apply loaded for a target on this node, and its records (needs root)
     Cleanup(CleanupFlags),
     /// Compare a node's live (or saved) rules with the compiled ruleset; exit 1 on drift
@@ -143,6 +158,7 @@ const SUBCOMMANDS: &[&str] = &[
     "check",
     "compile",
     "apply",
+    "agent",
     "cleanup",
     "drift",
     "trace",
@@ -294,6 +310,34 @@ struct ApplyFlags {
     cgroup: Option<String>,
 }
 
+#[derive(Args)]
+#[command(next_help_heading = "Agent options")]
+struct AgentFlags {
+    /// Load inside network namespace NAME (ip netns)
+    #[arg(long, value_name = "NAME")]
+    netns: Option<String>,
+    /// [default: /var/lib/svc-compile/<netns or host>]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<String>,
+    /// Wait at most this long for an apply that holds the lock [default: 30]
+    #[arg(long, value_name = "SECONDS")]
+    lock_timeout: Option<String>,
+    /// ebpf: the cgroup v2 directory the socket load balancer serves [default: the
+    /// cgroup2 mount's root]
+    #[arg(long, value_name = "PATH")]
+    cgroup: Option<String>,
+    /// The longest time between syncs: each one checks the node and mends what someone
+    /// else changed (e.g. 30s, 1m, 500ms) [default: 30s, kube-proxy's]
+    #[arg(long, value_name = "DURATION")]
+    sync_period: Option<String>,
+    /// The shortest time between syncs: changes within it are applied together [default: 0s]
+    #[arg(long, value_name = "DURATION")]
+    min_sync_period: Option<String>,
+    /// One log line per sync on stderr: text or json
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
 /// `svc-compile cleanup`: no inputs, no node to compile for; the node is this host or
 /// `--netns`.
 #[derive(Args)]
@@ -419,6 +463,7 @@ pub enum Run {
     Check(CheckCmd),
     Compile(Box<CompileCmd>),
     Apply(Box<ApplyCmd>),
+    Agent(Box<AgentCmd>),
     Cleanup(Box<CleanupCmd>),
     Drift(Box<DriftCmd>),
     Trace(Box<TraceCmd>),
@@ -517,6 +562,15 @@ pub struct ApplyCmd {
     pub apply: svc_node::apply::Options,
 }
 
+/// `svc-compile agent`.
+pub struct AgentCmd {
+    pub opts: CompileOpts,
+    pub target: TargetArgs,
+    /// One node, given.
+    pub nodes: Nodes,
+    pub agent: svc_node::agent::Options,
+}
+
 /// `svc-compile cleanup`.
 pub struct CleanupCmd {
     pub target: &'static Target,
@@ -597,7 +651,7 @@ pub struct GenCmd {
 /// The targets a subcommand takes.
 fn targets_of(sub: &str, targets: &[&'static Target]) -> Vec<&'static Target> {
     let takes = |t: &Target| match sub {
-        "apply" | "cleanup" => t.planner.is_some() || svc_node::ebpf::applies(t),
+        "apply" | "agent" | "cleanup" => t.planner.is_some() || svc_node::ebpf::applies(t),
         "drift" => t.planner.is_some_and(|p| p.drift()),
         "trace" => t.name == "ir" || svc_targets::trace::TRACEABLE.contains(&t.name),
         "diff" => t.per_node(),
@@ -694,6 +748,7 @@ fn command(targets: &[&'static Target]) -> clap::Command {
         .mut_subcommand("check", plain)
         .mut_subcommand("compile", with_targets)
         .mut_subcommand("apply", with_targets)
+        .mut_subcommand("agent", with_targets)
         .mut_subcommand("cleanup", cleanup)
         .mut_subcommand("drift", with_targets)
         .mut_subcommand("trace", with_targets)
@@ -768,6 +823,11 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
             node,
             apply,
         } => apply_cmd(inputs, node, apply, m, targets),
+        Sub::Agent {
+            inputs,
+            node,
+            agent,
+        } => agent_cmd(inputs, node, agent, m, targets),
         Sub::Cleanup(c) => cleanup_cmd(c, targets),
         Sub::Drift {
             inputs,
@@ -1273,6 +1333,95 @@ fn apply_cmd(
         nodes,
         source,
     })))
+}
+
+fn agent_cmd(
+    inputs: InputFlags,
+    n: NodeFlags,
+    a: AgentFlags,
+    m: Option<&clap::ArgMatches>,
+    targets: &[&'static Target],
+) -> Result<Run, String> {
+    let target = target_args("agent", n.target.as_deref(), m, targets)?;
+    let nodes = nodes(&n, false)?;
+    let opts = compile_opts(inputs, Some(&n))?;
+    if opts.paths.is_empty() {
+        return Err(NO_INPUT.into());
+    }
+    if opts.paths.iter().any(|p| p == "-") {
+        return Err("agent reads files and directories it can watch, not `-`".into());
+    }
+    if nodes.node.is_none() {
+        return Err("agent needs --node NAME: the node this ruleset is for".into());
+    }
+    if a.cgroup.is_some() && !svc_node::ebpf::applies(target.target) {
+        return Err("--cgroup is for agent --target ebpf".into());
+    }
+    let defaults = svc_node::agent::Options::default();
+    let sync_period = match a.sync_period {
+        Some(d) => duration("--sync-period", &d)?,
+        None => defaults.sync_period,
+    };
+    if sync_period.is_zero() {
+        return Err("--sync-period must be more than 0".into());
+    }
+    let min_sync_period = match a.min_sync_period {
+        Some(d) => duration("--min-sync-period", &d)?,
+        None => defaults.min_sync_period,
+    };
+    Ok(Run::Agent(Box::new(AgentCmd {
+        agent: svc_node::agent::Options {
+            apply: svc_node::apply::Options {
+                netns: a.netns,
+                state_dir: a.state_dir,
+                lock_timeout: lock_timeout(a.lock_timeout)?,
+                cgroup: a.cgroup,
+                family: nodes.family,
+                ..Default::default()
+            },
+            sync_period,
+            min_sync_period,
+            json_log: a.log_format == "json",
+            ..defaults
+        },
+        opts,
+        target,
+        nodes,
+    })))
+}
+
+/// A duration as kube-proxy's flags take them: a number with a unit (`ms`, `s`, `m`, `h`),
+/// several added (`1m30s`); a plain number is seconds.
+fn duration(flag: &str, given: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{flag} `{given}`: give a duration, e.g. 30s, 1m30s or 500ms");
+    if let Ok(secs) = given.parse::<f64>() {
+        return std::time::Duration::try_from_secs_f64(secs).map_err(|_| bad());
+    }
+    let mut total = 0f64;
+    let mut rest = given;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let n: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit] {
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += n * scale;
+        rest = &rest[unit..];
+    }
+    std::time::Duration::try_from_secs_f64(total).map_err(|_| bad())
 }
 
 /// `--lock-timeout SECONDS`.

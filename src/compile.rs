@@ -40,7 +40,7 @@ pub(crate) fn compile_inputs(
     opts: &CompileOpts,
     target: Option<&TargetArgs>,
 ) -> Result<Compiled, Fail> {
-    Ok(compile_read(opts, read_all(opts, target)?))
+    Ok(compile_read(opts, read_all(opts, target)?, None))
 }
 
 /// The reading half of [`compile_inputs`].
@@ -68,8 +68,13 @@ pub(crate) fn read_all(opts: &CompileOpts, target: Option<&TargetArgs>) -> Resul
     })
 }
 
-/// The compiling half of [`compile_inputs`]: no I/O.
-pub(crate) fn compile_read(opts: &CompileOpts, read: Read) -> Compiled {
+/// The compiling half of [`compile_inputs`]: no I/O. With a `cache` (the agent's), files
+/// parsed by an earlier call with the same bytes are not parsed again.
+pub(crate) fn compile_read(
+    opts: &CompileOpts,
+    read: Read,
+    cache: Option<&mut svc_compiler::ReadCache>,
+) -> Compiled {
     let Read {
         sources,
         inputs,
@@ -89,7 +94,10 @@ pub(crate) fn compile_read(opts: &CompileOpts, read: Read) -> Compiled {
         validate: opts.validate,
         topology_keys: opts.topology_keys,
     };
-    let mut comp = svc_compiler::compile(&sources, &inputs.files, &options);
+    let mut comp = match cache {
+        Some(cache) => svc_compiler::compile_cached(&sources, &inputs.files, &options, cache),
+        None => svc_compiler::compile(&sources, &inputs.files, &options),
+    };
     let checked = inputs.files.len();
     // Files that could not be read as text, and skipped kustomize patches, report among
     // the others in file order.

@@ -3,7 +3,7 @@
 //! done to a node in `svc_node`.
 //!
 //! Modules, each importing only those after it (no cycle): `main` → the commands (`run`:
-//! check, compile, gen; `node`: apply, cleanup, drift; `trace`; `diff`) → `compile` → `inputs` →
+//! check, compile, gen; `node`: apply, agent, cleanup, drift; `trace`; `diff`) → `compile` → `inputs` →
 //! `report` → `cli` (plain data: imports nothing of the crate); `alloc` stands alone.
 
 mod alloc;
@@ -47,6 +47,7 @@ fn run(args: &[String]) -> u8 {
         Run::Compile(cmd) => run::compile(&cmd),
         Run::Gen(cmd) => run::gen(cmd),
         Run::Apply(cmd) => node::apply(&cmd),
+        Run::Agent(cmd) => node::agent(&cmd),
         Run::Cleanup(cmd) => node::cleanup(&cmd),
         Run::Drift(cmd) => node::drift(&cmd),
         Run::Trace(cmd) => trace::run(*cmd),

@@ -1,7 +1,9 @@
 //! `apply`, `cleanup` and `drift`: the command line's side. The compile happens here (reading,
 //! parsing, passes, node views, diagnostics); everything done to the node is `svc_node`'s.
 
-use crate::cli::{ApplyCmd, ApplySource, CleanupCmd, CompileOpts, DriftCmd, Nodes, TargetArgs};
+use crate::cli::{
+    AgentCmd, ApplyCmd, ApplySource, CleanupCmd, CompileOpts, DriftCmd, Nodes, TargetArgs,
+};
 use crate::compile::{compile_read, node_jobs, read_all, target_params_of};
 use crate::inputs::read_file;
 use crate::report::{Emitter, Fail, Outcome};
@@ -36,7 +38,7 @@ pub fn apply(cmd: &ApplyCmd) -> Result<Outcome, Fail> {
         ApplySource::Manifests => {
             // Only a planner's apply can skip the compile (by the inputs' fingerprint).
             let keyed = target.planner.is_some() && !svc_node::ebpf::applies(target);
-            manifests(&cmd.opts, &cmd.target, &cmd.nodes, keyed)?
+            manifests(&cmd.opts, &cmd.target, &cmd.nodes, keyed, None)?
         }
     };
     Ok(
@@ -45,6 +47,59 @@ pub fn apply(cmd: &ApplyCmd) -> Result<Outcome, Fail> {
             _ => Outcome::InputErrors,
         },
     )
+}
+
+/// `svc-compile agent`: runs until SIGTERM or SIGINT (0); `Err` when it cannot start.
+pub fn agent(cmd: &AgentCmd) -> Result<Outcome, Fail> {
+    let target = cmd.target.target;
+    if target
+        .planner
+        .is_some_and(|p| p.fingerprint(Family::V4).is_some())
+    {
+        crate::alloc::purge_never();
+    }
+    let params = target_params_of(&cmd.target)?;
+    let mut source = Watched {
+        cmd,
+        keyed: target.planner.is_some() && !svc_node::ebpf::applies(target),
+        cache: svc_compiler::ReadCache::default(),
+    };
+    svc_node::agent::run(target, &cmd.agent, &params, &mut source)?;
+    Ok(Outcome::Done)
+}
+
+/// The agent's manifests: read at every sync; each file parsed again only when its bytes
+/// changed.
+struct Watched<'a> {
+    cmd: &'a AgentCmd,
+    keyed: bool,
+    cache: svc_compiler::ReadCache,
+}
+
+impl svc_node::agent::Source for Watched<'_> {
+    fn watched(&self) -> Vec<std::path::PathBuf> {
+        let opts = &self.cmd.opts;
+        opts.paths
+            .iter()
+            .chain(&opts.lock)
+            .map(std::path::PathBuf::from)
+            .collect()
+    }
+
+    fn input(&mut self) -> Result<Input<'_>, Fail> {
+        let cmd = self.cmd;
+        manifests(
+            &cmd.opts,
+            &cmd.target,
+            &cmd.nodes,
+            self.keyed,
+            Some(&mut self.cache),
+        )
+    }
+
+    fn parsed(&mut self) -> (usize, usize) {
+        (self.cache.take_parsed(), self.cache.files())
+    }
 }
 
 /// `svc-compile cleanup`: `svc_node` answers 0 (removed, or nothing there) or fails.
@@ -61,7 +116,7 @@ pub fn drift(cmd: &DriftCmd) -> Result<Outcome, Fail> {
         Some(file) => Some((file.as_str(), read_file(Path::new(file))?)),
         None => None,
     };
-    let input = manifests(&cmd.opts, &cmd.target, &cmd.nodes, false)?;
+    let input = manifests(&cmd.opts, &cmd.target, &cmd.nodes, false, None)?;
     let code = svc_node::drift::drift(
         cmd.target.target,
         &cmd.drift,
@@ -76,12 +131,13 @@ pub fn drift(cmd: &DriftCmd) -> Result<Outcome, Fail> {
 }
 
 /// The manifests read (the I/O happens now) and, when `keyed`, fingerprinted; compiled
-/// when the node crate asks.
-fn manifests<'a>(
+/// when the node crate asks (with the agent's `cache` of parsed files, if given).
+pub(crate) fn manifests<'a>(
     opts: &'a CompileOpts,
     target: &'a TargetArgs,
     nodes: &'a Nodes,
     keyed: bool,
+    cache: Option<&'a mut svc_compiler::ReadCache>,
 ) -> Result<Input<'a>, Fail> {
     let mut times = Times::default();
     times.mark("");
@@ -91,7 +147,7 @@ fn manifests<'a>(
         key: keyed.then(|| inputs_key(&read.sources)),
         times,
         compile: Box::new(move |times: &mut Times| {
-            let mut compiled = compile_read(opts, read);
+            let mut compiled = compile_read(opts, read, cache);
             let mut diags = std::mem::take(&mut compiled.comp.diags);
             let mut views = Vec::new();
             if !diags.has_errors() {

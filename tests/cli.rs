@@ -1458,7 +1458,7 @@ fn cleanup_command_line() {
     );
     one_line(
         &["cleanup", "--target", "iptables", "--node", "node-a"],
-        "--node belongs to `svc-compile compile`, `apply`, `drift`, `trace` and `diff`, not `cleanup`",
+        "--node belongs to `svc-compile compile`, `apply`, `agent`, `drift`, `trace` and `diff`, not `cleanup`",
     );
     // SAFETY: geteuid cannot fail.
     let want = match unsafe { svc_node::sys::libc::geteuid() } {
@@ -1488,7 +1488,7 @@ fn flags_belong_to_their_subcommand_and_typos_are_named() {
     };
     one_line(
         &["check", "examples/", "--node", "x"],
-        "--node belongs to `svc-compile compile`, `apply`, `drift`, `trace` and `diff`, not `check`",
+        "--node belongs to `svc-compile compile`, `apply`, `agent`, `drift`, `trace` and `diff`, not `check`",
     );
     one_line(
         &["check", "examples/", "--out", "x"],
@@ -1496,7 +1496,7 @@ fn flags_belong_to_their_subcommand_and_typos_are_named() {
     );
     one_line(
         &["check", "examples/", "--target", "iptables"],
-        "--target belongs to `svc-compile compile`, `apply`, `cleanup`, `drift`, `trace` and `diff`, not `check`",
+        "--target belongs to `svc-compile compile`, `apply`, `agent`, `cleanup`, `drift`, `trace` and `diff`, not `check`",
     );
     one_line(
         &["trace", "examples/", "--dry-run"],

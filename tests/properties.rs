@@ -131,3 +131,112 @@ fn adding_services_with_a_lock_never_moves_existing_allocations() {
         }
     }
 }
+
+/// The agent's compile ([`svc_compiler::compile_cached`], one cache across syncs) gives
+/// what a fresh compile of the same files gives, at every step of random edit sequences:
+/// files added, removed, renamed, emptied, broken and mended, documents moved between
+/// files. The sources are rebuilt at each step as the command line reads them (names
+/// sorted), so file ids shift under the cache as files come and go.
+#[test]
+fn the_agents_cached_compile_is_a_fresh_compile_at_every_step() {
+    let docs = example_documents();
+    let opts = Options {
+        allocate: true,
+        ..Default::default()
+    };
+    let mut parsed_again = 0;
+    let mut reused = 0;
+    for seed in 1..=12u64 {
+        let mut rng = Rng::new(seed);
+        let mut files: std::collections::BTreeMap<String, String> = Default::default();
+        for (i, d) in docs.iter().enumerate() {
+            let name = format!("d{}/f{}.yaml", i % 3, rng.index(6));
+            let f = files.entry(name).or_default();
+            if !f.is_empty() {
+                f.push_str("---\n");
+            }
+            f.push_str(d);
+        }
+        let mut cache = svc_compiler::ReadCache::default();
+        for step in 0..30 {
+            let names: Vec<String> = files.keys().cloned().collect();
+            let pick = |rng: &mut Rng| names[rng.index(names.len())].clone();
+            match rng.index(7) {
+                // A document appended to another file.
+                0 => {
+                    let d = rng.pick(&docs).clone();
+                    let f = files.entry(pick(&mut rng)).or_default();
+                    f.push_str("---\n");
+                    f.push_str(&d);
+                }
+                // A new file, sorting anywhere among the others.
+                1 => {
+                    let name = format!("d{}/n{step}.yaml", rng.index(4));
+                    files.insert(name, random_service(&mut rng, step));
+                }
+                // A file removed (one stays).
+                2 if files.len() > 1 => {
+                    files.remove(&pick(&mut rng));
+                }
+                // A file renamed.
+                3 => {
+                    let from = pick(&mut rng);
+                    let text = files.remove(&from).unwrap();
+                    files.insert(format!("a{step}.yaml"), text);
+                }
+                // A broken file (an error), later mended or removed by other steps.
+                4 => {
+                    let f = files.get_mut(&pick(&mut rng)).unwrap();
+                    f.push_str("---\nkind: Service\nmetadata: {name: [\n");
+                }
+                // A value changed in place.
+                5 => {
+                    let name = pick(&mut rng);
+                    let f = files.get_mut(&name).unwrap();
+                    *f = f.replacen("port: ", "port: 1", 1);
+                }
+                // Nothing changed: everything comes from the cache.
+                _ => {}
+            }
+            let mut sources = SourceMap::default();
+            let ids: Vec<_> = files
+                .iter()
+                .map(|(n, t)| sources.add(n.clone(), t.clone()))
+                .collect();
+            let fresh = svc_compiler::compile(&sources, &ids, &opts);
+            let cached = svc_compiler::compile_cached(&sources, &ids, &opts, &mut cache);
+            let n = cache.take_parsed();
+            parsed_again += n;
+            reused += ids.len() - n;
+            assert_eq!(
+                format!("{:?}", cached.diags.items),
+                format!("{:?}", fresh.diags.items),
+                "seed {seed} step {step}: diagnostics differ"
+            );
+            let ir = |c: &svc_compiler::Compilation| {
+                let mut out = serde_json::to_string(&c.module).unwrap();
+                for node in &c.module.nodes {
+                    let sel = NodeSelection {
+                        name: node.name.clone(),
+                        ips: vec![],
+                    };
+                    if let Ok(v) = node_view(&c.module, &sel, IpFamily::IPv4) {
+                        out += &svc_targets::nftables::write_string(&v, &Default::default());
+                    }
+                }
+                out
+            };
+            assert_eq!(
+                ir(&cached),
+                ir(&fresh),
+                "seed {seed} step {step}: output differs"
+            );
+        }
+    }
+    // The cache did its job, and files were parsed again when they had to be.
+    assert!(
+        reused > parsed_again,
+        "{reused} reused, {parsed_again} parsed"
+    );
+    assert!(parsed_again > 12 * 10, "{parsed_again} parsed again");
+}

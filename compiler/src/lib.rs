@@ -78,7 +78,31 @@ pub struct Compilation {
 /// Compile the manifests in `inputs` (files of `sources`). Never fails: problems are
 /// diagnostics; the module is built from whatever was valid.
 pub fn compile(sources: &SourceMap, inputs: &[FileId], opts: &Options) -> Compilation {
-    let (objects, mut diags) = read(sources, inputs);
+    let (objects, diags) = read(sources, inputs);
+    compile_read(sources, inputs, opts, objects, diags)
+}
+
+/// [`compile`] with the files' parse results kept in `cache` between calls: a file with
+/// the name, [`FileId`] and bytes of a file of the last call is not parsed again. The
+/// result is [`compile`]'s, always (the agent's property test checks it).
+pub fn compile_cached(
+    sources: &SourceMap,
+    inputs: &[FileId],
+    opts: &Options,
+    cache: &mut ReadCache,
+) -> Compilation {
+    let (objects, diags) = cache.read(sources, inputs);
+    compile_read(sources, inputs, opts, objects, diags)
+}
+
+/// The passes of [`compile`], after the files were read.
+fn compile_read(
+    sources: &SourceMap,
+    inputs: &[FileId],
+    opts: &Options,
+    objects: Objects,
+    mut diags: Diagnostics,
+) -> Compilation {
     unknown_fields(&mut diags, opts.validate);
     let mut settings = settings(&objects, opts);
     let config = objects.cluster_configs.first();
@@ -146,33 +170,129 @@ fn unknown_fields(diags: &mut Diagnostics, validate: Validate) {
 /// the located tree of a large file never exists whole. Objects come in input order.
 pub fn read(sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
     use rayon::prelude::*;
-    let parsed: Vec<(Vec<(Objects, Diagnostics)>, Diagnostics)> = inputs
+    let parsed: Vec<(Objects, Diagnostics)> = inputs
         .par_iter()
-        .map(|&f| {
-            let text = &sources.file(f).text;
-            if let Some(d) = tree::too_many_documents(f, text) {
-                let mut diags = Diagnostics::default();
-                diags.push(d);
-                return (Vec::new(), diags);
-            }
-            tree::parse_each(f, text, |part| {
-                let mut objs = Objects::default();
-                let mut d = Diagnostics::default();
-                k8s::decode_part(&part, &mut objs, &mut d);
-                (objs, d)
-            })
-        })
+        .map(|&f| read_file(f, &sources.file(f).text))
         .collect();
     let mut objects = Objects::default();
     let mut diags = Diagnostics::default();
-    for (parts, d) in parsed {
+    for (o, d) in parsed {
+        objects.extend(o);
         diags.extend(d);
-        for (o, d) in parts {
-            objects.extend(o);
-            diags.extend(d);
-        }
     }
     (objects, diags)
+}
+
+/// One file's objects and diagnostics, in document order.
+fn read_file(f: FileId, text: &str) -> (Objects, Diagnostics) {
+    let mut objects = Objects::default();
+    let mut diags = Diagnostics::default();
+    if let Some(d) = tree::too_many_documents(f, text) {
+        diags.push(d);
+        return (objects, diags);
+    }
+    let (parts, d) = tree::parse_each(f, text, |part| {
+        let mut objs = Objects::default();
+        let mut d = Diagnostics::default();
+        k8s::decode_part(&part, &mut objs, &mut d);
+        (objs, d)
+    });
+    diags.extend(d);
+    for (o, d) in parts {
+        objects.extend(o);
+        diags.extend(d);
+    }
+    (objects, diags)
+}
+
+/// Each input file's parse result from the last [`compile_cached`], by name. An entry
+/// stands while the file has the same [`FileId`] (the spans in its objects name it) and
+/// the same bytes (compared by a 128-bit fingerprint and the length); files gone from the
+/// inputs are forgotten, so the cache holds one result per input file.
+#[derive(Default)]
+pub struct ReadCache {
+    files: std::collections::HashMap<String, Cached>,
+    parsed: usize,
+}
+
+struct Cached {
+    id: FileId,
+    len: usize,
+    print: (u64, u64),
+    read: (Objects, Diagnostics),
+}
+
+impl ReadCache {
+    /// [`read`], parsing only the files not cached.
+    fn read(&mut self, sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
+        use rayon::prelude::*;
+        let prints: Vec<(u64, u64)> = inputs
+            .par_iter()
+            .map(|&f| fingerprint(&sources.file(f).text))
+            .collect();
+        let stale: Vec<(FileId, (u64, u64))> = inputs
+            .iter()
+            .zip(&prints)
+            .filter(|(&f, &p)| {
+                let file = sources.file(f);
+                !self
+                    .files
+                    .get(&file.name)
+                    .is_some_and(|c| c.id == f && c.len == file.text.len() && c.print == p)
+            })
+            .map(|(&f, &p)| (f, p))
+            .collect();
+        let parsed: Vec<Cached> = stale
+            .par_iter()
+            .map(|&(f, print)| {
+                let text = &sources.file(f).text;
+                Cached {
+                    id: f,
+                    len: text.len(),
+                    print,
+                    read: read_file(f, text),
+                }
+            })
+            .collect();
+        self.parsed += parsed.len();
+        for c in parsed {
+            self.files.insert(sources.name(c.id).to_string(), c);
+        }
+        let names: std::collections::HashSet<&str> =
+            inputs.iter().map(|&f| sources.name(f)).collect();
+        self.files.retain(|n, _| names.contains(n.as_str()));
+        let mut objects = Objects::default();
+        let mut diags = Diagnostics::default();
+        for &f in inputs {
+            let (o, d) = &self.files[sources.name(f)].read;
+            objects.extend(o.clone());
+            diags.extend(d.clone());
+        }
+        (objects, diags)
+    }
+
+    /// How many files the cache holds (the last compile's inputs).
+    pub fn files(&self) -> usize {
+        self.files.len()
+    }
+
+    /// How many files the [`compile_cached`] calls since the last call of this parsed
+    /// (the others came from the cache).
+    pub fn take_parsed(&mut self) -> usize {
+        std::mem::take(&mut self.parsed)
+    }
+}
+
+/// Two differently seeded SipHash runs over `text`.
+fn fingerprint(text: &str) -> (u64, u64) {
+    use std::hash::{DefaultHasher, Hasher};
+    let run = |seed: u8| {
+        let mut h = DefaultHasher::new();
+        h.write_u8(seed);
+        h.write(text.as_bytes());
+        h.finish()
+    };
+    (run(1), run(2))
 }
 
 /// A file that holds `{{`, `${NAME` or `{NAME}` and does not parse, or has an error on a line with

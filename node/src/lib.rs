@@ -8,6 +8,7 @@
 //! (`svc_targets::plan`, `svc_targets::ebpf::plan`) decides: it reads, runs and records.
 //! Arrows: `svc-compile` → `svc-node` → `svc-targets` → `svc-compiler`, nothing back.
 
+pub mod agent;
 pub mod apply;
 pub mod cleanup;
 mod conntrack;

@@ -1,0 +1,233 @@
+//! `svc-compile agent`: kube-proxy's job on a node, from manifests in files. A resident
+//! process that applies the manifests at start, again whenever they change, and every sync
+//! period (which finds and mends what someone else changed in the rules it owns).
+//!
+//! Every sync is an [`apply`](crate::apply::apply) with the same guarantees: the state
+//! directory's lock, atomic loads, verification, mending foreign writes, the records a
+//! restart and `--rollback` use, the stale UDP conntrack entries and the sysctls. What the
+//! agent adds: it waits for the files to settle ([`watch::Batch`]: no sync while a changed
+//! file is open for writing), keeps each file's parse between syncs (the CLI's
+//! [`Source`]), keeps the last good state loaded when the manifests have errors, and stops
+//! on SIGTERM or SIGINT leaving the rules loaded, as kube-proxy does.
+//!
+//! Architecture Invariant: the agent decides nothing `apply` decides; it chooses when to
+//! sync and reports what each sync did.
+
+pub mod watch;
+
+use crate::apply::{self, Input};
+use crate::Fail;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+use svc_targets::{Params, Target};
+use watch::{Batch, Wake, Watch};
+
+/// The agent's flags (besides the compile's, which the [`Source`] holds).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// `--netns`, `--state-dir`, `--lock-timeout`, `--cgroup`, `--family`, as apply's.
+    pub apply: apply::Options,
+    /// `--sync-period`: the longest time between two syncs (kube-proxy's, 30 s).
+    pub sync_period: Duration,
+    /// `--min-sync-period`: the shortest time between two syncs (batches changes).
+    pub min_sync_period: Duration,
+    /// How long the files must be quiet before a sync.
+    pub quiet: Duration,
+    /// How long a file open for writing may hold a sync back.
+    pub patience: Duration,
+    /// `--log-format json`.
+    pub json_log: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            apply: apply::Options::default(),
+            sync_period: Duration::from_secs(30),
+            min_sync_period: Duration::ZERO,
+            quiet: Duration::from_millis(10),
+            patience: Duration::from_secs(2),
+            json_log: false,
+        }
+    }
+}
+
+/// The manifests, as the command line reads and compiles them.
+pub trait Source {
+    /// The files and directories to watch.
+    fn watched(&self) -> Vec<PathBuf>;
+    /// Read the manifests now, for an apply (which compiles them if it needs to).
+    fn input(&mut self) -> Result<Input<'_>, Fail>;
+    /// What the compiles since the last call parsed: (files parsed again, input files).
+    fn parsed(&mut self) -> (usize, usize);
+}
+
+/// Why a sync ran.
+#[derive(Debug)]
+enum Reason {
+    Start,
+    Files(usize),
+    Rescan(String),
+    Period,
+}
+
+impl Reason {
+    fn text(&self) -> String {
+        match self {
+            Reason::Start => "start".into(),
+            Reason::Files(n) => format!("{n} file(s) changed"),
+            Reason::Rescan(why) => format!("read everything: {why}"),
+            Reason::Period => "sync period".into(),
+        }
+    }
+}
+
+/// What a sync did.
+enum Result_ {
+    Applied,
+    Rejected,
+    Failed(String),
+}
+
+/// Counts since the start, for the log (and the metrics).
+#[derive(Default, Debug)]
+pub struct Counts {
+    pub syncs: u64,
+    pub applied: u64,
+    pub rejected: u64,
+    pub failed: u64,
+}
+
+/// Run until SIGTERM or SIGINT (0). `Err` when it cannot start (not root, no namespace,
+/// no watch); a sync that fails is logged, counted and retried at the next change or period.
+pub fn run(
+    target: &'static Target,
+    opts: &Options,
+    params: &Params,
+    source: &mut dyn Source,
+) -> Result<u8, Fail> {
+    apply::preflight(target, &opts.apply)?;
+    let watch = Watch::new(&source.watched())?;
+    let mut agent = Agent {
+        target,
+        opts,
+        params,
+        counts: Counts::default(),
+        last: None,
+    };
+    agent.log_line("started", &[("target", target.name.to_string())]);
+    agent.sync(source, Reason::Start);
+    let mut batch = Batch::new();
+    loop {
+        let last = agent.last.unwrap_or_else(Instant::now);
+        let period = last + opts.sync_period;
+        let deadline = if batch.is_empty() {
+            period
+        } else {
+            // Not before the files settle: the period waits for them too.
+            batch
+                .ready_at(opts.quiet, opts.patience)
+                .max(last + opts.min_sync_period)
+        };
+        match watch.next(deadline) {
+            Some(Wake::Stop(signal)) => {
+                agent.log_line(
+                    "stopped",
+                    &[
+                        ("signal", signal.to_string()),
+                        ("rules", "left loaded".into()),
+                    ],
+                );
+                return Ok(0);
+            }
+            Some(Wake::Hangup) => batch.rescan("SIGHUP".into()),
+            Some(Wake::Rescan(why)) => batch.rescan(why),
+            Some(Wake::File { path, open }) => batch.file(path, open),
+            None if batch.is_empty() => agent.sync(source, Reason::Period),
+            None => {
+                let reason = match batch.rescan.take() {
+                    Some(why) => Reason::Rescan(why),
+                    None => Reason::Files(batch.files.len()),
+                };
+                batch = Batch::new();
+                agent.sync(source, reason);
+            }
+        }
+    }
+}
+
+struct Agent<'a> {
+    target: &'static Target,
+    opts: &'a Options,
+    params: &'a Params,
+    counts: Counts,
+    /// When the last sync ended.
+    last: Option<Instant>,
+}
+
+impl Agent<'_> {
+    fn sync(&mut self, source: &mut dyn Source, reason: Reason) {
+        let start = Instant::now();
+        self.counts.syncs += 1;
+        let result = match source.input() {
+            Err(Fail(e)) => Result_::Failed(e),
+            Ok(input) => match apply::apply(self.target, &self.opts.apply, self.params, input) {
+                Ok(0) => Result_::Applied,
+                Ok(_) => Result_::Rejected,
+                Err(Fail(e)) => Result_::Failed(e),
+            },
+        };
+        let (parsed, files) = source.parsed();
+        let ms = format!("{:.1}", start.elapsed().as_secs_f64() * 1e3);
+        let mut fields = vec![
+            ("sync", self.counts.syncs.to_string()),
+            ("reason", reason.text()),
+        ];
+        match &result {
+            Result_::Applied => {
+                self.counts.applied += 1;
+                fields.push(("result", "applied".into()));
+            }
+            Result_::Rejected => {
+                self.counts.rejected += 1;
+                fields.push(("result", "rejected".into()));
+                fields.push((
+                    "what",
+                    "the manifests have errors (printed above); the node keeps the last good state"
+                        .into(),
+                ));
+            }
+            Result_::Failed(e) => {
+                self.counts.failed += 1;
+                fields.push(("result", "failed".into()));
+                fields.push(("error", e.clone()));
+            }
+        }
+        fields.push(("parsed", format!("{parsed}/{files}")));
+        fields.push(("ms", ms));
+        self.log_line("sync", &fields);
+        self.last = Some(Instant::now());
+    }
+
+    /// One log line on stderr: `svc-compile: agent: EVENT: k=v, ...` or a JSON object.
+    fn log_line(&self, event: &str, fields: &[(&str, String)]) {
+        let line = if self.opts.json_log {
+            let mut o = serde_json::Map::new();
+            let ts = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            o.insert("ts".into(), serde_json::json!(ts));
+            o.insert("event".into(), serde_json::json!(event));
+            for (k, v) in fields {
+                o.insert((*k).into(), serde_json::json!(v));
+            }
+            serde_json::Value::Object(o).to_string()
+        } else {
+            let kv: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("svc-compile: agent: {event}: {}", kv.join(", "))
+        };
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err, "{line}");
+    }
+}
