@@ -28,7 +28,7 @@ const TARGETS: [&str; 2] = ["iptables", "nftables"];
 /// - web: ClusterIP 10.96.0.11:80 → pod-a, pod-r1 (:8080)
 /// - api: NodePort 10.96.0.12:80, node port 30080 (:8080)
 /// - chat: NodePort 10.96.0.13:80, node port 30090 (:9090)
-fn manifests(api: &[&str], chat: &[&str]) -> String {
+pub(super) fn manifests(api: &[&str], chat: &[&str]) -> String {
     let mut out = String::new();
     for (name, ip, node_port, port, eps) in [
         (
@@ -79,16 +79,16 @@ pub(super) fn service(
     out
 }
 
-const V1_API: &[&str] = &["10.244.1.3", "10.244.2.3"]; // pod-b, pod-r2
-const V2_API: &[&str] = &["10.244.1.2", "10.244.2.3"]; // pod-a, pod-r2
-const CHAT: &[&str] = &["10.244.1.2"]; // pod-a
-const CHAT_MORE: &[&str] = &["10.244.1.2", "10.244.1.3"]; // pod-a, pod-b
+pub(super) const V1_API: &[&str] = &["10.244.1.3", "10.244.2.3"]; // pod-b, pod-r2
+pub(super) const V2_API: &[&str] = &["10.244.1.2", "10.244.2.3"]; // pod-a, pod-r2
+pub(super) const CHAT: &[&str] = &["10.244.1.2"]; // pod-a
+pub(super) const CHAT_MORE: &[&str] = &["10.244.1.2", "10.244.1.3"]; // pod-a, pod-b
 
-const FLOWS_V1: &str = "\
+pub(super) const FLOWS_V1: &str = "\
 pod-b    tcp 10.96.0.11:80    answer pod-a,pod-r1
 client1  tcp 192.0.2.10:30080 answer pod-b,pod-r2 masq
 ";
-const FLOWS_V2: &str = "\
+pub(super) const FLOWS_V2: &str = "\
 pod-b    tcp 10.96.0.11:80    answer pod-a,pod-r1
 client1  tcp 192.0.2.10:30080 answer pod-a,pod-r2 masq
 ";
@@ -268,7 +268,7 @@ fn settled(owned: &str) -> String {
 }
 
 /// `iptables-save` → (owned lines, foreign lines), comments and counters dropped.
-fn split_iptables(save: &str) -> (Vec<String>, Vec<String>) {
+pub(super) fn split_iptables(save: &str) -> (Vec<String>, Vec<String>) {
     let (mut owned, mut foreign) = (Vec::new(), Vec::new());
     for line in save.lines().filter(|l| !l.starts_with('#')) {
         let line = match line.strip_prefix(':') {
@@ -292,7 +292,7 @@ fn split_iptables(save: &str) -> (Vec<String>, Vec<String>) {
 }
 
 /// `nft list ruleset` without the named top-level blocks.
-fn without_tables(ruleset: &str, skip: &[&str]) -> String {
+pub(super) fn without_tables(ruleset: &str, skip: &[&str]) -> String {
     let mut out = String::new();
     let mut skipping = false;
     for line in ruleset.lines() {
@@ -378,7 +378,7 @@ fn changed<V: PartialEq>(a: &BTreeMap<String, V>, b: &BTreeMap<String, V>) -> Ve
 }
 
 /// The user's own rules, put in before anything else.
-fn install_foreign(lab: &Lab) {
+pub(super) fn install_foreign(lab: &Lab) {
     let ipt = "\
 *raw\n-A PREROUTING -s 203.0.113.50/32 -j NOTRACK\nCOMMIT\n\
 *mangle\n:MY-MANGLE - [0:0]\n-A MY-MANGLE -j RETURN\n-A FORWARD -j MY-MANGLE\nCOMMIT\n\

@@ -20,7 +20,7 @@ const TARGET_PORT: u16 = 5353;
 /// A dual-stack UDP NodePort service `dns` (10.96.0.53 and fd00:10:96::53, port 53, node
 /// port 30053 → :5353) whose one endpoint per family is `ep` (10.244.x.y, and its twin
 /// fd00:10:244:x::y; on node-1 when 10.244.1.y).
-fn manifests(ep: Ipv4Addr) -> String {
+pub(super) fn manifests(ep: Ipv4Addr) -> String {
     let node = if ep.octets()[2] == 1 {
         "node-1"
     } else {
@@ -47,7 +47,7 @@ fn manifests(ep: Ipv4Addr) -> String {
 
 /// A UDP socket in `host`'s namespace, bound to `port` and connected to `dst`: every
 /// datagram it sends has the same 5-tuple.
-fn client(lab: &Lab, host: &str, port: u16, dst: SocketAddr) -> UdpSocket {
+pub(super) fn client(lab: &Lab, host: &str, port: u16, dst: SocketAddr) -> UdpSocket {
     let any: SocketAddr = match dst {
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, port).into(),
         SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, port).into(),
@@ -64,7 +64,7 @@ fn client(lab: &Lab, host: &str, port: u16, dst: SocketAddr) -> UdpSocket {
 
 /// The name of the server that answers a datagram on `s` (a few tries on the same
 /// socket, each bounded by [`PROBE_TIMEOUT`]; what each saw is in the panic).
-fn ask(s: &UdpSocket, what: &str) -> String {
+pub(super) fn ask(s: &UdpSocket, what: &str) -> String {
     let mut seen = Vec::new();
     for _ in 0..3 {
         s.send(b"probe\n")

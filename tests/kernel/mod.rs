@@ -47,6 +47,7 @@
 //! Servers ([`Lab::serve`]) answer one line `<host> <source-ip-seen>`;
 //! [`Lab::probe`] turns that into an [`Outcome`].
 
+mod agent;
 mod apply;
 mod conntrack;
 mod differential;

@@ -1,0 +1,588 @@
+//! `svc-compile agent` in the real kernel, on a lab's node (`--netns`) with a temporary
+//! state directory: traffic follows edits (renamed into place, written in place, held open
+//! half-written), manifests with errors keep the last good state, a foreign change is
+//! mended at the next period, SIGHUP reads everything, SIGTERM leaves the rules, a restart
+//! resumes without compiling, a UDP client keeping its socket follows its service to a
+//! new endpoint, and SIGKILL at random moments of syncs leaves a node the next agent
+//! brings to the last version.
+//!
+//! The oracles are traffic (which backend answers, masqueraded or not), the kernel's own
+//! listings cut by name (`KUBE-*`, the `kube-proxy` table), and the agent's log lines.
+
+use super::apply::{
+    install_foreign, manifests, split_iptables, without_tables, CHAT, CHAT_MORE, FLOWS_V1,
+    FLOWS_V2, V1_API, V2_API,
+};
+use super::flows::{check_flows, parse_flows, BACKEND_PORT};
+use super::{require_root, Lab, LabSpec, Proto};
+use crate::support::{root, svc, Rng, TempDir};
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+use svc_node::sys::libc;
+
+const TARGETS: [&str; 2] = ["iptables", "nftables"];
+/// The longest any awaited log line may take (a sync of a few services takes ms; the
+/// machine may be loaded by the rest of the suite).
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A running agent; killed (SIGKILL) and reaped on drop, also when a test fails.
+struct Agent {
+    child: Option<Child>,
+    log: PathBuf,
+    out: PathBuf,
+}
+
+impl Agent {
+    /// `svc-compile agent DIR --target T --node node-1 --netns NODE --state-dir STATE
+    /// --log-format json EXTRA...`, logging into `logs`.
+    fn start(
+        lab: &Lab,
+        target: &str,
+        dir: &Path,
+        state: &Path,
+        logs: &Path,
+        extra: &[&str],
+    ) -> Agent {
+        let log = logs.join(format!("agent-{}.log", unique()));
+        let out = log.with_extension("out");
+        let mut args: Vec<String> = [
+            "agent",
+            "--target",
+            target,
+            "--node",
+            "node-1",
+            "--netns",
+            lab.netns("node"),
+            "--state-dir",
+            &state.display().to_string(),
+            "--log-format",
+            "json",
+            &dir.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(env!("CARGO_BIN_EXE_svc-compile"))
+            .args(&args)
+            .current_dir(root())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start the agent");
+        Agent {
+            child: Some(child),
+            log,
+            out,
+        }
+    }
+
+    /// The agent's JSON log lines (the compile's diagnostics, in text, are skipped).
+    fn lines(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The sync lines.
+    fn syncs(&self) -> Vec<serde_json::Value> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l["event"] == "sync")
+            .collect()
+    }
+
+    /// Waits (bounded) for sync number `n` and returns it.
+    fn sync(&self, n: usize) -> serde_json::Value {
+        let end = Instant::now() + WAIT;
+        loop {
+            if let Some(s) = self.syncs().into_iter().nth(n - 1) {
+                return s;
+            }
+            assert!(
+                Instant::now() < end,
+                "no sync {n} within {WAIT:?}; the agent said:\n{}",
+                self.said()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Everything the agent printed, for failure messages.
+    fn said(&self) -> String {
+        format!(
+            "stderr:\n{}\nstdout:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default(),
+            std::fs::read_to_string(&self.out).unwrap_or_default()
+        )
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: a signal to our own child, which is not reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    }
+
+    /// Waits (bounded) for the agent to exit; its exit code.
+    fn exit(&mut self) -> i32 {
+        let mut child = self.child.take().unwrap();
+        let end = Instant::now() + WAIT;
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return st.code().unwrap_or(-1);
+            }
+            if Instant::now() > end {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the agent did not exit within {WAIT:?}:\n{}", self.said());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn unique() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Writes `text` to `path` as editors and git do: a temporary file renamed over it.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_file_name(format!(".{}.tmp", unique()));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The inputs: `svc.yaml` (the services) and golden/common's nodes and proxy configuration.
+fn inputs(dir: &Path, svc_yaml: &str) {
+    for f in ["nodes.yaml", "kube-proxy.yaml"] {
+        std::fs::copy(root().join("golden/common").join(f), dir.join(f)).unwrap();
+    }
+    replace(&dir.join("svc.yaml"), svc_yaml);
+}
+
+/// What the target owns on the node, from the kernel's listings cut by name.
+fn owned(lab: &Lab, target: &str) -> String {
+    match target {
+        "iptables" => split_iptables(&exec(lab, "iptables-save", &[]))
+            .0
+            .join("\n"),
+        _ => lab
+            .exec("node", "nft", &["list", "table", "ip", "kube-proxy"], None)
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default(),
+    }
+}
+
+/// Everything on the node the target does not own.
+fn foreign(lab: &Lab, target: &str) -> String {
+    let ipt = split_iptables(&exec(lab, "iptables-save", &[]))
+        .1
+        .join("\n");
+    let skip: &[&str] = match target {
+        "iptables" => &[
+            "table ip filter",
+            "table ip nat",
+            "table ip mangle",
+            "table ip raw",
+        ],
+        _ => &["table ip kube-proxy"],
+    };
+    format!(
+        "{ipt}\n---\n{}",
+        without_tables(&exec(lab, "nft", &["list", "ruleset"]), skip)
+    )
+}
+
+fn exec(lab: &Lab, prog: &str, args: &[&str]) -> String {
+    lab.exec_ok("node", prog, args, None)
+        .unwrap_or_else(|e| panic!("{prog} {args:?}: {e}"))
+}
+
+fn flows(lab: &Lab, target: &str, flows: &str, when: &str) {
+    let failures = check_flows(lab, target, &parse_flows(flows));
+    assert!(
+        failures.is_empty(),
+        "[{target}] {when}: traffic disagrees:\n{}",
+        failures.join("\n")
+    );
+}
+
+fn for_each_target(test: &str, f: impl Fn(&'static str) + Sync) {
+    if !require_root(test) {
+        return;
+    }
+    thread::scope(|s| {
+        let jobs: Vec<_> = TARGETS.iter().map(|t| s.spawn(|| f(t))).collect();
+        for j in jobs {
+            j.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        }
+    });
+}
+
+fn result(sync: &serde_json::Value) -> &str {
+    sync["result"].as_str().unwrap_or("")
+}
+
+/// Edits renamed into place and written in place are applied (traffic follows); a file
+/// held open half-written is not compiled until it is closed; errors keep the last good
+/// state and the next good edit applies; SIGHUP reads everything; a foreign change to
+/// owned rules is mended at the next period; SIGTERM exits 0 and leaves the rules; a
+/// restarted agent resumes without compiling. Foreign rules survive all of it.
+#[test]
+fn the_agent_follows_edits_keeps_the_last_good_state_and_leaves_the_rules_on_exit() {
+    for_each_target("kernel agent: edits, errors, signals, restart", |target| {
+        let mut lab = Lab::new(&format!("agt{}", &target[..3]), &LabSpec::default()).expect("lab");
+        lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
+        install_foreign(&lab);
+        let foreign_before = foreign(&lab, target);
+        let (dir, state, logs) = (
+            TempDir::new("agent-in"),
+            TempDir::new("agent-state"),
+            TempDir::new("agent-log"),
+        );
+        inputs(dir.path(), &manifests(V1_API, CHAT));
+        let svc_yaml = dir.path().join("svc.yaml");
+        // A period of 2 s: long enough that the edits below are what wakes each sync, short
+        // enough to see the periodic check mend a foreign change.
+        let mut agent = Agent::start(
+            &lab,
+            target,
+            dir.path(),
+            state.path(),
+            logs.path(),
+            &["--sync-period", "2s"],
+        );
+        let s = agent.sync(1);
+        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
+        flows(&lab, target, FLOWS_V1, "v1");
+
+        // Renamed into place.
+        let before = agent.syncs().len();
+        replace(&svc_yaml, &manifests(V2_API, CHAT_MORE));
+        let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
+        assert_eq!(result(&s), "applied", "[{target}] v2: {}", agent.said());
+        flows(&lab, target, FLOWS_V2, "v2, renamed into place");
+
+        // Written in place, held open half-written: the first half alone is valid (it
+        // drops `api`), so a sync now would load it. Nothing syncs while it is open.
+        let v1 = manifests(V1_API, CHAT);
+        let half = v1
+            .find("kind: Service\nmetadata: {name: chat")
+            .map(|i| &v1[..i])
+            .unwrap();
+        let before = agent.syncs().len();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&svc_yaml)
+            .unwrap();
+        f.write_all(half.as_bytes()).unwrap();
+        f.flush().unwrap();
+        thread::sleep(Duration::from_millis(500));
+        let during: Vec<_> = agent.syncs()[before..]
+            .iter()
+            .filter(|s| s["reason"] != "sync period")
+            .cloned()
+            .collect();
+        assert!(
+            during.is_empty(),
+            "[{target}] a sync while the file was open: {during:?}"
+        );
+        f.write_all(v1[half.len()..].as_bytes()).unwrap();
+        drop(f);
+        let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
+        assert_eq!(
+            result(&s),
+            "applied",
+            "[{target}] in place: {}",
+            agent.said()
+        );
+        flows(&lab, target, FLOWS_V1, "v1, written in place");
+
+        // Errors: the last good state stays; the next good edit applies.
+        let before = agent.syncs().len();
+        replace(
+            &svc_yaml,
+            &(manifests(V2_API, CHAT) + "kind: Service\nmetadata: {name: [\n"),
+        );
+        let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
+        assert_eq!(result(&s), "rejected", "[{target}] {}", agent.said());
+        flows(&lab, target, FLOWS_V1, "after a rejected edit");
+        let before = agent.syncs().len();
+        replace(&svc_yaml, &manifests(V2_API, CHAT));
+        let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
+        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
+        flows(&lab, target, FLOWS_V2, "after the mending edit");
+        let good = owned(&lab, target);
+
+        // SIGHUP reads everything again.
+        let before = agent.syncs().len();
+        agent.signal(libc::SIGHUP);
+        let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
+        assert!(
+            s["reason"].as_str().unwrap().contains("SIGHUP"),
+            "[{target}] {s}"
+        );
+        assert_eq!(result(&s), "applied");
+
+        // A foreign change to what we own is mended by the next periodic sync.
+        match target {
+            "iptables" => exec(&lab, "iptables", &["-t", "nat", "-F", "KUBE-SERVICES"]),
+            _ => exec(
+                &lab,
+                "nft",
+                &["flush", "chain", "ip", "kube-proxy", "services"],
+            ),
+        };
+        assert_ne!(
+            owned(&lab, target),
+            good,
+            "[{target}] the foreign change did nothing"
+        );
+        let before = agent.syncs().len();
+        let s = wait_for(&agent, before, |s| s["reason"] == "sync period");
+        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
+        assert_eq!(
+            owned(&lab, target),
+            good,
+            "[{target}] not mended: {}",
+            agent.said()
+        );
+        flows(&lab, target, FLOWS_V2, "after the mend");
+
+        // SIGTERM: exit 0, the rules stay.
+        agent.signal(libc::SIGTERM);
+        assert_eq!(agent.exit(), 0, "[{target}] {}", agent.said());
+        assert_eq!(
+            owned(&lab, target),
+            good,
+            "[{target}] SIGTERM changed the rules"
+        );
+        flows(&lab, target, FLOWS_V2, "after SIGTERM");
+
+        // A restart (same command line) with the node as it was left: nothing compiled,
+        // nothing loaded.
+        let agent = Agent::start(
+            &lab,
+            target,
+            dir.path(),
+            state.path(),
+            logs.path(),
+            &["--sync-period", "2s"],
+        );
+        let s = agent.sync(1);
+        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
+        assert_eq!(
+            s["parsed"],
+            "0/0",
+            "[{target}] the restart compiled: {}",
+            agent.said()
+        );
+        assert!(
+            std::fs::read_to_string(&agent.out)
+                .unwrap()
+                .contains("not compiled"),
+            "[{target}] {}",
+            agent.said()
+        );
+        assert_eq!(owned(&lab, target), good);
+        assert_eq!(
+            foreign(&lab, target),
+            foreign_before,
+            "[{target}] foreign rules changed"
+        );
+    });
+}
+
+/// Waits (bounded) for the first sync after the first `after` syncs that `pred` accepts.
+fn wait_for(
+    agent: &Agent,
+    after: usize,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let end = Instant::now() + WAIT;
+    loop {
+        if let Some(s) = agent.syncs().into_iter().skip(after).find(|s| pred(s)) {
+            return s;
+        }
+        assert!(
+            Instant::now() < end,
+            "no such sync within {WAIT:?}:\n{}",
+            agent.said()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A UDP client that keeps its socket (as a resolver does) reaches its service's new
+/// endpoint once the agent applied the edit that moved it: the agent's syncs clean stale
+/// UDP conntrack entries as kube-proxy's do.
+#[test]
+fn a_udp_client_follows_its_service_when_the_agent_moves_the_endpoint() {
+    use super::conntrack::{ask, client};
+    for_each_target("kernel agent: stale UDP conntrack", |target| {
+        let mut lab = Lab::new(&format!("agu{}", &target[..3]), &LabSpec::default()).expect("lab");
+        for pod in ["pod-a", "pod-r1"] {
+            lab.serve_on(pod, Proto::Udp, 5353).expect("serve udp");
+        }
+        let (dir, state, logs) = (
+            TempDir::new("agent-in"),
+            TempDir::new("agent-state"),
+            TempDir::new("agent-log"),
+        );
+        let cluster = root().join("golden/cases/dual-stack-ipv6/cluster.yaml");
+        std::fs::copy(&cluster, dir.path().join("cluster.yaml")).unwrap();
+        let svc_yaml = dir.path().join("svc.yaml");
+        replace(
+            &svc_yaml,
+            &super::conntrack::manifests(Ipv4Addr::new(10, 244, 1, 2)),
+        );
+        let agent = Agent::start(
+            &lab,
+            target,
+            dir.path(),
+            state.path(),
+            logs.path(),
+            &[
+                "--sync-period",
+                "1h",
+                "--service-cluster-ip-range",
+                "10.96.0.0/12,fd00:10:96::/112",
+            ],
+        );
+        assert_eq!(
+            result(&agent.sync(1)),
+            "applied",
+            "[{target}] {}",
+            agent.said()
+        );
+        let vip = SocketAddr::new(Ipv4Addr::new(10, 96, 0, 53).into(), 53);
+        let c = client(&lab, "pod-b", 40153, vip);
+        assert_eq!(ask(&c, "pod-b to the cluster IP"), "pod-a", "[{target}]");
+        let before = agent.syncs().len();
+        replace(
+            &svc_yaml,
+            &super::conntrack::manifests(Ipv4Addr::new(10, 244, 2, 2)),
+        );
+        let s = wait_for(&agent, before, |_| true);
+        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
+        assert_eq!(
+            ask(&c, "pod-b to the cluster IP, moved"),
+            "pod-r1",
+            "[{target}] {}",
+            agent.said()
+        );
+    });
+}
+
+/// SIGKILL at random moments while the agent syncs edits: every restarted agent brings the
+/// node to the files' current version (traffic and `drift`), and foreign rules survive.
+#[test]
+fn sigkill_during_syncs_and_a_restart_carries_on() {
+    const RUNS: usize = 12;
+    for_each_target("kernel agent: SIGKILL during syncs", |target| {
+        let mut lab = Lab::new(&format!("agk{}", &target[..3]), &LabSpec::default()).expect("lab");
+        lab.serve(Proto::Tcp, BACKEND_PORT).expect("serve tcp");
+        install_foreign(&lab);
+        let foreign_before = foreign(&lab, target);
+        let (dir, state, logs) = (
+            TempDir::new("agent-in"),
+            TempDir::new("agent-state"),
+            TempDir::new("agent-log"),
+        );
+        let versions = [manifests(V1_API, CHAT), manifests(V2_API, CHAT_MORE)];
+        inputs(dir.path(), &versions[0]);
+        let svc_yaml = dir.path().join("svc.yaml");
+        let seed = 0x5eed_0000 + target.len() as u64;
+        let mut rng = Rng::new(seed);
+        let mut current = 0;
+        for run in 0..RUNS {
+            let agent = Agent::start(
+                &lab,
+                target,
+                dir.path(),
+                state.path(),
+                logs.path(),
+                &["--sync-period", "1h"],
+            );
+            assert_eq!(
+                result(&agent.sync(1)),
+                "applied",
+                "[{target}] run {run}: {}",
+                agent.said()
+            );
+            current = 1 - current;
+            replace(&svc_yaml, &versions[current]);
+            // Killed somewhere between the edit and well after its sync.
+            thread::sleep(Duration::from_micros(rng.next() % 150_000));
+            drop(agent); // SIGKILL
+        }
+        let agent = Agent::start(
+            &lab,
+            target,
+            dir.path(),
+            state.path(),
+            logs.path(),
+            &["--sync-period", "1h"],
+        );
+        assert_eq!(
+            result(&agent.sync(1)),
+            "applied",
+            "[{target}] {}",
+            agent.said()
+        );
+        let want = [FLOWS_V1, FLOWS_V2][current];
+        flows(
+            &lab,
+            target,
+            want,
+            &format!("after {RUNS} kills (seed {seed:#x})"),
+        );
+        let d = dir.path().display().to_string();
+        let st = state.path().display().to_string();
+        let r = svc(
+            &[
+                "drift",
+                "--target",
+                target,
+                "--node",
+                "node-1",
+                "--netns",
+                lab.netns("node"),
+                "--state-dir",
+                &st,
+                &d,
+            ],
+            None,
+            &root(),
+        );
+        assert_eq!(
+            r.code, 0,
+            "[{target}] drift after the kills: {}{}",
+            r.stdout, r.stderr
+        );
+        assert_eq!(
+            foreign(&lab, target),
+            foreign_before,
+            "[{target}] foreign rules changed"
+        );
+    });
+}
