@@ -306,7 +306,7 @@ fn the_agent_follows_edits_keeps_the_last_good_state_and_leaves_the_rules_on_exi
             during.is_empty(),
             "[{target}] a sync while the file was open: {during:?}"
         );
-        f.write_all(v1[half.len()..].as_bytes()).unwrap();
+        f.write_all(&v1.as_bytes()[half.len()..]).unwrap();
         drop(f);
         let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
         assert_eq!(
