@@ -10,7 +10,9 @@
 //! frees is what planning and recording allocate next, and giving it back only makes the
 //! kernel zero those pages again (10k services: 0.3–0.6 s of system time of a ~1.3 s
 //! compile, for ~50 MB more peak RSS; apply's budget is 2× compile's peak).
-//! `MIMALLOC_PURGE_DELAY` in the environment still wins over all three.
+//! `agent`: mimalloc's default delay, so that what a sync freed goes back while the agent
+//! waits for the next change instead of staying with a resident process.
+//! `MIMALLOC_PURGE_DELAY` in the environment still wins over all of them.
 
 /// `mi_option_purge_delay`: its place in `mi_option_e` of the mimalloc sources that
 /// libmimalloc-sys 0.1.49 (pinned in Cargo.toml) builds; the crate exports no constant.

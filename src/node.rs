@@ -52,12 +52,8 @@ pub fn apply(cmd: &ApplyCmd) -> Result<Outcome, Fail> {
 /// `svc-compile agent`: runs until SIGTERM or SIGINT (0); `Err` when it cannot start.
 pub fn agent(cmd: &AgentCmd) -> Result<Outcome, Fail> {
     let target = cmd.target.target;
-    if target
-        .planner
-        .is_some_and(|p| p.fingerprint(Family::V4).is_some())
-    {
-        crate::alloc::purge_never();
-    }
+    // Resident: what a sync frees goes back while the agent waits for the next one.
+    crate::alloc::purge_later();
     let params = target_params_of(&cmd.target)?;
     let mut source = Watched {
         cmd,
