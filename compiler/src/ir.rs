@@ -142,6 +142,47 @@ pub struct ProxyConfig {
     /// modules of other modes serialise as before.
     #[serde(skip_serializing_if = "IpvsConfig::is_unset")]
     pub ipvs: IpvsConfig,
+    /// The `conntrack` section's sysctls (besides `tcpBeLiberal`), with kube-proxy's
+    /// defaults. Left out of the IR's JSON when it holds only the defaults.
+    #[serde(skip_serializing_if = "ConntrackConfig::is_default")]
+    pub conntrack: ConntrackConfig,
+}
+
+/// KubeProxyConfiguration's `conntrack` section as kube-proxy applies it at start in every
+/// mode (`pkg/proxy/conntrack/sysctls.go`, `SetSysctls`), with the v1alpha1 defaults
+/// (`pkg/proxy/apis/config/v1alpha1/defaults.go`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConntrackConfig {
+    /// `maxPerCore` (default 32768); 0 leaves `nf_conntrack_max` (and `min`) alone.
+    pub max_per_core: u32,
+    /// `min` (default 131072): the floor of `maxPerCore` × CPUs.
+    pub min: u32,
+    /// `tcpEstablishedTimeout` (default 24h), `tcpCloseWaitTimeout` (default 1h),
+    /// `udpTimeout`, `udpStreamTimeout` (no default), in whole seconds; 0 = leave it.
+    pub tcp_established_timeout: u32,
+    pub tcp_close_wait_timeout: u32,
+    pub udp_timeout: u32,
+    pub udp_stream_timeout: u32,
+}
+
+impl Default for ConntrackConfig {
+    fn default() -> ConntrackConfig {
+        ConntrackConfig {
+            max_per_core: 32768,
+            min: 131072,
+            tcp_established_timeout: 24 * 3600,
+            tcp_close_wait_timeout: 3600,
+            udp_timeout: 0,
+            udp_stream_timeout: 0,
+        }
+    }
+}
+
+impl ConntrackConfig {
+    pub fn is_default(&self) -> bool {
+        *self == ConntrackConfig::default()
+    }
 }
 
 /// KubeProxyConfiguration's `ipvs` section (besides `scheduler`), as IPVS mode uses it.
@@ -456,6 +497,10 @@ pub struct NodeView {
     pub ipvs_scheduler: String,
     #[serde(skip)]
     pub ipvs: IpvsConfig,
+    /// The module's `conntrack` section, copied for the node's sysctls (`apply`). Not in
+    /// the view's JSON, as `ipvs`.
+    #[serde(skip)]
+    pub conntrack: ConntrackConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

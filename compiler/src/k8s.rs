@@ -202,6 +202,11 @@ pub struct ProxyConfigDoc {
     /// `ipvs.excludeCIDRs`.
     pub ipvs_exclude_cidrs: Vec<Sp<String>>,
     pub tcp_be_liberal: Option<Sp<bool>>,
+    /// `conntrack.maxPerCore`, `conntrack.min`.
+    pub conntrack_counts: [Option<Sp<i64>>; 2],
+    /// `conntrack.tcpEstablishedTimeout`, `tcpCloseWaitTimeout`, `udpTimeout`,
+    /// `udpStreamTimeout`: Go durations as written.
+    pub conntrack_timeouts: [Option<Sp<String>>; 4],
 }
 
 /// Our own settings document (`kind: ClusterConfig`, apiVersion `svc-compile/v1alpha1`),
@@ -1343,6 +1348,20 @@ fn proxy_config(root: &Node, path: &Path, d: &mut Decoder) -> ProxyConfigDoc {
         .and_then(|n| d.map(n, &p("conntrack"), "conntrack settings", Some(ct)))
     {
         out.tcp_be_liberal = d.bool_(c.get("tcpBeLiberal"), &p("conntrack.tcpBeLiberal"));
+        for (slot, (key, path)) in out.conntrack_counts.iter_mut().zip([
+            ("maxPerCore", "conntrack.maxPerCore"),
+            ("min", "conntrack.min"),
+        ]) {
+            *slot = d.int(c.get(key), &p(path));
+        }
+        for (slot, (key, path)) in out.conntrack_timeouts.iter_mut().zip([
+            ("tcpEstablishedTimeout", "conntrack.tcpEstablishedTimeout"),
+            ("tcpCloseWaitTimeout", "conntrack.tcpCloseWaitTimeout"),
+            ("udpTimeout", "conntrack.udpTimeout"),
+            ("udpStreamTimeout", "conntrack.udpStreamTimeout"),
+        ]) {
+            *slot = d.str_(c.get(key), &p(path));
+        }
     }
     out
 }

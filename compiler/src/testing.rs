@@ -61,6 +61,7 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             ipvs_scheduler: "rr".into(),
             conntrack_tcp_be_liberal: false,
             ipvs: Default::default(),
+            conntrack: Default::default(),
         },
         services,
         nodes,

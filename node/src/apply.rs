@@ -206,6 +206,8 @@ pub fn apply(
     // The stale UDP conntrack entries to clean after each family's load, from the views
     // (`--from` and `--rollback` have none: nothing is cleaned).
     let mut cleanups: Vec<(Family, Spec)> = Vec::new();
+    // KubeProxyConfiguration's conntrack sysctls, from the views (none for `--from`).
+    let mut conntrack_sysctls = None;
     // What to apply: (family, document, where it came from).
     let docs: Vec<Document> = match (&input_from, compile) {
         (_, _) if rollback => Vec::new(), // read under the lock
@@ -242,6 +244,10 @@ pub fn apply(
                 .iter()
                 .map(|v| (family_of_ip(v.family), plan::conntrack::spec(v)))
                 .collect();
+            conntrack_sysctls = compiled
+                .views
+                .first()
+                .map(|v| plan::sysctls::conntrack(&v.conntrack, sysctl::cpus()));
             let docs = render(target, compiled, &size, &mut times);
             times.print("compile");
             docs
@@ -306,6 +312,24 @@ pub fn apply(
             for s in sysctl::ensure(args.netns.as_deref(), &planner.sysctls(doc))? {
                 eprintln!("svc-compile: note: {what}: set {s}, which its rules need");
             }
+        }
+    }
+    // As kube-proxy at its start, in every mode; a failure is said, not fatal: the rules
+    // are loaded.
+    if let (false, Some(c)) = (args.dry_run, &conntrack_sysctls) {
+        let what = target.name;
+        match sysctl::ensure_conntrack(args.netns.as_deref(), c) {
+            Ok((set, left)) => {
+                for s in set {
+                    eprintln!(
+                        "svc-compile: note: {what}: set {s} (KubeProxyConfiguration conntrack)"
+                    );
+                }
+                if let Some(l) = left.filter(|_| !changed.is_empty()) {
+                    eprintln!("svc-compile: note: {what}: {l}");
+                }
+            }
+            Err(Fail(e)) => eprintln!("svc-compile: warning: {what}: {e}"),
         }
     }
     if !args.dry_run && !changed.is_empty() {

@@ -331,7 +331,40 @@ fn the_agent_follows_edits_keeps_the_last_good_state_and_leaves_the_rules_on_exi
         let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
         assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
         flows(&lab, target, FLOWS_V2, "after the mending edit");
-        let good = owned(&lab, target);
+
+        // A ConfigMap volume's update (kubelet's atomic writer): the files are symlinks
+        // through `..data`, which one rename points at the new version's directory.
+        let cm = dir.path().join("cm");
+        std::fs::create_dir(&cm).unwrap();
+        let version = |n: &str, text: &str| {
+            let d = cm.join(format!("..{n}"));
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("extra.yaml"), text).unwrap();
+            let tmp = cm.join("..data_tmp");
+            std::os::unix::fs::symlink(format!("..{n}"), &tmp).unwrap();
+            std::fs::rename(&tmp, cm.join("..data")).unwrap();
+        };
+        let extra =
+            |ip: &str| super::apply::service("extra", ip, None, BACKEND_PORT, &["10.244.1.2"]);
+        let before = agent.syncs().len();
+        version("v1", &extra("10.96.0.21"));
+        std::os::unix::fs::symlink("..data/extra.yaml", cm.join("extra.yaml")).unwrap();
+        let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
+        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
+        let before = agent.syncs().len();
+        version("v2", &extra("10.96.0.22"));
+        let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
+        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
+        flows(
+            &lab,
+            target,
+            "pod-b tcp 10.96.0.22:80 answer pod-a\npod-b tcp 10.96.0.21:80 timeout\n",
+            "a ConfigMap's update",
+        );
+        let before = agent.syncs().len();
+        std::fs::remove_dir_all(&cm).unwrap();
+        let s = wait_for(&agent, before, |s| s["reason"] != "sync period");
+        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
 
         // SIGHUP reads everything again.
         let before = agent.syncs().len();
@@ -344,6 +377,7 @@ fn the_agent_follows_edits_keeps_the_last_good_state_and_leaves_the_rules_on_exi
         assert_eq!(result(&s), "applied");
 
         // A foreign change to what we own is mended by the next periodic sync.
+        let good = owned(&lab, target);
         match target {
             "iptables" => exec(&lab, "iptables", &["-t", "nat", "-F", "KUBE-SERVICES"]),
             _ => exec(

@@ -2159,6 +2159,72 @@ fn apply_sets_route_localnet_for_localhost_node_ports() {
     }
 }
 
+/// KubeProxyConfiguration's conntrack timeouts are set in the node's namespace, as
+/// kube-proxy sets them at start; `nf_conntrack_max` (the host's, for a `--netns` node) is
+/// left alone and said once.
+#[test]
+fn apply_sets_the_conntrack_timeouts_of_the_proxy_configuration() {
+    if !require_root("apply_sets_the_conntrack_timeouts_of_the_proxy_configuration") {
+        return;
+    }
+    let host_max = || std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_max").ok();
+    let before = host_max();
+    for target in TARGETS {
+        let lab = lab(&format!("apct{}", &target[..3]));
+        let node = Node::new(&lab, target);
+        let get = |k: &str| node.exec("sysctl", &["-n", k]).trim().to_string();
+        let v1 = node.version("v1", V1_API, CHAT);
+        let config = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                      mode: iptables\nclusterCIDR: 10.244.0.0/16\n\
+                      conntrack: {udpTimeout: 45s, udpStreamTimeout: 3m, tcpCloseWaitTimeout: 0s}\n";
+        std::fs::write(Path::new(&v1).join("proxy.yaml"), config).unwrap();
+        node.exec(
+            "sysctl",
+            &[
+                "-qw",
+                "net.netfilter.nf_conntrack_tcp_timeout_close_wait=77",
+            ],
+        );
+        let r = node.run(&[&v1, "golden/common/nodes.yaml", "--node", "node-1"]);
+        r.expect(0);
+        // Given, default (24h), and 0 (left as it was).
+        assert_eq!(
+            get("net.netfilter.nf_conntrack_udp_timeout"),
+            "45",
+            "[{target}] {}",
+            r.stderr
+        );
+        assert_eq!(
+            get("net.netfilter.nf_conntrack_udp_timeout_stream"),
+            "180",
+            "[{target}]"
+        );
+        assert_eq!(
+            get("net.netfilter.nf_conntrack_tcp_timeout_established"),
+            "86400",
+            "[{target}]"
+        );
+        assert_eq!(
+            get("net.netfilter.nf_conntrack_tcp_timeout_close_wait"),
+            "77",
+            "[{target}]"
+        );
+        assert!(
+            r.stderr
+                .contains("set net.netfilter.nf_conntrack_udp_timeout=45"),
+            "[{target}] {}",
+            r.stderr
+        );
+        assert!(
+            r.stderr
+                .contains("is the host's: not set for a --netns node"),
+            "[{target}] {}",
+            r.stderr
+        );
+    }
+    assert_eq!(host_max(), before, "the host's nf_conntrack_max changed");
+}
+
 /// `apply --target ipvs` on a kernel without IPVS (this one: the IPVS suite boots another
 /// kernel) says so in one line that says what to do, not the read script and its output.
 #[test]

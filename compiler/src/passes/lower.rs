@@ -225,6 +225,7 @@ pub fn proxy_config(doc: Option<&ProxyConfigDoc>) -> ir::ProxyConfig {
         _ => DetectLocalMode::ClusterCIDR,
     };
     let ipvs = ipvs_config(&d);
+    let conntrack = conntrack_config(&d);
     ir::ProxyConfig {
         mode: d
             .mode
@@ -259,7 +260,33 @@ pub fn proxy_config(doc: Option<&ProxyConfigDoc>) -> ir::ProxyConfig {
             .unwrap_or_else(|| "rr".into()),
         conntrack_tcp_be_liberal: d.tcp_be_liberal.is_some_and(|b| b.v),
         ipvs,
+        conntrack,
     }
+}
+
+/// The `conntrack` section over kube-proxy's defaults; values the validation pass rejected
+/// keep the default.
+fn conntrack_config(d: &ProxyConfigDoc) -> ir::ConntrackConfig {
+    let mut c = ir::ConntrackConfig::default();
+    let [per_core, min] = &d.conntrack_counts;
+    let count = |n: &Option<crate::decode::Sp<i64>>, default: u32| {
+        n.as_ref()
+            .and_then(|n| u32::try_from(n.v).ok())
+            .unwrap_or(default)
+    };
+    c.max_per_core = count(per_core, c.max_per_core);
+    c.min = count(min, c.min);
+    let [est, close, udp, stream] = &d.conntrack_timeouts;
+    let secs = |t: &Option<crate::decode::Sp<String>>, default: u32| {
+        t.as_ref()
+            .and_then(|t| crate::decode::go_duration_secs(&t.v).ok())
+            .unwrap_or(default)
+    };
+    c.tcp_established_timeout = secs(est, c.tcp_established_timeout);
+    c.tcp_close_wait_timeout = secs(close, c.tcp_close_wait_timeout);
+    c.udp_timeout = secs(udp, c.udp_timeout);
+    c.udp_stream_timeout = secs(stream, c.udp_stream_timeout);
+    c
 }
 
 /// The `ipvs` section; values the validation pass rejected are left unset.

@@ -132,6 +132,7 @@ pub fn node_view(
         ports,
         ipvs_scheduler: proxy.ipvs_scheduler.clone(),
         ipvs: proxy.ipvs.clone(),
+        conntrack: proxy.conntrack.clone(),
     })
 }
 

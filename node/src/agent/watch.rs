@@ -128,6 +128,11 @@ fn relevant(path: &Path, files: &BTreeSet<PathBuf>) -> bool {
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return false;
     };
+    // A ConfigMap or Secret volume (kubelet's atomic writer): every file is a symlink
+    // through `..data`, which one rename swaps to the new version's directory.
+    if name == "..data" {
+        return true;
+    }
     if name.starts_with('.') {
         return false;
     }
@@ -247,6 +252,8 @@ mod tests {
         assert!(!relevant(Path::new("/m/d/.svc.yaml.swp"), &files));
         assert!(!relevant(Path::new("/m/d/svc.yaml~"), &files));
         assert!(!relevant(Path::new("/m/d/notes.md"), &files));
+        assert!(relevant(Path::new("/m/d/..data"), &files));
+        assert!(!relevant(Path::new("/m/d/..data_tmp"), &files));
     }
 
     #[test]

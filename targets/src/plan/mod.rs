@@ -54,6 +54,7 @@ pub use crate::nftables::plan as nftables;
 /// Apply's cleanup of stale UDP conntrack entries after a load (not a back end's: the
 /// same for every planner).
 pub mod conntrack;
+pub mod sysctls;
 
 use std::fmt;
 use std::sync::Arc;

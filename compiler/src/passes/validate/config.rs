@@ -216,6 +216,39 @@ fn proxy(cx: &mut Cx, p: &ProxyConfigDoc) {
             );
         }
     }
+    for (t, path) in p.conntrack_timeouts.iter().zip([
+        "conntrack.tcpEstablishedTimeout",
+        "conntrack.tcpCloseWaitTimeout",
+        "conntrack.udpTimeout",
+        "conntrack.udpStreamTimeout",
+    ]) {
+        let Some(t) = t else { continue };
+        if let Err(e) = crate::decode::go_duration_secs(&t.v) {
+            cx.push(
+                Diagnostic::error("SVC330", format!("invalid {path} `{}`: {e}", t.v))
+                    .at(t.span)
+                    .path(path)
+                    .hint("write a duration such as 24h0m0s or 1h (0 keeps the kernel's value)"),
+            );
+        }
+    }
+    for (n, path) in p
+        .conntrack_counts
+        .iter()
+        .zip(["conntrack.maxPerCore", "conntrack.min"])
+    {
+        let Some(n) = n else { continue };
+        if u32::try_from(n.v).is_err() {
+            cx.push(
+                Diagnostic::error("SVC330", format!("invalid {path} `{}`", n.v))
+                    .at(n.span)
+                    .path(path)
+                    .hint(
+                        "write a count from 0 to 4294967295 (maxPerCore 0 keeps nf_conntrack_max)",
+                    ),
+            );
+        }
+    }
     for c in &p.ipvs_exclude_cidrs {
         if let Err(e) = parse_cidr(&c.v) {
             cx.push(

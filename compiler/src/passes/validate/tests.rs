@@ -926,6 +926,12 @@ fn kube_proxy_configuration() {
     assert_eq!(codes(&kpc("nodePortAddresses: [10.0.0.1]\n")), ["SVC314"]);
     assert_eq!(codes(&kpc("ipvs: {scheduler: roundrobin}\n")), ["SVC315"]);
     assert_eq!(codes(&kpc("ipvs: {tcpTimeout: 900}\n")), ["SVC319"]);
+    assert_eq!(codes(&kpc("conntrack: {udpTimeout: '30'}\n")), ["SVC330"]);
+    assert_eq!(codes(&kpc("conntrack: {maxPerCore: -1}\n")), ["SVC330"]);
+    assert!(codes(&kpc(
+        "conntrack: {udpTimeout: 30s, tcpEstablishedTimeout: 2h0m0s, maxPerCore: 0, min: 0}\n"
+    ))
+    .is_empty());
     assert_eq!(codes(&kpc("ipvs: {tcpTimeout: 15min}\n")), ["SVC319"]);
     assert_eq!(codes(&kpc("ipvs: {udpTimeout: -1s}\n")), ["SVC319"]);
     assert_eq!(
