@@ -320,13 +320,14 @@ pub fn apply(
         let what = target.name;
         match sysctl::ensure_conntrack(args.netns.as_deref(), c) {
             Ok((set, left)) => {
+                // What was left is said with what was set: once per node, not every apply.
+                if let Some(l) = left.filter(|_| !set.is_empty()) {
+                    eprintln!("svc-compile: note: {what}: {l}");
+                }
                 for s in set {
                     eprintln!(
                         "svc-compile: note: {what}: set {s} (KubeProxyConfiguration conntrack)"
                     );
-                }
-                if let Some(l) = left.filter(|_| !changed.is_empty()) {
-                    eprintln!("svc-compile: note: {what}: {l}");
                 }
             }
             Err(Fail(e)) => eprintln!("svc-compile: warning: {what}: {e}"),
