@@ -1729,3 +1729,65 @@ fn topology_keys_from_flag_and_cluster_config() {
         r.stderr
     );
 }
+
+/// examples/agent: the systemd unit passes `systemd-analyze verify`, and the unit's and the
+/// DaemonSet's command lines are agent command lines svc-compile takes (run with a network
+/// namespace that does not exist, each stops there: exit 2, one line, not a usage error).
+#[test]
+fn the_agents_unit_and_daemonset_run_as_written() {
+    let dir = root().join("examples/agent");
+    let unit = std::fs::read_to_string(dir.join("svc-compile-agent.service")).unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("ExecStart");
+    let unit_args: Vec<String> = exec
+        .split_whitespace()
+        .skip(1)
+        .map(|a| a.replace("%H", "node-a"))
+        .collect();
+    let ds = std::fs::read_to_string(dir.join("daemonset.yaml")).unwrap();
+    let command: Vec<String> = ds
+        .lines()
+        .skip_while(|l| l.trim() != "command:")
+        .skip(1)
+        .take_while(|l| l.trim_start().starts_with("- "))
+        .map(|l| l.trim_start()[2..].replace("$(NODE_NAME)", "node-a"))
+        .collect();
+    assert_eq!(command[0], "/usr/local/bin/svc-compile", "{command:?}");
+    let missing = format!("svc-compile-test-none-{}", std::process::id());
+    for (what, args) in [("unit", unit_args), ("DaemonSet", command[1..].to_vec())] {
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(["--netns", &missing]);
+        let r = svc(&args, None, &root());
+        assert_eq!(r.code, 2, "{what}: {}{}", r.stdout, r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{what}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(&missing) || r.stderr.contains("needs root"),
+            "{what}: {}",
+            r.stderr
+        );
+    }
+    // The unit as systemd reads it, pointed at this build (.ci/run installs systemd).
+    let tmp = TempDir::new("unit");
+    let path = tmp.path().join("svc-compile-agent.service");
+    std::fs::write(
+        &path,
+        unit.replace(
+            "/usr/local/bin/svc-compile",
+            env!("CARGO_BIN_EXE_svc-compile"),
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("systemd-analyze is not installed (.ci/run installs it): {e}"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "systemd-analyze verify: {said}");
+    assert!(
+        !said.contains("svc-compile-agent.service"),
+        "systemd-analyze verify has something to say about the unit: {said}"
+    );
+}
