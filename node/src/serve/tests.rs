@@ -86,6 +86,20 @@ fn loopback() -> Servers {
     .expect("servers start on loopback")
 }
 
+/// Binds `addr`, tried for up to a second: a process another test forks meanwhile holds
+/// a copy of every descriptor until it execs, so a closed socket can look bound that long.
+fn bind_soon(addr: SocketAddr) -> io::Result<TcpListener> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        match TcpListener::bind(addr) {
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            r => return r,
+        }
+    }
+}
+
 /// A port nothing listens on now (the kernel's pick, released).
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -189,7 +203,7 @@ fn health_checks_follow_each_call() {
     assert_eq!(s.health_checks(), [("shop/web".to_string(), vec![addr])]);
     // Removed: the port is free again once the call returns.
     assert!(s.set_health_checks(vec![]).is_empty());
-    TcpListener::bind(addr).expect("the port is free after the check is removed");
+    bind_soon(addr).expect("the port is free after the check is removed");
     assert!(s.health_checks().is_empty());
 }
 
@@ -215,14 +229,21 @@ fn a_taken_port_is_an_error_for_that_service_and_retried() {
     );
     // Once the port is free, the next call opens it.
     drop(taken);
-    assert!(s
-        .set_health_checks(vec![check("web", port, 1), check("db", other, 1)])
-        .is_empty());
+    // Tried for up to a second, as in `bind_soon`.
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        let errors = s.set_health_checks(vec![check("web", port, 1), check("db", other, 1)]);
+        if errors.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{errors:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
     assert_eq!(get(addr, "/").status, 200);
     // Dropping the servers frees every port.
     drop(s);
-    TcpListener::bind(addr).expect("the port is free after the servers are dropped");
+    bind_soon(addr).expect("the port is free after the servers are dropped");
 }
 
 #[test]
