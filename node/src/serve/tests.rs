@@ -284,3 +284,11 @@ fn a_silent_connection_does_not_block_another_and_is_closed() {
     let _ = big.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
 }
+
+/// The agent may hand the servers to another thread or share them.
+#[test]
+fn servers_are_send_and_sync() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Servers>();
+    shareable::<Metrics>();
+}
