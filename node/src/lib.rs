@@ -20,6 +20,7 @@ mod nfnl;
 mod nftdigest;
 mod proc;
 mod rules;
+pub mod serve;
 mod state;
 mod sysctl;
 pub mod times;

@@ -8,6 +8,7 @@
 //! decision a pass recorded there.
 
 pub mod common;
+pub mod health;
 pub mod plan;
 pub mod registry;
 

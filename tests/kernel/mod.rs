@@ -61,6 +61,7 @@ mod ipvs_apply;
 pub mod lab;
 mod nft_layout;
 mod selftest;
+mod serve;
 pub mod sys;
 mod timewait;
 
