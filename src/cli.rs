@@ -336,6 +336,14 @@ struct AgentFlags {
     /// One log line per sync on stderr: text or json
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+    /// Where /healthz and /livez answer (in --netns's namespace); `` turns them off
+    /// [default: 0.0.0.0:10256, kube-proxy's]
+    #[arg(long, value_name = "IP:PORT")]
+    healthz_bind_address: Option<String>,
+    /// Where /metrics answers (Prometheus); `` turns it off [default: 127.0.0.1:10249,
+    /// kube-proxy's]
+    #[arg(long, value_name = "IP:PORT")]
+    metrics_bind_address: Option<String>,
 }
 
 /// `svc-compile cleanup`: no inputs, no node to compile for; the node is this host or
@@ -1369,8 +1377,29 @@ fn agent_cmd(
         Some(d) => duration("--min-sync-period", &d)?,
         None => defaults.min_sync_period,
     };
+    let bind = |flag: &str, given: Option<String>, default| match given.as_deref() {
+        None => Ok(default),
+        Some("") => Ok(None),
+        Some(a) => a.parse::<SocketAddr>().map(Some).map_err(|_| {
+            format!(
+                "{flag} `{a}`: give IP:PORT (e.g. 0.0.0.0:10256, [::]:10256), or `` to turn it off"
+            )
+        }),
+    };
+    let healthz = bind(
+        "--healthz-bind-address",
+        a.healthz_bind_address,
+        defaults.healthz,
+    )?;
+    let metrics = bind(
+        "--metrics-bind-address",
+        a.metrics_bind_address,
+        defaults.metrics,
+    )?;
     Ok(Run::Agent(Box::new(AgentCmd {
         agent: svc_node::agent::Options {
+            healthz,
+            metrics,
             apply: svc_node::apply::Options {
                 netns: a.netns,
                 state_dir: a.state_dir,

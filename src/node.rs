@@ -160,6 +160,8 @@ pub(crate) fn manifests<'a>(
             }
             times.mark("parse, passes and node views");
             let locked_ids = std::mem::take(&mut compiled.comp.lock.ebpf);
+            let node = nodes.node.clone().unwrap_or_default();
+            let node_known = compiled.comp.module.nodes.iter().any(|n| n.name == node);
             let params = compiled.params;
             // Only the views are rendered: what the compile built besides them is freed
             // first, and the renderer writes into that memory instead of new pages (apply
@@ -169,9 +171,10 @@ pub(crate) fn manifests<'a>(
             Ok(Ok(Compiled {
                 views,
                 params,
-                node: nodes.node.clone().unwrap_or_default(),
+                node,
                 quiet: diags.items.is_empty(),
                 locked_ids,
+                node_known,
             }))
         }),
     })

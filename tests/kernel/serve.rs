@@ -34,14 +34,14 @@ fn lab(tag: &str) -> Lab {
 
 /// An answer as read off the wire.
 #[derive(Debug)]
-struct Got {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
+pub(super) struct Got {
+    pub(super) status: u16,
+    pub(super) headers: Vec<(String, String)>,
+    pub(super) body: String,
 }
 
 impl Got {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(super) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -77,7 +77,7 @@ fn read_answer(mut s: TcpStream) -> io::Result<Got> {
 }
 
 /// `GET path` from `host`'s namespace to `dst` on a new connection.
-fn try_get(lab: &Lab, host: &str, dst: SocketAddr, path: &str) -> io::Result<Got> {
+pub(super) fn try_get(lab: &Lab, host: &str, dst: SocketAddr, path: &str) -> io::Result<Got> {
     in_netns(lab.netns(host), || {
         let mut s = TcpStream::connect_timeout(&dst, WAIT)?;
         write!(
@@ -88,7 +88,7 @@ fn try_get(lab: &Lab, host: &str, dst: SocketAddr, path: &str) -> io::Result<Got
     })?
 }
 
-fn get(lab: &Lab, host: &str, dst: SocketAddr, path: &str) -> Got {
+pub(super) fn get(lab: &Lab, host: &str, dst: SocketAddr, path: &str) -> Got {
     try_get(lab, host, dst, path).unwrap_or_else(|e| panic!("GET {dst}{path} from {host}: {e}"))
 }
 

@@ -8,18 +8,23 @@
 //! agent adds: it waits for the files to settle ([`watch::Batch`]: no sync while a changed
 //! file is open for writing), keeps each file's parse between syncs (the CLI's
 //! [`Source`]), keeps the last good state loaded when the manifests have errors, and stops
-//! on SIGTERM or SIGINT leaving the rules loaded, as kube-proxy does.
+//! on SIGTERM or SIGINT leaving the rules loaded, as kube-proxy does. Beside the loop it
+//! runs kube-proxy's HTTP servers ([`crate::serve`]): a health-check server per
+//! externalTrafficPolicy=Local LoadBalancer service, `/healthz` and `/livez`, `/metrics`.
 //!
 //! Architecture Invariant: the agent decides nothing `apply` decides; it chooses when to
 //! sync and reports what each sync did.
 
 pub mod watch;
 
-use crate::apply::{self, Input};
+use crate::apply::{self, Compile, Input};
+use crate::serve::{self, HealthCheck, Servers};
+use crate::times::Times;
 use crate::Fail;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
+use svc_compiler::net::IpFamily;
 use svc_targets::{Params, Target};
 use watch::{Batch, Wake, Watch};
 
@@ -38,6 +43,10 @@ pub struct Options {
     pub patience: Duration,
     /// `--log-format json`.
     pub json_log: bool,
+    /// `--healthz-bind-address` (`/healthz`, `/livez`) and `--metrics-bind-address`;
+    /// `None`: not served.
+    pub healthz: Option<std::net::SocketAddr>,
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Default for Options {
@@ -49,6 +58,8 @@ impl Default for Options {
             quiet: Duration::from_millis(10),
             patience: Duration::from_secs(2),
             json_log: false,
+            healthz: Some(serve::Options::HEALTHZ),
+            metrics: Some(serve::Options::METRICS),
         }
     }
 }
@@ -109,12 +120,21 @@ pub fn run(
 ) -> Result<u8, Fail> {
     apply::preflight(target, &opts.apply)?;
     let watch = Watch::new(&source.watched())?;
+    let servers = Servers::start(serve::Options {
+        netns: opts.apply.netns.clone(),
+        healthz: opts.healthz,
+        metrics: opts.metrics,
+        ..serve::Options::new(opts.sync_period)
+    })?;
     let mut agent = Agent {
         target,
         opts,
         params,
         counts: Counts::default(),
         last: None,
+        servers,
+        families: vec![IpFamily::IPv4],
+        checks: None,
     };
     agent.log_line("started", &[("target", target.name.to_string())]);
     agent.sync(source, Reason::Start);
@@ -164,20 +184,66 @@ struct Agent<'a> {
     counts: Counts,
     /// When the last sync ended.
     last: Option<Instant>,
+    servers: Servers,
+    /// The families the last compile had views of.
+    families: Vec<IpFamily>,
+    /// The health checks being served (`None`: no compile yet).
+    checks: Option<Vec<HealthCheck>>,
+}
+
+/// What a sync's compile showed, for the servers.
+struct Seen {
+    checks: Vec<HealthCheck>,
+    families: Vec<IpFamily>,
+    node_known: bool,
+    compile_secs: f64,
 }
 
 impl Agent<'_> {
     fn sync(&mut self, source: &mut dyn Source, reason: Reason) {
         let start = Instant::now();
         self.counts.syncs += 1;
+        for f in &self.families {
+            self.servers.queued(*f);
+        }
+        let full = matches!(reason, Reason::Start | Reason::Rescan(_));
+        let mut seen: Option<Seen> = None;
         let result = match source.input() {
             Err(Fail(e)) => Result_::Failed(e),
-            Ok(input) => match apply::apply(self.target, &self.opts.apply, self.params, input) {
-                Ok(0) => Result_::Applied,
-                Ok(_) => Result_::Rejected,
-                Err(Fail(e)) => Result_::Failed(e),
-            },
+            Ok(input) => {
+                // The first sync always compiles: the health checks come from the views.
+                let first = self.checks.is_none();
+                let input = watch_compile(input, first, &mut seen);
+                match apply::apply(self.target, &self.opts.apply, self.params, input) {
+                    Ok(0) => Result_::Applied,
+                    Ok(_) => Result_::Rejected,
+                    Err(Fail(e)) => Result_::Failed(e),
+                }
+            }
         };
+        let secs = start.elapsed().as_secs_f64();
+        let metrics = self.servers.metrics();
+        if let Some(s) = &seen {
+            metrics.observe_compile(s.compile_secs);
+        }
+        match (&result, seen) {
+            (Result_::Applied, Some(s)) => {
+                self.families = s.families;
+                self.servers.set_node_eligible(s.node_known);
+                for (service, e) in self.servers.set_health_checks(s.checks.clone()) {
+                    self.log_line("health-check", &[("service", service), ("error", e)]);
+                }
+                self.checks = Some(s.checks);
+            }
+            (Result_::Rejected, _) => metrics.sync_rejected(),
+            _ => {}
+        }
+        if matches!(result, Result_::Applied) {
+            for f in &self.families {
+                metrics.observe_sync(*f, secs, full);
+                self.servers.updated(*f);
+            }
+        }
         let (parsed, files) = source.parsed();
         let ms = format!("{:.1}", start.elapsed().as_secs_f64() * 1e3);
         let mut fields = vec![
@@ -229,5 +295,36 @@ impl Agent<'_> {
         };
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err, "{line}");
+    }
+}
+
+/// The apply's input with its compile watched: what the views say for the servers goes
+/// into `seen`. `force`: no fingerprint, so the apply compiles even when the inputs are
+/// the last apply's (it then finds the node as recorded and loads nothing).
+fn watch_compile<'a>(input: Input<'a>, force: bool, seen: &'a mut Option<Seen>) -> Input<'a> {
+    let Input::Manifests {
+        key,
+        times,
+        compile,
+    } = input
+    else {
+        return input;
+    };
+    Input::Manifests {
+        key: key.filter(|_| !force),
+        times,
+        compile: Box::new(move |t: &mut Times| -> Compile {
+            let start = Instant::now();
+            let r = compile(t);
+            if let Ok(Ok(c)) = &r {
+                *seen = Some(Seen {
+                    checks: svc_targets::health::health_checks(&c.views),
+                    families: c.views.iter().map(|v| v.family).collect(),
+                    node_known: c.node_known,
+                    compile_secs: start.elapsed().as_secs_f64(),
+                });
+            }
+            r
+        }),
     }
 }
