@@ -1432,12 +1432,10 @@ fn cleanup_command_line() {
         &["cleanup", "--target", "dns"],
         "`svc-compile cleanup` does not take --target dns: use iptables, nftables, ipvs or ebpf",
     );
-    for t in ["ipvs", "ebpf"] {
-        one_line(
-            &["cleanup", "--target", t],
-            &format!("cleanup --target {t} is not yet supported (it is for --target iptables and --target nftables); remove its state by hand"),
-        );
-    }
+    one_line(
+        &["cleanup", "--target", "ipvs"],
+        "cleanup --target ipvs is not yet supported (it is for --target iptables, nftables and ebpf); remove its state by hand",
+    );
     one_line(
         &[
             "cleanup",

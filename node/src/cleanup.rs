@@ -25,19 +25,23 @@ use svc_targets::plan::{Commands, Family, Plan, Planner, Recorded, Removal, Remo
 use svc_targets::Target;
 
 /// The target's planner and its removal planner, or the one line that says it has none.
+/// (eBPF's cleanup is `crate::ebpf::cleanup`.)
 fn removal_of(target: &Target) -> Result<(&'static dyn Planner, RemovalPlanner), Fail> {
     match target.planner.and_then(|p| p.removal().map(|r| (p, r))) {
         Some(found) => Ok(found),
         None => {
             let can: Vec<&str> = svc_targets::TARGETS
                 .iter()
-                .filter(|t| t.planner.is_some_and(|p| p.removal().is_some()))
+                .filter(|t| {
+                    t.planner.is_some_and(|p| p.removal().is_some()) || crate::ebpf::applies(t)
+                })
                 .map(|t| t.name)
                 .collect();
+            let (last, rest) = can.split_last().expect("some target has a cleanup");
             Err(Fail(format!(
-                "cleanup --target {} is not yet supported (it is for --target {}); remove its state by hand",
+                "cleanup --target {} is not yet supported (it is for --target {} and {last}); remove its state by hand",
                 target.name,
-                can.join(" and --target ")
+                rest.join(", ")
             )))
         }
     }
@@ -46,7 +50,9 @@ fn removal_of(target: &Target) -> Result<(&'static dyn Planner, RemovalPlanner),
 /// What `cleanup` checks before anything is read: that the target can be cleaned up,
 /// root, and the `--netns` namespace.
 pub fn preflight(target: &Target, args: &Options) -> Result<(), Fail> {
-    removal_of(target)?;
+    if !crate::ebpf::applies(target) {
+        removal_of(target)?;
+    }
     need_root("cleanup needs root: it reads and changes the node's packet filter rules (run it as root, or in a privileged pod with hostNetwork)")?;
     check_netns(args.netns.as_deref())
 }
@@ -54,6 +60,9 @@ pub fn preflight(target: &Target, args: &Options) -> Result<(), Fail> {
 /// `svc-compile cleanup`: 0 removed (or nothing there), `Err` anything else.
 pub fn cleanup(target: &'static Target, args: &Options) -> Result<u8, Fail> {
     preflight(target, args)?;
+    if crate::ebpf::applies(target) {
+        return crate::ebpf::cleanup(args);
+    }
     let netns = args.netns.as_deref();
     let state = StateDir::new(args.state_dir.as_deref(), netns);
     // Dry runs change nothing: the lock only if the directory exists.
@@ -182,7 +191,7 @@ pub(crate) fn remove(
 
 /// Removes one family's records, `STATE/TARGET-FAMILY/` (applied.*, previous.*, the
 /// state, generation and fingerprint files, the last load and scratch files).
-fn forget(dir: &Records) -> Result<(), Fail> {
+pub(crate) fn forget(dir: &Records) -> Result<(), Fail> {
     match fs::remove_dir_all(dir.path()) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {
             Err(Fail(format!("cannot remove {}: {e}", dir.path().display())))

@@ -344,6 +344,89 @@ fn doc_of_json(json: String, source: &str) -> Result<Doc, Fail> {
     })
 }
 
+/// `svc-compile cleanup --target ebpf [--cgroup PATH]`: the instance directory of that
+/// cgroup under the default pin root is removed, links first (a link's pin is its last
+/// reference, so its program leaves the cgroup), then every generation's programs and maps
+/// and the shared maps; then the records. Nothing outside the instance directory is
+/// touched (another cgroup's instance, another `--pin-dir`, Cilium's pins). Checked: the
+/// directory is gone and no program of ours is attached to the cgroup any more.
+pub fn cleanup(args: &Options) -> Result<u8, Fail> {
+    let (cgroup, slug) = cgroup_of(args.cgroup.as_deref())?;
+    let inst = Path::new(PIN_ROOT).join(format!("cg-{slug}"));
+    let state = StateDir::new(args.state_dir.as_deref(), args.netns.as_deref());
+    let _lock = match (args.dry_run, state.exists()) {
+        (true, false) => None,
+        _ => {
+            state.create()?;
+            Some(state.lock(args.lock_timeout)?)
+        }
+    };
+    let what = format!("ebpf on cgroup {}", cgroup.display());
+    if !inst.exists() {
+        println!("svc-compile: cleanup: {what}: nothing of ours there");
+    } else if args.dry_run {
+        println!(
+            "svc-compile: cleanup: {what}: would remove {} (its links, programs and maps)",
+            inst.display()
+        );
+        return Ok(0);
+    } else {
+        for (name, _) in PROGRAMS {
+            let link = inst.join(format!("link_{name}"));
+            match fs::remove_file(&link) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(Fail(format!("cannot remove {}: {e}", link.display())))
+                }
+                _ => {}
+            }
+        }
+        fs::remove_dir_all(&inst)
+            .map_err(|e| Fail(format!("cannot remove {}: {e}", inst.display())))?;
+        let left = ours_attached(&cgroup)?;
+        if !left.is_empty() {
+            return Err(Fail(format!(
+                "cleanup: {what}: still attached after removing {}: {}; something else holds our links (run it again once that process is gone)",
+                inst.display(),
+                left.join(", ")
+            )));
+        }
+        println!("svc-compile: cleanup: {what}: removed {}", inst.display());
+    }
+    for f in ["ipv4", "ipv6"] {
+        crate::cleanup::forget(&state.records(ebpf::TARGET.name, ebpf::TARGET.ext, f))?;
+    }
+    Ok(0)
+}
+
+/// Our programs' names (the kernel keeps 15 characters) attached to `cgroup` itself.
+fn ours_attached(cgroup: &Path) -> Result<Vec<String>, Fail> {
+    let argv: Vec<String> = ["bpftool", "-j", "cgroup", "show"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([cgroup.display().to_string()])
+        .collect();
+    let out = run_captured(&argv)?;
+    if !out.ok {
+        return Err(Fail(format!(
+            "bpftool cgroup show {}: {}",
+            cgroup.display(),
+            out.stderr
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap_or_default();
+    Ok(v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str())
+        .filter(|n| {
+            PROGRAMS
+                .iter()
+                .any(|(ours, _)| ours.starts_with(n) && !n.is_empty())
+        })
+        .map(str::to_string)
+        .collect())
+}
+
 /// `--pin-dir`, which must be [`PIN_ROOT`] or under it.
 fn pin_root(dir: &str) -> Result<PathBuf, Fail> {
     let p = Path::new(dir.trim_end_matches('/'));

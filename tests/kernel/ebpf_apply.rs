@@ -535,6 +535,46 @@ fn apply_serves_switches_and_cleans_up() {
         BTreeSet::from(["pod-a".to_string(), "pod-b".to_string()])
     );
 
+    // `svc-compile cleanup`: our pins, links and records go, the service is no longer
+    // translated in the cgroup, the foreign pin stays; a second cleanup finds nothing.
+    let cleanup_args = [
+        "cleanup",
+        "--target",
+        "ebpf",
+        "--cgroup",
+        cg_path.to_str().unwrap(),
+        "--netns",
+        node.as_str(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    let r = svc(&cleanup_args, None, &root());
+    r.expect(0);
+    assert!(r.stdout.contains("removed"), "{}", r.stdout);
+    assert!(!inst.exists(), "cleanup left {}", inst.display());
+    assert!(
+        !state.join("ebpf-ipv4").exists(),
+        "cleanup left the records"
+    );
+    let after = probes(Some(cg), &node, Proto::Tcp, web, 1);
+    assert!(
+        !matches!(after[0], Seen::Answer { .. }),
+        "still served after cleanup: {after:?}"
+    );
+    let attached = Command::new("bpftool")
+        .args(["-j", "cgroup", "show"])
+        .arg(&cg_path)
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&attached.stdout).contains("sock4_connect"),
+        "{}",
+        String::from_utf8_lossy(&attached.stdout)
+    );
+    let r = svc(&cleanup_args, None, &root());
+    r.expect(0);
+    assert!(r.stdout.contains("nothing of ours there"), "{}", r.stdout);
+
     assert!(foreign.exists(), "the foreign pin is gone");
     drop(cleanup);
     assert!(!inst.exists(), "pins left");
