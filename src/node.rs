@@ -91,7 +91,7 @@ fn manifests<'a>(
         key: keyed.then(|| inputs_key(&read.sources)),
         times,
         compile: Box::new(move |times: &mut Times| {
-            let mut compiled = compile_read(opts, read);
+            let mut compiled = compile_read(read);
             let mut diags = std::mem::take(&mut compiled.comp.diags);
             let mut views = Vec::new();
             if !diags.has_errors() {
