@@ -20,6 +20,8 @@ const ABOUT: &str = "Compile Kubernetes Service manifests into kube-proxy datapl
 const AFTER_HELP: &str = "\
 PATHS are files, directories (read recursively: *.yaml, *.yml, *.json) or `-` for stdin.
 Multi-document YAML, JSON and `kind: List` dumps (kubectl get ... -o yaml) are accepted.
+Settings no flag gives come from .svc-compile.yaml, in the working directory or above
+(--config FILE, --no-config); see docs/ci.md.
 `svc-compile PATHS... [OPTIONS]` is `svc-compile compile PATHS... [OPTIONS]`.";
 
 /// Each command's exit codes, for its `--help` (the program's: `None`).
@@ -55,7 +57,7 @@ fn exit_codes(sub: Option<&str>) -> String {
 }
 
 const ERRORS: &str = "the input has errors (each printed as error[SVCnnn] at file:line:col)";
-const USAGE: &str = "usage, I/O or rendering failure";
+const USAGE: &str = "usage, I/O or rendering failure, or a .svc-compile.yaml with errors (printed)";
 const DIFFERS: &str =
     "anything else: usage, I/O, a tool's failure, or errors in the input (printed)";
 
