@@ -318,7 +318,9 @@ fn level(s: Severity) -> &'static str {
 /// SARIF 2.1.0 as GitHub code scanning reads it: a rule per code shown (its table's
 /// description, where it is documented, its default level), a result per diagnostic
 /// with its region (start and end; columns count characters) and related locations;
-/// paths relative to `%SRCROOT%`, the working directory (`root`).
+/// paths relative to `%SRCROOT%`, the working directory (`root`). Code scanning refuses
+/// a whole file for one result without a location, so a diagnostic about the whole run
+/// (SVC401: no such node) is placed at the first input's first line, and says so.
 fn sarif(diags: &Diagnostics, sources: &SourceMap, root: Option<&Path>) -> serde_json::Value {
     use serde_json::json;
     let mut codes: Vec<&str> = diags.items.iter().map(|d| d.code).collect();
@@ -336,11 +338,15 @@ fn sarif(diags: &Diagnostics, sources: &SourceMap, root: Option<&Path>) -> serde
             }
         })
     };
+    let first_input = (!sources.files.is_empty()).then(|| Span::new(FileId(0), 1, 1, 1));
     let results: Vec<_> = diags
         .items
         .iter()
         .map(|d| {
             let mut text = d.message.clone();
+            if d.span.is_none() && first_input.is_some() {
+                text += " (about the whole input, not this line)";
+            }
             let extra: Vec<String> = [
                 d.path.as_ref().map(|p| format!("field: {p}")),
                 d.hint.as_ref().map(|h| format!("help: {h}")),
@@ -356,7 +362,7 @@ fn sarif(diags: &Diagnostics, sources: &SourceMap, root: Option<&Path>) -> serde
                 "ruleIndex": codes.binary_search(&d.code).expect("a rule per code"),
                 "level": level(d.severity),
                 "message": {"text": text},
-                "locations": d.span.map(|s| json!({"physicalLocation": location(s)})).into_iter().collect::<Vec<_>>(),
+                "locations": d.span.or(first_input).map(|s| json!({"physicalLocation": location(s)})).into_iter().collect::<Vec<_>>(),
             });
             if !d.related.is_empty() {
                 r["relatedLocations"] = d

@@ -697,6 +697,36 @@ fn sarif_is_what_code_scanning_ingests() {
         .map(|r| r["level"].as_str().unwrap())
         .collect();
     assert!(levels.iter().all(|l| *l == "error"), "{levels:?}");
+    // Every result has a location, as code scanning requires (it refuses the whole file
+    // otherwise): one about the whole run (no such node) is at the first input.
+    let r = svc(
+        &[
+            "compile",
+            "apps/web.yaml",
+            "--target",
+            "iptables",
+            "--node",
+            "nope",
+            "--format",
+            "sarif",
+        ],
+        None,
+        t.path(),
+    );
+    r.expect(1);
+    let v: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    validate_sarif(&schema, &v).unwrap();
+    let res = &v["runs"][0]["results"];
+    let unknown = res
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ruleId"] == "SVC401")
+        .unwrap();
+    assert_eq!(
+        unknown["locations"][0]["physicalLocation"]["region"]["startLine"], 1,
+        "{unknown}"
+    );
     // A file outside the working directory is an absolute URI, without a base.
     let outside = TempDir::new("sarif-out");
     write(outside.path(), "bad.yaml", "kind: Service\n");
