@@ -2,7 +2,7 @@
 
 use crate::cli::{CheckCmd, CompileCmd, CompileOpts, GenCmd};
 use crate::compile::{compile_inputs, node_jobs, Compiled};
-use crate::report::{print, Emitter, Fail, Outcome};
+use crate::report::{Emitter, Fail, Outcome};
 use std::path::Path;
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
@@ -13,7 +13,7 @@ use svc_targets::{File, NodeRenderer, Params, Render, RenderError, Sharing};
 /// `svc-compile gen`: write a synthetic cluster.
 pub fn gen(cmd: GenCmd) -> Result<Outcome, Fail> {
     let text = svc_compiler::synth::generate(&cmd.shape, cmd.format);
-    write_output(cmd.output.as_deref(), &text).map(|()| Outcome::Done)
+    crate::report::output(cmd.output.as_deref(), &text).map(|()| Outcome::Done)
 }
 
 /// `svc-compile check`: the diagnostics are the product (stdout).
@@ -21,14 +21,14 @@ pub fn check(cmd: CheckCmd) -> Result<Outcome, Fail> {
     let Compiled {
         sources,
         comp,
-        checked,
+        files,
         ..
     } = compile_inputs(&cmd.opts, None)?;
     let report = Emitter::report(&cmd.opts, cmd.output.as_deref());
     // Kustomize patches skipped (SVC017) were read and judged: a hook that passes only a
     // changed patch has checked something.
     let patches = comp.diags.items.iter().any(|d| d.code == "SVC017");
-    if checked == 0 && !patches && !comp.diags.has_errors() {
+    if files.is_empty() && !patches && !comp.diags.has_errors() {
         // A validator that read nothing must not pass: a glob or an exclude that leaves no
         // file is a mistake in the pipeline, not a clean repository.
         report.diagnostics(&comp.diags, &sources);
@@ -38,7 +38,7 @@ pub fn check(cmd: CheckCmd) -> Result<Outcome, Fail> {
             cmd.opts.paths.join(", ")
         )));
     }
-    report.checked(&comp.diags, &sources, checked);
+    report.checked(&comp.diags, &sources, &files);
     report.finish()?;
     if comp.diags.has_errors() {
         return Ok(Outcome::InputErrors);
@@ -159,7 +159,7 @@ pub fn compile(cmd: &CompileCmd) -> Result<Outcome, Fail> {
         }
         None => {
             let text: String = files.iter().map(|f| f.text.as_str()).collect();
-            write_output(cmd.output.as_deref().filter(|s| !s.is_empty()), &text)?
+            crate::report::output(cmd.output.as_deref().filter(|s| !s.is_empty()), &text)?
         }
     }
     // The process ends here: freeing the IR piece by piece would only cost time.
@@ -277,13 +277,6 @@ fn write_per_node(
 
 /// eBPF ids by (node, family), as the lock keeps them.
 type LockedIds = std::collections::BTreeMap<(String, String), NodeIds>;
-
-fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {
-    match path {
-        Some(p) => std::fs::write(p, text).map_err(|e| Fail(format!("cannot write {p}: {e}"))),
-        None => print(text),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -571,6 +571,15 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
     }
 }
 
+/// The kind an SVC008 note says was skipped (its message starts `skipped KIND `), for the
+/// notes' summary.
+pub fn skipped_kind(d: &Diagnostic) -> Option<&str> {
+    let rest = d.message.strip_prefix("skipped ")?;
+    (d.code == "SVC008")
+        .then(|| rest.split(' ').next())
+        .flatten()
+}
+
 /// The API group of an apiVersion (`discovery.k8s.io/v1` → `discovery.k8s.io`; the core
 /// group's `v1` → ``).
 fn group_of(api_version: &str) -> &str {

@@ -16,7 +16,9 @@ pub mod k8s;
 pub mod kustomize;
 pub mod net;
 pub mod passes;
+pub mod project;
 pub mod source;
+pub mod suppress;
 pub mod synth;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]

@@ -121,7 +121,7 @@ mod config;
 pub use config::ipvs_deprecated;
 mod cross;
 mod endpoints;
-mod names;
+pub(crate) mod names;
 mod nodes;
 mod service;
 #[cfg(test)]
