@@ -1,5 +1,5 @@
 //! Diagnostic codes outside validation. The validation pass keeps its own table
-//! (SVC1xx, SVC2xx, SVC301–SVC322) in [`crate::passes::validate`].
+//! (SVC1xx, SVC2xx, SVC301–SVC323) in [`crate::passes::validate`].
 //!
 //! | code   | severity | meaning |
 //! |--------|----------|---------|
