@@ -33,7 +33,7 @@
 //! Not written in the default mode: CoreDNS's extensions and the deprecated pod records
 //! `a-b-c-d.ns.pod.<domain>`. `--dns-records coredns` ([`DnsRecords::Coredns`], or
 //! `dnsRecords` in the ClusterConfig) writes what CoreDNS's kubernetes plugin answers
-//! instead, `pods verified` and `endpoint_pod_names` off: see [`coredns`] (and
+//! instead, `pods verified` and `endpoint_pod_names` off: see `coredns.rs` (and
 //! docs/dns.md) for each record and the plugin function it follows.
 //!
 //! Invariant: pure and deterministic. Services come in the IR's (namespace, name) order,
@@ -556,6 +556,6 @@ fn line(out: &mut String, r: &Rr) {
     let _ = writeln!(out, "{} {} IN {} {}", r.name, r.ttl, r.kind, r.data);
 }
 
-pub mod coredns;
+mod coredns;
 #[cfg(test)]
 mod tests;
