@@ -350,7 +350,7 @@ fn spec_answers() -> Vec<(String, &'static str, Answer)> {
         // No SRV at the bare name, no names of a cluster IP service's endpoints.
         (n("db.disco.svc"), "SRV", Answer::NoData),
         (n("api-0.api.shop.svc"), "A", Answer::NxDomain),
-        ("40.1.244.10.in-addr.arpa.".into(), "PTR", Answer::NxDomain),
+        ("3.1.244.10.in-addr.arpa.".into(), "PTR", Answer::NxDomain),
         // A service without ports has no SRV.
         (n("legacy.disco.svc"), "SRV", Answer::NoData),
         (n("_ldap._tcp.legacy.disco.svc"), "SRV", Answer::NxDomain),
@@ -394,14 +394,14 @@ fn coredns_answers() -> Vec<(String, &'static str, Answer)> {
         // findServices answers endpoint names of a cluster IP service too
         // (endpointHostname: hostname, else the dashed address); reverse.go
         // serviceRecordForIP names them back.
-        (n("api-0.api.shop.svc"), "A", records(["5 A 10.244.1.40"])),
+        (n("api-0.api.shop.svc"), "A", records(["5 A 10.244.1.3"])),
         (
-            n("10-244-2-40.api.shop.svc"),
+            n("10-244-2-2.api.shop.svc"),
             "A",
-            records(["5 A 10.244.2.40"]),
+            records(["5 A 10.244.2.2"]),
         ),
         (
-            "40.1.244.10.in-addr.arpa.".into(),
+            "3.1.244.10.in-addr.arpa.".into(),
             "PTR",
             records(["5 PTR api-0.api.shop.svc.cluster.local."]),
         ),
