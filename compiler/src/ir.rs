@@ -35,6 +35,21 @@ pub struct Module {
     pub services: Vec<Service>,
     /// Sorted by name.
     pub nodes: Vec<Node>,
+    /// The Pods of the input, sorted by (namespace, name): only the `dns` target reads
+    /// them (CoreDNS's `pods verified` records), so they are not in the IR's JSON.
+    #[serde(skip)]
+    pub pods: Vec<Pod>,
+}
+
+/// A Pod as DNS sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    /// `status.podIP` (the first of `status.podIPs`), when it is an address.
+    pub ip: Option<IpAddr>,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
 }
 
 /// What the API server decides: kube-apiserver's flags.
@@ -62,6 +77,36 @@ pub struct ClusterConfig {
     /// left out of the IR's JSON when it is the default.
     #[serde(skip_serializing_if = "TopologyKeys::is_default")]
     pub topology_keys: TopologyKeys,
+    /// Whose answers the `dns` target writes (`dnsRecords`; the target's
+    /// `--dns-records` wins); left out of the IR's JSON when it is the default.
+    #[serde(skip_serializing_if = "DnsRecords::is_default")]
+    pub dns_records: DnsRecords,
+}
+
+/// Which answers the `dns` target's zones give (docs/dns.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DnsRecords {
+    /// The Kubernetes DNS-Based Service Discovery specification's records.
+    #[default]
+    Spec,
+    /// What CoreDNS's kubernetes plugin answers (`pods verified`, `endpoint_pod_names`
+    /// off): the spec's records and its extensions.
+    Coredns,
+}
+
+impl DnsRecords {
+    /// `spec` or `coredns`.
+    pub fn parse(s: &str) -> Option<DnsRecords> {
+        match s {
+            "spec" => Some(DnsRecords::Spec),
+            "coredns" => Some(DnsRecords::Coredns),
+            _ => None,
+        }
+    }
+    pub fn is_default(&self) -> bool {
+        *self == DnsRecords::Spec
+    }
 }
 
 /// What the node pass does with a Service's `spec.topologyKeys`. Kubernetes removed the
@@ -337,6 +382,12 @@ pub struct Service {
     /// the service has ports.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub portless_endpoints: Vec<Endpoint>,
+    /// A service without ports: the ports its EndpointSlices (or Endpoints) list, sorted
+    /// by (name, protocol), each with the endpoints listing it at their slice's number.
+    /// Only DNS reads them (CoreDNS's SRV records follow the slices' ports). Empty when
+    /// the service has ports.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub portless_slice_ports: Vec<SlicePort>,
     /// Field paths whose values svc-compile allocated (not written by the user),
     /// e.g. `spec.clusterIPs(IPv4)`, `spec.ports[1].nodePort`. Sorted.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -371,6 +422,17 @@ pub struct ServicePort {
     pub target_port: TargetPort,
     /// Sorted by the string `ip:port` (kube-proxy's order); deduplicated with a
     /// non-terminating endpoint winning over a terminating one.
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// A port an EndpointSlice lists for a service without ports.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlicePort {
+    /// Empty when the port has no name.
+    pub name: String,
+    pub protocol: Protocol,
+    /// Sorted and merged as [`ServicePort::endpoints`]; each at its slice's port number.
     pub endpoints: Vec<Endpoint>,
 }
 

@@ -224,6 +224,8 @@ pub struct ClusterConfigDoc {
     pub nft_layout: Option<Sp<String>>,
     /// `topologyKeys`: `honour` or `ignore` (see `ir::TopologyKeys`).
     pub topology_keys: Option<Sp<String>>,
+    /// `dnsRecords`: `spec` or `coredns` (see `ir::DnsRecords`).
+    pub dns_records: Option<Sp<String>>,
 }
 
 /// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
@@ -1439,6 +1441,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         "nfacct",
         "nftLayout",
         "topologyKeys",
+        "dnsRecords",
     ];
     let mut out = ClusterConfigDoc {
         span: root.span,
@@ -1458,6 +1461,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         out.nfacct = d.bool_(f.get("nfacct"), &path.key("nfacct"));
         out.nft_layout = d.str_(f.get("nftLayout"), &path.key("nftLayout"));
         out.topology_keys = d.str_(f.get("topologyKeys"), &path.key("topologyKeys"));
+        out.dns_records = d.str_(f.get("dnsRecords"), &path.key("dnsRecords"));
     }
     out
 }

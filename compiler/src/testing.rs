@@ -49,6 +49,7 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             nfacct: None,
             nft_layout: Default::default(),
             topology_keys: Default::default(),
+            dns_records: Default::default(),
         },
         proxy: ProxyConfig {
             mode: "iptables".into(),
@@ -65,6 +66,7 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
         },
         services,
         nodes,
+        pods: vec![],
     }
 }
 
@@ -116,6 +118,7 @@ pub fn service(
         ports,
         allocated: vec![],
         portless_endpoints: vec![],
+        portless_slice_ports: vec![],
     }
 }
 

@@ -30,6 +30,8 @@ pub struct Settings {
     pub nft_layout: crate::ir::NftLayout,
     /// `--topology-keys` / `topologyKeys`.
     pub topology_keys: crate::ir::TopologyKeys,
+    /// `dnsRecords` (the `dns` target's `--dns-records` wins over it).
+    pub dns_records: crate::ir::DnsRecords,
 }
 
 impl Default for Settings {
@@ -42,6 +44,7 @@ impl Default for Settings {
             nfacct: None,
             nft_layout: Default::default(),
             topology_keys: Default::default(),
+            dns_records: Default::default(),
         }
     }
 }

@@ -350,4 +350,14 @@ fn cluster(cx: &mut Cx, c: &ClusterConfigDoc) {
             );
         }
     }
+    if let Some(r) = &c.dns_records {
+        if crate::ir::DnsRecords::parse(&r.v).is_none() {
+            cx.push(
+                Diagnostic::error("SVC323", format!("unknown dnsRecords `{}`", r.v))
+                    .at(r.span)
+                    .path("dnsRecords")
+                    .hint("write spec (the default: the Kubernetes DNS specification's records) or coredns (what CoreDNS's kubernetes plugin answers)"),
+            );
+        }
+    }
 }
