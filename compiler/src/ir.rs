@@ -289,6 +289,15 @@ pub struct Service {
     /// cluster IP (its DNS names stay: CoreDNS does not filter on the label).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub headless_label: bool,
+    /// `spec.loadBalancerClass`: which load balancer implementation owns the ingress
+    /// IPs. kube-proxy ignores it; the ebpf target reads it (Cilium's wildcard entries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_balancer_class: Option<String>,
+    /// The Service's `service.cilium.io/*` annotations by key (Cilium's per-service
+    /// options: `src-ranges-policy`, `lb-algorithm`, ...), which only the ebpf target
+    /// reads; the node pass interprets them into [`CiliumPort`].
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub cilium_annotations: BTreeMap<String, String>,
     /// In spec order (port order is part of the Service's identity for users).
     pub ports: Vec<ServicePort>,
     /// A service without ports: its endpoints all the same (port 0), which only DNS
@@ -349,6 +358,11 @@ pub struct Endpoint {
     /// Written once here, shared by every node's view.
     #[serde(skip)]
     pub addr: Arc<str>,
+    /// The EndpointSlice endpoint's other addresses, after `ip` (its `addresses[0]`), in
+    /// written order, without repeats. kube-proxy reads only the first address; Cilium
+    /// makes a backend of every one (`pkg/k8s/endpoints.go`, `ParseEndpointSliceV1`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub other_addresses: Vec<IpAddr>,
     /// Shared by every endpoint on the node (a few nodes, many endpoints).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<Arc<str>>,
@@ -546,6 +560,76 @@ pub struct PortView {
     /// Why endpoints were filtered, for humans (`topologyKeys: zone`, `hints: zone a`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topology: Option<String>,
+    /// What Cilium's agent makes of this port on this node, where it reads the objects
+    /// otherwise than kube-proxy (the ebpf target's input). Not in the IR's JSON: the
+    /// ebpf target's JSON shows what became of it.
+    #[serde(skip)]
+    pub cilium: CiliumPort,
+}
+
+/// One service port as Cilium's load-balancing control plane sees it on one node and
+/// family, decided by the node pass so that the ebpf back end only lays it out:
+/// - backends: every address of every endpoint (`pkg/k8s/endpoints.go`,
+///   `ParseEndpointSliceV1`), each with Cilium's state (`pkg/loadbalancer/reflectors/
+///   conversions.go`, `convertEndpoints`); unlike kube-proxy no endpoint is dropped for
+///   its conditions, and there is no terminating fallback here (the reconciler counts);
+/// - which backends each traffic policy selects (`pkg/loadbalancer/writer/writer.go`,
+///   `DefaultSelectBackends`): all of them, or those on this node (an endpoint without a
+///   `nodeName` counts as local); topology hints are not read (Cilium's
+///   `--enable-service-topology` is off by default);
+/// - the per-service settings Cilium reads from the Service (source ranges as written,
+///   `service.cilium.io/src-ranges-policy`, the load-balancer class).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CiliumPort {
+    /// Sorted by (address, port) as numbers (`sortedBackends` within one state), one per
+    /// `ip:port` (the lowest state wins when two endpoints name one address).
+    pub backends: Vec<CiliumBackend>,
+    /// What a frontend with a Cluster policy selects: every backend. Ascending indices.
+    pub cluster: Vec<u32>,
+    /// What a frontend with a Local policy selects. Ascending indices.
+    pub local: Vec<u32>,
+    /// This family's `loadBalancerSourceRanges` as networks, in spec order. Cilium keeps
+    /// a zero prefix as an entry (kube-proxy reads it as "no ranges").
+    pub source_ranges: Vec<Cidr>,
+    /// `service.cilium.io/src-ranges-policy: deny`: the ranges are a deny list.
+    pub source_ranges_deny: bool,
+    /// Cilium's LB-IPAM owns the load-balancer IPs (no `loadBalancerClass`, LB-IPAM
+    /// being the default allocator, or `io.cilium/bgp-control-plane` /
+    /// `io.cilium/l2-announcer`): the reconciler's `isWildcardClass`.
+    pub lb_ipam_class: bool,
+}
+
+/// One backend of a [`CiliumPort`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CiliumBackend {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub state: BackendState,
+}
+
+/// Cilium's backend states (`pkg/loadbalancer/loadbalancer.go`), in its sort order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BackendState {
+    /// `ready` (whatever serving and terminating say).
+    Active,
+    /// Not ready, terminating and serving: used only when no backend is active.
+    Terminating,
+    /// Terminating and not serving: kept for its connections, never selected.
+    TerminatingNotServing,
+    /// Not ready and not terminating: in the backends map, in no service slot.
+    Maintenance,
+}
+
+impl BackendState {
+    /// `convertEndpoints`: the state of an endpoint with these conditions.
+    pub fn of(ready: bool, serving: bool, terminating: bool) -> BackendState {
+        match (ready, serving, terminating) {
+            (true, _, _) => BackendState::Active,
+            (false, false, true) => BackendState::TerminatingNotServing,
+            (false, true, true) => BackendState::Terminating,
+            (false, _, false) => BackendState::Maintenance,
+        }
+    }
 }
 
 impl PortView {
