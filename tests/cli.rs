@@ -1270,7 +1270,7 @@ fn ebpf_ids_are_kept_by_the_lock_file() {
         }
     }
     assert_eq!(kept["services"]["10.0.0.20:80/TCP"], 20);
-    assert_eq!(kept["backends"]["10.244.0.1:80/TCP"], 8);
+    assert_eq!(kept["backends"]["10.244.0.1:80/TCP"], 10);
     // The lock now holds the new ids too; without it the sorted assignment moves ids.
     let text = std::fs::read_to_string(&lock).unwrap();
     assert!(

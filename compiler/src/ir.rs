@@ -62,6 +62,10 @@ pub struct ClusterConfig {
     /// left out of the IR's JSON when it is the default.
     #[serde(skip_serializing_if = "TopologyKeys::is_default")]
     pub topology_keys: TopologyKeys,
+    /// Cilium's map sizes (`ebpfMapSizes`), for the ebpf target; left out of the IR's
+    /// JSON when unset.
+    #[serde(skip_serializing_if = "EbpfMapSizes::is_default")]
+    pub ebpf_map_sizes: EbpfMapSizes,
 }
 
 /// What the node pass does with a Service's `spec.topologyKeys`. Kubernetes removed the
@@ -88,6 +92,109 @@ impl TopologyKeys {
     }
     pub fn is_default(&self) -> bool {
         *self == TopologyKeys::Honour
+    }
+}
+
+/// Sizes of Cilium's load-balancing maps as its agent options set them (`ebpfMapSizes`
+/// in the ClusterConfig, or the ebpf target's `--map-sizes`): `KEY=N,...`. `all` is
+/// `--bpf-lb-map-max` (65536 by default), the size of every map whose own option is
+/// unset (`pkg/loadbalancer/config.go`, `NewConfig`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EbpfMapSizes {
+    /// `--bpf-lb-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all: Option<u32>,
+    /// `--bpf-lb-service-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub services: Option<u32>,
+    /// `--bpf-lb-service-backend-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backends: Option<u32>,
+    /// `--bpf-lb-rev-nat-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rev_nat: Option<u32>,
+    /// `--bpf-lb-affinity-map-max` (the affinity and affinity-match maps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<u32>,
+    /// `--bpf-lb-source-range-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<u32>,
+    /// `--bpf-lb-maglev-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maglev: Option<u32>,
+    /// `--bpf-sock-rev-map-max` (Cilium sizes it from the node's memory when unset; here
+    /// it is then `all`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sock_rev: Option<u32>,
+}
+
+impl EbpfMapSizes {
+    /// The keys `KEY=N` takes, with the Cilium option each stands for.
+    pub const KEYS: [(&'static str, &'static str); 8] = [
+        ("all", "--bpf-lb-map-max"),
+        ("services", "--bpf-lb-service-map-max"),
+        ("backends", "--bpf-lb-service-backend-map-max"),
+        ("rev-nat", "--bpf-lb-rev-nat-map-max"),
+        ("affinity", "--bpf-lb-affinity-map-max"),
+        ("source-ranges", "--bpf-lb-source-range-map-max"),
+        ("maglev", "--bpf-lb-maglev-map-max"),
+        ("sock-rev", "--bpf-sock-rev-map-max"),
+    ];
+
+    /// `services=131072,backends=262144`; an `Err` says what is wrong, in one line.
+    pub fn parse(s: &str) -> Result<EbpfMapSizes, String> {
+        let mut out = EbpfMapSizes::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let Some((k, v)) = item.split_once('=') else {
+                return Err(format!("`{item}` is not KEY=N"));
+            };
+            let n: u32 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("`{item}`: give a number from 1 to 4294967295"))?;
+            *out.slot(k.trim()).ok_or_else(|| {
+                let keys: Vec<&str> = Self::KEYS.iter().map(|(k, _)| *k).collect();
+                format!("unknown map `{}` (use {})", k.trim(), keys.join(", "))
+            })? = Some(n);
+        }
+        Ok(out)
+    }
+
+    fn slot(&mut self, key: &str) -> Option<&mut Option<u32>> {
+        Some(match key {
+            "all" => &mut self.all,
+            "services" => &mut self.services,
+            "backends" => &mut self.backends,
+            "rev-nat" => &mut self.rev_nat,
+            "affinity" => &mut self.affinity,
+            "source-ranges" => &mut self.source_ranges,
+            "maglev" => &mut self.maglev,
+            "sock-rev" => &mut self.sock_rev,
+            _ => return None,
+        })
+    }
+
+    /// `self`, with every key `over` sets taken from `over` (a flag over the document).
+    pub fn overridden_by(mut self, over: &EbpfMapSizes) -> EbpfMapSizes {
+        for (k, _) in Self::KEYS {
+            let v = *over.clone().slot(k).expect("a known key");
+            if v.is_some() {
+                *self.slot(k).expect("a known key") = v;
+            }
+        }
+        self
+    }
+
+    /// The value set for `key` (one of [`EbpfMapSizes::KEYS`]), if any.
+    pub fn get(&self, key: &str) -> Option<u32> {
+        *self.clone().slot(key)?
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == EbpfMapSizes::default()
     }
 }
 
@@ -437,6 +544,9 @@ pub struct NodeView {
     /// [`ClusterConfig::nft_layout`], copied for the nftables targets.
     #[serde(skip_serializing_if = "NftLayout::is_default")]
     pub nft_layout: NftLayout,
+    /// [`ClusterConfig::ebpf_map_sizes`], copied for the ebpf target.
+    #[serde(skip_serializing_if = "EbpfMapSizes::is_default")]
+    pub ebpf_map_sizes: EbpfMapSizes,
     pub node_name: String,
     pub family: IpFamily,
     /// The node's IPs of this family, primary first.
@@ -675,4 +785,35 @@ pub struct EndpointView {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EbpfMapSizes;
+
+    #[test]
+    fn ebpf_map_sizes_parse_and_override() {
+        let s = EbpfMapSizes::parse("services=131072, backends=262144,all=100").unwrap();
+        assert_eq!(s.services, Some(131072));
+        assert_eq!(s.backends, Some(262144));
+        assert_eq!(s.all, Some(100));
+        assert_eq!(s.get("rev-nat"), None);
+        assert_eq!(EbpfMapSizes::parse("").unwrap(), EbpfMapSizes::default());
+        for (bad, why) in [
+            ("services", "is not KEY=N"),
+            ("services=0", "give a number"),
+            ("services=x", "give a number"),
+            ("service=1", "unknown map `service`"),
+        ] {
+            let e = EbpfMapSizes::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let doc = EbpfMapSizes::parse("all=10,services=20").unwrap();
+        let flag = EbpfMapSizes::parse("services=30,maglev=5").unwrap();
+        let both = doc.overridden_by(&flag);
+        assert_eq!(
+            (both.all, both.services, both.maglev),
+            (Some(10), Some(30), Some(5))
+        );
+    }
 }

@@ -219,6 +219,8 @@ pub struct ClusterConfigDoc {
     pub nft_layout: Option<Sp<String>>,
     /// `topologyKeys`: `honour` or `ignore` (see `ir::TopologyKeys`).
     pub topology_keys: Option<Sp<String>>,
+    /// `ebpfMapSizes`: `KEY=N,...` (see `ir::EbpfMapSizes`).
+    pub ebpf_map_sizes: Option<Sp<String>>,
 }
 
 /// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
@@ -1411,6 +1413,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         "nfacct",
         "nftLayout",
         "topologyKeys",
+        "ebpfMapSizes",
     ];
     let mut out = ClusterConfigDoc {
         span: root.span,
@@ -1430,6 +1433,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         out.nfacct = d.bool_(f.get("nfacct"), &path.key("nfacct"));
         out.nft_layout = d.str_(f.get("nftLayout"), &path.key("nftLayout"));
         out.topology_keys = d.str_(f.get("topologyKeys"), &path.key("topologyKeys"));
+        out.ebpf_map_sizes = d.str_(f.get("ebpfMapSizes"), &path.key("ebpfMapSizes"));
     }
     out
 }

@@ -49,6 +49,7 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             nfacct: None,
             nft_layout: Default::default(),
             topology_keys: Default::default(),
+            ebpf_map_sizes: Default::default(),
         },
         proxy: ProxyConfig {
             mode: "iptables".into(),

@@ -191,6 +191,7 @@ pub fn lower(
             nfacct: settings.nfacct,
             nft_layout: settings.nft_layout,
             topology_keys: settings.topology_keys,
+            ebpf_map_sizes: settings.ebpf_map_sizes,
         },
         proxy: proxy_config(objects.proxy_configs.first()),
         services,

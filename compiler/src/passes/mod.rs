@@ -30,6 +30,8 @@ pub struct Settings {
     pub nft_layout: crate::ir::NftLayout,
     /// `--topology-keys` / `topologyKeys`.
     pub topology_keys: crate::ir::TopologyKeys,
+    /// `ebpfMapSizes` (the ebpf target's `--map-sizes` overrides it key by key).
+    pub ebpf_map_sizes: crate::ir::EbpfMapSizes,
 }
 
 impl Default for Settings {
@@ -42,6 +44,7 @@ impl Default for Settings {
             nfacct: None,
             nft_layout: Default::default(),
             topology_keys: Default::default(),
+            ebpf_map_sizes: Default::default(),
         }
     }
 }

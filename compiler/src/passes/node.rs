@@ -109,6 +109,7 @@ pub fn node_view(
         random_fully: module.cluster.random_fully,
         nfacct: module.cluster.nfacct,
         nft_layout: module.cluster.nft_layout,
+        ebpf_map_sizes: module.cluster.ebpf_map_sizes,
         node_name: sel.name.clone(),
         family,
         masquerade_mark: 1u32.checked_shl(proxy.masquerade_bit.into()).unwrap_or(0),

@@ -115,6 +115,7 @@
 //! | SVC320 | error    | ClusterConfig `nftLayout` is not `kube-proxy` or `fast` |
 //! | SVC321 | warning  | kube-proxy `mode: ipvs` (or `--target ipvs`): IPVS mode is deprecated (KEP-5495) |
 //! | SVC322 | error    | ClusterConfig `topologyKeys` is not `honour` or `ignore` |
+//! | SVC323 | error    | ClusterConfig `ebpfMapSizes` is not `KEY=N,...` with known keys |
 
 mod config;
 pub use config::ipvs_deprecated;
