@@ -38,6 +38,8 @@ use svc_compiler::source::SourceMap;
 use svc_node::sys::aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use svc_targets::ebpf::{self, Layout};
 
+mod cilium;
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 fn unique(prefix: &str) -> String {

@@ -774,3 +774,46 @@ fn the_map_full_code_is_documented() {
     let codes = include_str!("../../../compiler/src/codes.rs");
     assert!(codes.contains(&format!("//! - {MAP_FULL_CODE}, error:")));
 }
+
+/// No wildcard entry for an address of the node (`updateFrontend`: `isLocalAddr`), nor
+/// for a load-balancer class Cilium does not own, nor for a cluster IP.
+#[test]
+fn wildcards_only_for_cilium_owned_load_balancer_ips() {
+    let lb = |name: &str, n: u8, ip: &str, class: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.{n}\n{class}  ports: [{{port: 80, nodePort: 3010{n}}}]\nstatus: {{loadBalancer: {{ingress: [{{ip: {ip}}}]}}}}\n"
+        )
+    };
+    let docs = [
+        lb("own", 1, "203.0.113.1", ""),
+        lb(
+            "bgp",
+            2,
+            "203.0.113.2",
+            "  loadBalancerClass: io.cilium/bgp-control-plane\n",
+        ),
+        lb(
+            "nodeipam",
+            3,
+            "203.0.113.3",
+            "  loadBalancerClass: io.cilium/node\n",
+        ),
+        lb("on-node", 4, "192.0.2.10", ""),
+    ]
+    .concat();
+    let l = layout(&view_of(&[NODES, &docs]), None, &MapSizes::default()).unwrap();
+    let wild: Vec<String> = l
+        .entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Wildcard { addr, flags } => {
+                assert_eq!(*flags, F_LOADBALANCER_FLAG);
+                Some(addr.to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(wild, ["203.0.113.2", "203.0.113.1"]);
+}
+
+const F_LOADBALANCER_FLAG: u16 = 1 << 5;
