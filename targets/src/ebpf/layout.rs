@@ -7,9 +7,14 @@
 //! - Entries are in write order: frontends in [`NodeView::ports`] order (cluster IP, external
 //!   IPs, load-balancer IPs, node addresses, surrogate), and per frontend Cilium's order
 //!   (`bpf_reconciler.go`, `updateFrontend`): new backends, each slot (with its affinity
-//!   match), source ranges, rev-NAT, master last. A datapath that reads the master never
-//!   sees a slot that is not written yet.
+//!   match), source ranges, rev-NAT, master, then the wildcard entry its address parents
+//!   (written with the first parent only). A datapath that reads the master never sees a
+//!   slot that is not written yet.
+//! - Backends and their order come from Cilium's reading of the port (`PortView::cilium`),
+//!   never kube-proxy's endpoint sets: slots hold the active backends, then the
+//!   terminating ones (the master's `qcount`); maintenance backends have no slot.
 //! - Ids come from [`assign_ids`] only: sorted frontends and backends, previous ids kept.
+//! - Every map has the size [`MapSizes`] gives it; [`layout`] fails rather than grow one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -11,7 +11,9 @@
 //!
 //! `--target ebpf` ([`TARGET`]) picks the rendering with `--map-format` (JSON by default)
 //! and refuses, before rendering, a node with more frontends than Cilium's 16-bit service
-//! ids can name ([`check`]). Ids are kept across runs by the `--lock` file (its `ebpf:`
+//! ids can name ([`check`]) and one whose entries overflow a map at the sizes
+//! `--map-sizes` and the ClusterConfig give ([`map_full`], SVC502). Which Cilium it
+//! follows and how that differs from kube-proxy: docs/ebpf.md. Ids are kept across runs by the `--lock` file (its `ebpf:`
 //! section, per node and family, through [`NodeRenderer::render_locked`]) and, for
 //! `apply`, by the last applied document.
 //!
