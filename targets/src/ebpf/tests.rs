@@ -807,7 +807,7 @@ fn wildcards_only_for_cilium_owned_load_balancer_ips() {
         .iter()
         .filter_map(|e| match e {
             Entry::Wildcard { addr, flags } => {
-                assert_eq!(*flags, F_LOADBALANCER_FLAG);
+                assert_eq!(*flags, super::layout::F_LOADBALANCER);
                 Some(addr.to_string())
             }
             _ => None,
@@ -815,5 +815,3 @@ fn wildcards_only_for_cilium_owned_load_balancer_ips() {
         .collect();
     assert_eq!(wild, ["203.0.113.2", "203.0.113.1"]);
 }
-
-const F_LOADBALANCER_FLAG: u16 = 1 << 5;
