@@ -101,6 +101,9 @@ pub fn run(flags: &DiffCmd) -> Result<Outcome, Fail> {
                 if let Ok(v) = v {
                     r.check(v)
                         .map_err(|e| Fail(format!("--target {}: {e}", rules_name)))?;
+                    if let Some(d) = r.input_errors(v).first() {
+                        return Err(Fail(format!("--target {}: {}", rules_name, d.message)));
+                    }
                     r.render_into(v, text);
                 }
                 Ok(())

@@ -894,6 +894,42 @@ fn ebpf_renders_maps_as_json_table_and_batch() {
     );
 }
 
+/// Maps too small for the node: SVC502 for each map that overflows, exit 1, nothing
+/// written (stdout, and with --out no file); `--map-sizes` wins over `--max-entries`
+/// for its keys.
+#[test]
+fn ebpf_maps_too_small_refuse_the_node() {
+    let t = TempDir::new("ebpf-small");
+    let out = t.path().join("out");
+    for extra in [
+        &["--map-sizes", "services=8,backends=4"][..],
+        &["--max-entries", "4", "--map-sizes", "rev-nat=65536"][..],
+        &["--map-sizes", "all=4", "--out", out.to_str().unwrap()][..],
+    ] {
+        let mut a = vec!["examples/", "--target", "ebpf", "--node", "node-a"];
+        a.extend(extra);
+        let r = svc(&a, None, &root());
+        r.expect(1);
+        assert!(r.stdout.is_empty(), "{}", r.stdout);
+        assert!(
+            r.stderr.contains("error[SVC502]: node node-a (IPv4): ")
+                && r.stderr
+                    .contains("entries for Cilium's cilium_lb4_services_v2 map, which holds ")
+                && r.stderr.contains("--bpf-lb-service-map-max=N"),
+            "{}",
+            r.stderr
+        );
+        let rev_nat = r.stderr.contains("cilium_lb4_reverse_nat map");
+        assert_eq!(
+            rev_nat,
+            extra[0] == "--map-sizes" && extra[1] == "all=4",
+            "{}",
+            r.stderr
+        );
+        assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none());
+    }
+}
+
 /// The ebpf flags' values are checked, each mistake in one line (exit 2); another
 /// target does not take them.
 #[test]
@@ -910,6 +946,14 @@ fn ebpf_flag_mistakes_are_one_line() {
         (
             &["--pin-dir", "pins"][..],
             "svc-compile: --target ebpf: --pin-dir `pins`: give an absolute path without blanks (under a bpffs mount)",
+        ),
+        (
+            &["--map-sizes", "services=0"][..],
+            "svc-compile: --target ebpf: --map-sizes `services=0`: `services=0`: give a number from 1 to 4294967295",
+        ),
+        (
+            &["--map-sizes", "svc=1"][..],
+            "svc-compile: --target ebpf: --map-sizes `svc=1`: unknown map `svc` (use all, services, backends, rev-nat, affinity, source-ranges, maglev, sock-rev)",
         ),
     ] {
         let mut a = vec!["examples/", "--target", "ebpf", "--node", "node-a"];
@@ -1270,7 +1314,7 @@ fn ebpf_ids_are_kept_by_the_lock_file() {
         }
     }
     assert_eq!(kept["services"]["10.0.0.20:80/TCP"], 20);
-    assert_eq!(kept["backends"]["10.244.0.1:80/TCP"], 8);
+    assert_eq!(kept["backends"]["10.244.0.1:80/TCP"], 10);
     // The lock now holds the new ids too; without it the sorted assignment moves ids.
     let text = std::fs::read_to_string(&lock).unwrap();
     assert!(

@@ -36,6 +36,8 @@
 //! which lists this crate's codes):
 //! - SVC501, error: a `--template` file does not parse or render
 //!   (`svc_targets::template::TEMPLATE_ERROR_CODE`), at the template's line and column.
+//! - SVC502, error: a node's entries overflow one of Cilium's maps at the sizes given
+//!   (`svc_targets::ebpf::MAP_FULL_CODE`; `--map-sizes`, ClusterConfig `ebpfMapSizes`).
 //!   `svc_targets::CODES` describes it as [`CODES`] does this crate's.
 
 use crate::diag::Severity;

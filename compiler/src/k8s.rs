@@ -226,6 +226,8 @@ pub struct ClusterConfigDoc {
     pub topology_keys: Option<Sp<String>>,
     /// `dnsRecords`: `spec` or `coredns` (see `ir::DnsRecords`).
     pub dns_records: Option<Sp<String>>,
+    /// `ebpfMapSizes`: `KEY=N,...` (see `ir::EbpfMapSizes`).
+    pub ebpf_map_sizes: Option<Sp<String>>,
 }
 
 /// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
@@ -1442,6 +1444,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         "nftLayout",
         "topologyKeys",
         "dnsRecords",
+        "ebpfMapSizes",
     ];
     let mut out = ClusterConfigDoc {
         span: root.span,
@@ -1462,6 +1465,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         out.nft_layout = d.str_(f.get("nftLayout"), &path.key("nftLayout"));
         out.topology_keys = d.str_(f.get("topologyKeys"), &path.key("topologyKeys"));
         out.dns_records = d.str_(f.get("dnsRecords"), &path.key("dnsRecords"));
+        out.ebpf_map_sizes = d.str_(f.get("ebpfMapSizes"), &path.key("ebpfMapSizes"));
     }
     out
 }

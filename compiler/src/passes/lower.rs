@@ -10,6 +10,9 @@ use crate::passes::resolve::{protocol_of, Resolved};
 use crate::passes::Settings;
 use rayon::prelude::*;
 
+/// Cilium's per-service annotations (`pkg/annotation/k8s.go`, `ServicePrefix`).
+pub const CILIUM_ANNOTATION_PREFIX: &str = "service.cilium.io/";
+
 pub fn lower(
     objects: &Objects,
     settings: &Settings,
@@ -115,6 +118,14 @@ pub fn lower(
                     .label("service.kubernetes.io/service-proxy-name")
                     .map(str::to_string),
                 headless_label: s.meta.label("service.kubernetes.io/headless").is_some(),
+                load_balancer_class: s.load_balancer_class.as_ref().map(|c| c.v.clone()),
+                cilium_annotations: s
+                    .meta
+                    .annotations
+                    .iter()
+                    .filter(|(k, _)| k.v.starts_with(CILIUM_ANNOTATION_PREFIX))
+                    .map(|(k, v)| (k.v.clone(), v.v.clone()))
+                    .collect(),
                 ports: s
                     .ports
                     .iter()
@@ -204,6 +215,7 @@ pub fn lower(
             nft_layout: settings.nft_layout,
             topology_keys: settings.topology_keys,
             dns_records: settings.dns_records,
+            ebpf_map_sizes: settings.ebpf_map_sizes,
         },
         proxy: proxy_config(objects.proxy_configs.first()),
         services,

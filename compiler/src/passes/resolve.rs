@@ -248,14 +248,22 @@ fn from_slice(ctx: &Ctx, i: usize, want: Want, out: &mut Vec<Endpoint>) {
     };
     let source: Arc<str> = format!("EndpointSlice {}/{}", s.meta.namespace.v, s.meta.name.v).into();
     for e in &s.endpoints {
-        // Only addresses[0] is used.
+        // kube-proxy uses addresses[0]; the others are kept for Cilium, which makes a
+        // backend of each.
         let Some(ip) = e.addresses.first().and_then(|a| parse_ip(&a.v)) else {
             continue;
         };
+        let mut other_addresses: Vec<std::net::IpAddr> = Vec::new();
+        for a in e.addresses.iter().skip(1).filter_map(|a| parse_ip(&a.v)) {
+            if a != ip && !other_addresses.contains(&a) {
+                other_addresses.push(a);
+            }
+        }
         out.push(Endpoint {
             ip,
             port,
             addr: join_host_port(&ip, port).into(),
+            other_addresses,
             node_name: e.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
             zone: e.zone.as_ref().map(|z| ctx.names.get(&z.v)),
             hostname: e.hostname.as_ref().map(|h| h.v.clone()),
@@ -289,6 +297,7 @@ fn from_endpoints(ctx: &Ctx, i: usize, want: Want, out: &mut Vec<Endpoint>) {
                     ip,
                     port,
                     addr: join_host_port(&ip, port).into(),
+                    other_addresses: Vec::new(),
                     node_name: a.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
                     zone: None,
                     hostname: a.hostname.as_ref().map(|h| h.v.clone()),
@@ -373,6 +382,7 @@ fn from_pods(
                 ip,
                 port: tp,
                 addr: join_host_port(&ip, tp).into(),
+                other_addresses: Vec::new(),
                 hint_zones: zone
                     .iter()
                     .filter(|_| zone_hints)
@@ -482,6 +492,20 @@ mod tests {
         );
         // A name no container has: no endpoint.
         assert!(eps(&m, 2).is_empty());
+    }
+
+    /// Every address of a slice endpoint is kept: the first as the endpoint (kube-proxy),
+    /// the others, without repeats or bad ones, for Cilium.
+    #[test]
+    fn every_address_of_a_slice_endpoint_is_kept() {
+        let svc = format!("{SVC}  ports: [{{port: 80, targetPort: 8080}}]\n");
+        let slice = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints:\n- addresses: [10.0.0.2, 10.0.0.3, 10.0.0.2, 10.0.0.4]\n";
+        let m = module(&format!("{svc}{slice}"));
+        let e = eps(&m, 0);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].ip.to_string(), "10.0.0.2");
+        let others: Vec<String> = e[0].other_addresses.iter().map(|a| a.to_string()).collect();
+        assert_eq!(others, ["10.0.0.3", "10.0.0.4"]);
     }
 
     #[test]

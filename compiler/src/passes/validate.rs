@@ -116,6 +116,7 @@
 //! | SVC321 | warning  | kube-proxy `mode: ipvs` (or `--target ipvs`): IPVS mode is deprecated (KEP-5495) |
 //! | SVC322 | error    | ClusterConfig `topologyKeys` is not `honour` or `ignore` |
 //! | SVC323 | error    | ClusterConfig `dnsRecords` is not `spec` or `coredns` |
+//! | SVC324 | error    | ClusterConfig `ebpfMapSizes` is not `KEY=N,...` with known keys |
 //! | SVC330 | error    | `conntrack` section: a timeout is not a duration, or a count is not 0-4294967295 |
 
 mod config;

@@ -360,4 +360,14 @@ fn cluster(cx: &mut Cx, c: &ClusterConfigDoc) {
             );
         }
     }
+    if let Some(m) = &c.ebpf_map_sizes {
+        if let Err(e) = crate::ir::EbpfMapSizes::parse(&m.v) {
+            cx.push(
+                Diagnostic::error("SVC324", format!("invalid ebpfMapSizes: {e}"))
+                    .at(m.span)
+                    .path("ebpfMapSizes")
+                    .hint("write KEY=N,... with keys all, services, backends, rev-nat, affinity, source-ranges, maglev, sock-rev (Cilium's --bpf-lb-*-map-max options)"),
+            );
+        }
+    }
 }
