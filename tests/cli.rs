@@ -1833,3 +1833,92 @@ fn the_agents_unit_and_daemonset_run_as_written() {
         "systemd-analyze verify has something to say about the unit: {said}"
     );
 }
+
+/// action.yml's step (`action/run.sh`) in a git repository of two, then three commits:
+/// annotations on stdout, the check and the diff in the job summary, exit 0 with a change
+/// and 1 once the manifests have an error.
+#[test]
+fn the_github_actions_script_checks_diffs_and_writes_the_summary() {
+    let action = std::fs::read_to_string(root().join("action.yml")).unwrap();
+    assert!(action.contains("action/run.sh"), "{action}");
+    let (docs, diags) = svc_compiler::tree::parse_file(svc_compiler::source::FileId(0), &action);
+    assert!(
+        diags.items.is_empty() && docs.len() == 1,
+        "action.yml: {diags:?}"
+    );
+    let repo = TempDir::new("action");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "commit.gpgsign=false",
+            ])
+            .args(args)
+            .current_dir(repo.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let m = repo.path().join("m");
+    std::fs::create_dir(&m).unwrap();
+    for f in ["my-service.yaml", "nodes.yaml"] {
+        std::fs::copy(root().join("examples").join(f), m.join(f)).unwrap();
+    }
+    git(&["init", "-q"]);
+    git(&["add", "."]);
+    git(&["commit", "-qm", "one"]);
+    let base = git(&["rev-parse", "HEAD"]);
+    let svc = std::fs::read_to_string(m.join("my-service.yaml")).unwrap();
+    std::fs::write(
+        m.join("my-service.yaml"),
+        svc.replacen("port: 80", "port: 8081", 1),
+    )
+    .unwrap();
+    git(&["commit", "-qam", "two"]);
+    let run = |summary: &std::path::Path| {
+        std::process::Command::new("bash")
+            .arg(root().join("action/run.sh"))
+            .current_dir(repo.path())
+            .env("SVC_COMPILE", env!("CARGO_BIN_EXE_svc-compile"))
+            .env("INPUT_PATHS", "m")
+            .env("INPUT_BASE", &base)
+            .env("GITHUB_STEP_SUMMARY", summary)
+            .output()
+            .unwrap()
+    };
+    let summary = repo.path().join("summary.md");
+    let out = run(&summary);
+    let said = std::fs::read_to_string(&summary).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{said}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("::error"),
+        "{out:?}"
+    );
+    assert!(
+        said.contains("## svc-compile check\n\nNo errors."),
+        "{said}"
+    );
+    assert!(said.contains("## svc-compile diff m ("), "{said}");
+    assert!(
+        said.contains("8081"),
+        "the diff does not show the new port: {said}"
+    );
+
+    std::fs::write(m.join("broken.yaml"), "kind: Service\nmetadata: {name: [\n").unwrap();
+    git(&["add", "."]);
+    git(&["commit", "-qm", "three"]);
+    let summary = repo.path().join("summary2.md");
+    let out = run(&summary);
+    let said = std::fs::read_to_string(&summary).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}\n{said}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("::error file=m/broken.yaml"),
+        "{out:?}"
+    );
+    assert!(said.contains("**Errors**"), "{said}");
+}
