@@ -71,6 +71,9 @@ fn check(args: &[&str], input: impl FnOnce(&mut dyn Write) + Send + 'static) -> 
     // Output closed: the child is exiting; its last high-water mark has been read (or is
     // read now, while it is not yet reaped).
     let peak_kib = monitor.join().unwrap().max(hwm_kib(pid).unwrap_or(0));
+    // A process that ran has some memory: a peak of 0 means no sample was taken, and the
+    // bound below would hold for nothing.
+    assert!(peak_kib > 0, "no RSS sample of check {args:?}");
     let status = child.wait().expect("wait");
     eprintln!("bounds: check {args:?}: peak RSS {} MiB", peak_kib / 1024);
     done.store(true, Ordering::SeqCst);
