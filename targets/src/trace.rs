@@ -35,6 +35,8 @@ pub trait Tracer: Sync {
         match self.mode() {
             Mode::Iptables => "iptables rules",
             Mode::Nftables => "nftables rules",
+            Mode::Ipvs => "ipvs rules",
+            Mode::Ebpf => "ebpf maps",
         }
     }
     /// Whether [`Tracer::rules`] gives a step of `rule` its lines (it then always does:
