@@ -1002,8 +1002,10 @@ fn message(e: &clap::Error, sub: &str, targets: &[&'static Target]) -> String {
 /// An unknown flag of `sub`: whose it is, if another subcommand's, or the flag meant.
 fn unknown_flag(flag: &str, sub: &str, targets: &[&'static Target]) -> String {
     let cmd = command(targets);
+    // A hidden flag is refused by its command (migrate's `--target`): not its.
     let flags_of = |c: &clap::Command| -> Vec<String> {
         c.get_arguments()
+            .filter(|a| !a.is_hide_set())
             .flat_map(|a| {
                 let long = a.get_long().map(|l| format!("--{l}"));
                 let short = a.get_short().map(|s| format!("-{s}"));

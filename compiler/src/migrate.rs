@@ -295,7 +295,7 @@ pub fn behaviour(rule: ModeRule, mode: Mode) -> &'static str {
     use Mode::*;
     use ModeRule::*;
     match (rule, mode) {
-        (OtherPort, Iptables) => "no rule matches: routed on as addressed (a cluster IP is no local address)",
+        (OtherPort, Iptables) => "no rule matches: routed on as addressed (a service address is not local)",
         // pkg/proxy/nftables/proxier.go: the cluster-ips-check chain rejects the
         // cluster-ips set's addresses on ports no service element took.
         (OtherPort, Nftables) => "a cluster IP's other ports are rejected (cluster-ips-check); other addresses are routed on",
@@ -322,7 +322,7 @@ pub fn behaviour(rule: ModeRule, mode: Mode) -> &'static str {
         (NodePortOtherAddress, Ebpf) => "no service entry on that address: the node's stack answers",
         (FirewallWithoutEndpoints, Iptables) => "no KUBE-FW chain without endpoints: the no-endpoints REJECT answers first",
         (FirewallWithoutEndpoints, Nftables) => "the firewall is kept without endpoints (before DNAT): it drops first",
-        (FirewallWithoutEndpoints, Ipvs) => "KUBE-LOAD-BALANCER-FW is filled without endpoints: filter INPUT drops first",
+        (FirewallWithoutEndpoints, Ipvs) => "KUBE-LOAD-BALANCER-FW is filled without endpoints: filter INPUT drops first (the node's own packet meets the virtual server first)",
         (FirewallWithoutEndpoints, Ebpf) => "the socket LB does not check source ranges",
         (SourceRangesInNode, Iptables | Nftables) => "the firewall applies to every sender, pods and the node included (the node passes when a range holds its address)",
         (SourceRangesInNode, Ipvs) => "pods meet KUBE-SOURCE-RANGES-FIREWALL in INPUT; the node's own packet is dropped by KUBE-IPVS-OUT-FILTER unless a range holds a node IP",
@@ -367,8 +367,13 @@ fn explains(rule: ModeRule) -> &'static [Aspect] {
     }
 }
 
-/// The aspects in which two fates differ (empty: the same fate).
+/// The aspects in which two fates differ (empty: the same fate). A REJECT and the node's
+/// own stack with nothing listening are the same to a client: both refuse.
 fn aspects(a: &Fate, b: &Fate) -> Vec<Aspect> {
+    let refused = |f: &Fate| matches!(f, Fate::Reject | Fate::Local);
+    if refused(a) && refused(b) {
+        return Vec::new();
+    }
     match (a, b) {
         (
             Fate::Forward {
@@ -439,6 +444,10 @@ fn reasons(ta: &Trace, tb: &Trace, from: Mode, to: Mode, differs: &[Aspect]) -> 
         ModeRule::FirewallWithoutEndpoints,
         ModeRule::SourceRangesInNode,
     ];
+    // Localhost node ports explain a difference only where one mode serves them.
+    if ta.matched.is_none() && tb.matched.is_none() && chosen.len() > 1 {
+        chosen.retain(|r| *r != ModeRule::LocalhostNodePort);
+    }
     if chosen.iter().any(|r| MATCH.contains(r)) {
         chosen.retain(|r| MATCH.contains(r));
     } else if dropped && chosen.iter().any(|r| FIREWALL.contains(r)) {

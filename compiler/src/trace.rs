@@ -485,7 +485,7 @@ fn no_match(view: &NodeView, p: &Packet, mode: Mode, t: &mut Trace) {
     let np = view.ports.iter().find(|pv| {
         pv.protocol == p.proto && pv.node_port == Some(p.port) && !pv.has_external_endpoints
     });
-    if local && np.is_some() && !p.dst.is_loopback() {
+    if local && np.is_some() {
         t.met(ModeRule::NodePortOtherAddress);
     }
     if mode == Mode::Iptables && local {
@@ -658,7 +658,7 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
             _ => pv.uses_firewall_chain.iptables,
         };
     if firewall {
-        if t.origin != Origin::Outside {
+        if t.origin == Origin::Node {
             t.met(ModeRule::SourceRangesInNode);
         }
         let allowed = pv.source_ranges.iter().find(|c| c.contains(&p.src));
@@ -685,9 +685,6 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
                 None => "loadBalancerSourceRanges: the node's own traffic to its LB IP".into(),
             },
         );
-    }
-    if t.origin != Origin::Outside {
-        t.met(ModeRule::ExternalFromInside);
     }
     if !pv.uses_external_chain {
         // No endpoint anywhere (the external chain exists whenever there are some).
@@ -717,6 +714,9 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
         return;
     }
     // The external chain: short-circuits for pods and the node, then the policy.
+    if t.origin != Origin::Outside {
+        t.met(ModeRule::ExternalFromInside);
+    }
     if t.origin == Origin::Pod && pv.external_local {
         step(
             t,
@@ -806,9 +806,6 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
 /// (`writeIptablesRules`, `ipsetWithIptablesChain`).
 fn ipvs_external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, t: &mut Trace) {
     let step = |t: &mut Trace, rule: Rule, text: String| t.steps.push(Step { rule, text });
-    if t.origin != Origin::Outside {
-        t.met(ModeRule::ExternalFromInside);
-    }
     let ranges = how == Match::LoadBalancerIp && !pv.source_ranges.is_empty();
     if ranges && !pv.has_endpoints {
         t.met(ModeRule::FirewallWithoutEndpoints);
@@ -816,9 +813,6 @@ fn ipvs_external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, t: &mut
     if ranges && t.origin != Origin::Node {
         // KUBE-LOAD-BALANCER-FW is filled whatever the endpoints; its filter INPUT rules
         // run before IPVS (LOCAL_IN) for every packet that arrives, pods' included.
-        if t.origin == Origin::Pod {
-            t.met(ModeRule::SourceRangesInNode);
-        }
         let allowed = pv.source_ranges.iter().find(|c| c.contains(&p.src));
         let own = pv.source_ranges_include_node && p.src == p.dst;
         if allowed.is_none() && !own {
@@ -847,6 +841,9 @@ fn ipvs_external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, t: &mut
         }
         ipvs_no_reals(t);
         return;
+    }
+    if t.origin != Origin::Outside {
+        t.met(ModeRule::ExternalFromInside);
     }
     if ranges && t.origin == Origin::Node {
         // The node's own packet is scheduled in LOCAL_OUT, before filter OUTPUT, where

@@ -274,6 +274,7 @@ mod tests {
                 port,
                 proto: pv.protocol,
                 local_ips: Vec::new(),
+                on_node: None,
             })
             .collect()
     }
