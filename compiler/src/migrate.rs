@@ -101,8 +101,10 @@ pub struct Flow {
     pub protocol: &'static str,
     pub frontend: FrontendKind,
     /// `ip:port` (`[ip]:port`).
+    #[serde(rename = "destination")]
     pub to: String,
     pub client: Client,
+    #[serde(rename = "source")]
     pub from: IpAddr,
 }
 
@@ -447,6 +449,10 @@ fn reasons(ta: &Trace, tb: &Trace, from: Mode, to: Mode, differs: &[Aspect]) -> 
     // Localhost node ports explain a difference only where one mode serves them.
     if ta.matched.is_none() && tb.matched.is_none() && chosen.len() > 1 {
         chosen.retain(|r| *r != ModeRule::LocalhostNodePort);
+    }
+    // And a node port's no-endpoint rule on another address only where neither matched.
+    if (ta.matched.is_some() || tb.matched.is_some()) && chosen.len() > 1 {
+        chosen.retain(|r| *r != ModeRule::NodePortOtherAddress);
     }
     if chosen.iter().any(|r| MATCH.contains(r)) {
         chosen.retain(|r| MATCH.contains(r));

@@ -831,7 +831,10 @@ fn ipvs_external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, t: &mut
         step(
             t,
             Rule::Firewall,
-            "loadBalancerSourceRanges: source allowed".into(),
+            match allowed {
+                Some(c) => format!("loadBalancerSourceRanges: source allowed by {c}"),
+                None => "loadBalancerSourceRanges: the node's own traffic to its LB IP".into(),
+            },
         );
     }
     let set = ipvs_reals(pv, pv.external_local, t);

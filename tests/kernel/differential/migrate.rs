@@ -74,7 +74,7 @@ pub(super) fn claims(m: &Manifest) -> Claims {
             continue;
         }
         for d in n["differences"].as_array().expect("differences") {
-            let to = d["to"].as_str().expect("to").to_string();
+            let to = d["destination"].as_str().expect("destination").to_string();
             let dst = if d["frontend"] == "other-port" {
                 format!("other {}", to.rsplit_once(':').map_or(&*to, |(ip, _)| ip))
             } else {
