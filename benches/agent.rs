@@ -78,6 +78,8 @@ fn main() {
             let mut agent = Agent::start(&bin, &inputs, &state, target, &extra, &netns.0);
             let first = agent.wait_sync(1, Duration::from_secs(600));
             println!("{tag}: first sync {} ms", first.ms);
+            // RSS once what the sync freed went back (mimalloc's purge delay is 1 s).
+            std::thread::sleep(Duration::from_millis(1500));
             let rss0 = agent.rss_kb();
             let fds0 = agent.fds();
 
@@ -126,6 +128,7 @@ fn main() {
                 );
                 agent.wait_sync(agent.synced + 1, Duration::from_secs(120));
             }
+            std::thread::sleep(Duration::from_millis(1500));
             let (rss1, fds1) = (agent.rss_kb(), agent.fds());
             let growth = (rss1 - rss0) as f64 * 100.0 / rss0 as f64;
             println!(

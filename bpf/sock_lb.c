@@ -275,7 +275,10 @@ struct {
 } cilium_lb6_reverse_sk SEC(".maps");
 
 /* Slot 0 of the address; for a two-scope service the internal scope's entry, since a
- * socket is always in-cluster traffic (Cilium's scope switch). */
+ * socket is always in-cluster traffic (Cilium's scope switch). A wildcard entry (port 0,
+ * protocol 0: "this address is a service's") is never found: the key has the socket's
+ * port and protocol, and Cilium's lookup with the scope switch does not fall back to it
+ * either (only the per-packet datapath, which drops on it, does). */
 static __always_inline struct lb4_service *lookup_service(struct lb4_key *key)
 {
 	struct lb4_service *svc;
@@ -357,7 +360,9 @@ static __always_inline void affinity_pin(void *affinity, const void *akey, __u32
 }
 
 /* The slot a new connection takes: TCP at random, UDP by socket so that one socket's
- * datagrams stay on one backend. */
+ * datagrams stay on one backend. Slots 1..count hold the active backends (with none,
+ * the serving terminating ones); the tail qcount counts behind them (terminating,
+ * terminating-not-serving) keeps its connections but is never picked. */
 static __always_inline __u16 pick_slot(struct bpf_sock_addr *ctx, const struct lb4_service *svc)
 {
 	__u32 r = ctx->protocol == IPPROTO_TCP ? bpf_get_prandom_u32()
@@ -426,7 +431,9 @@ static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx)
 }
 
 /* Backend → service address, if this socket was translated to this backend and the
- * service still has that rev-NAT id (else the record is stale and dropped). */
+ * service still has that rev-NAT id and a backend to count (else the record is stale
+ * and dropped, as Cilium's __sock4_xlate_rev does). A backend that turned terminating
+ * keeps its translation: the service still counts an active one (or it). */
 static __always_inline void xlate_rev(struct bpf_sock_addr *ctx)
 {
 	struct ipv4_revnat_tuple rkey = {};
@@ -444,7 +451,7 @@ static __always_inline void xlate_rev(struct bpf_sock_addr *ctx)
 	key.dport = rval->port;
 	key.proto = ctx->protocol;
 	svc = lookup_or_surrogate(ctx, &key);
-	if (!svc || svc->rev_nat_index != rval->rev_nat_index) {
+	if (!svc || svc->rev_nat_index != rval->rev_nat_index || svc->count == 0) {
 		bpf_map_delete_elem(&cilium_lb4_reverse_sk, &rkey);
 		return;
 	}
@@ -580,7 +587,7 @@ static __always_inline void xlate_rev6(struct bpf_sock_addr *ctx)
 	key.dport = rval->port;
 	key.proto = ctx->protocol;
 	svc = lookup_or_surrogate6(ctx, &key);
-	if (!svc || svc->rev_nat_index != rval->rev_nat_index) {
+	if (!svc || svc->rev_nat_index != rval->rev_nat_index || svc->count == 0) {
 		bpf_map_delete_elem(&cilium_lb6_reverse_sk, &rkey);
 		return;
 	}

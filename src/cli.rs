@@ -20,6 +20,8 @@ const ABOUT: &str = "Compile Kubernetes Service manifests into kube-proxy datapl
 const AFTER_HELP: &str = "\
 PATHS are files, directories (read recursively: *.yaml, *.yml, *.json) or `-` for stdin.
 Multi-document YAML, JSON and `kind: List` dumps (kubectl get ... -o yaml) are accepted.
+Settings no flag gives come from .svc-compile.yaml, in the working directory or above
+(--config FILE, --no-config); see docs/ci.md.
 `svc-compile PATHS... [OPTIONS]` is `svc-compile compile PATHS... [OPTIONS]`.";
 
 /// Each command's exit codes, for its `--help` (the program's: `None`).
@@ -65,7 +67,7 @@ fn exit_codes(sub: Option<&str>) -> String {
 }
 
 const ERRORS: &str = "the input has errors (each printed as error[SVCnnn] at file:line:col)";
-const USAGE: &str = "usage, I/O or rendering failure";
+const USAGE: &str = "usage, I/O or rendering failure, or a .svc-compile.yaml with errors (printed)";
 const DIFFERS: &str =
     "anything else: usage, I/O, a tool's failure, or errors in the input (printed)";
 
@@ -216,10 +218,20 @@ struct InputFlags {
     /// How diagnostics are printed (sarif: code scanning; github: workflow annotations)
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "sarif", "github"])]
     format: String,
+    /// Leave out diagnostics less severe than LEVEL, in every format [default: text shows
+    /// all, notes as one line per code; the other formats leave notes out]
+    #[arg(long, value_name = "LEVEL", value_parser = ["error", "warning", "note"])]
+    min_severity: Option<String>,
+    /// Show every note in full (as --min-severity note)
+    #[arg(short, long)]
+    verbose: bool,
     /// Unknown fields, as kubectl's --validate: strict (an error: the API server refuses
-    /// them), warn (for those who apply with --validate=false), ignore
-    #[arg(long, value_name = "MODE", default_value = "strict", value_parser = ["strict", "warn", "ignore"])]
-    validate: String,
+    /// them), warn (for those who apply with --validate=false), ignore [default: the config
+    /// file's `validate`, else strict]
+    #[arg(long, value_name = "MODE", value_parser = ["strict", "warn", "ignore"])]
+    validate: Option<String>,
+    #[command(flatten)]
+    config: ConfigFlags,
     /// Leave out files and directories the glob matches (repeatable; `*`, `?`, `**`;
     /// e.g. 'templates/**')
     #[arg(long, value_name = "GLOB")]
@@ -231,6 +243,18 @@ struct InputFlags {
     /// Colour text diagnostics: auto = on a terminal unless NO_COLOR is set
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
     color: String,
+}
+
+/// The config file (`.svc-compile.yaml`, see docs/ci.md).
+#[derive(Args)]
+struct ConfigFlags {
+    /// Read settings from FILE instead of the .svc-compile.yaml found in the working
+    /// directory or the nearest directory above it
+    #[arg(long, value_name = "FILE", conflicts_with = "no_config")]
+    config: Option<String>,
+    /// Read no config file
+    #[arg(long)]
+    no_config: bool,
 }
 
 #[derive(Args)]
@@ -421,6 +445,9 @@ struct TraceFlags {
     /// Trace many packets: one `FROM TO [PROTO]` per line (`#` comments); one report each
     #[arg(long, value_name = "FILE")]
     flows: Option<String>,
+    /// Write the report (text or json) to FILE instead of stdout
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<String>,
 }
 
 #[derive(Args)]
@@ -468,12 +495,24 @@ struct DiffFlags {
     /// How the report is printed
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "markdown"])]
     format: String,
+    /// Write the report (any --format) to FILE instead of stdout
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<String>,
     /// Compile objects exactly as given (live-cluster dumps)
     #[arg(long)]
     no_allocate: bool,
+    /// Leave out files and directories the glob matches, in both revisions (repeatable;
+    /// `*`, `?`, `**`; e.g. 'templates/**')
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Read only the files a glob matches, in both revisions (repeatable)
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
     /// Colour the diagnostics of a revision with errors: auto = on a terminal unless NO_COLOR is set
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
     color: String,
+    #[command(flatten)]
+    config: ConfigFlags,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -503,10 +542,24 @@ pub enum Format {
     Sarif,
     /// GitHub Actions workflow commands (`::error file=…::message`), one per diagnostic.
     Github,
+    /// JUnit XML, a test case per file (`check` only).
+    Junit,
+}
+
+/// Which config file a command reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigChoice {
+    /// `.svc-compile.yaml` in the working directory or the nearest directory above.
+    Find,
+    /// `--config FILE`.
+    File(String),
+    /// `--no-config`.
+    Off,
 }
 
 /// What every compile shares: the inputs, the compiler's settings and how diagnostics are
 /// printed.
+#[derive(Clone)]
 pub struct CompileOpts {
     pub paths: Vec<String>,
     pub service_cidrs: Option<Vec<Cidr>>,
@@ -519,6 +572,12 @@ pub struct CompileOpts {
     pub exclude: Vec<String>,
     pub include: Vec<String>,
     pub format: Format,
+    /// `--min-severity`: `None` = the format's default (see `report`).
+    pub min_severity: Option<svc_compiler::diag::Severity>,
+    /// `--verbose`: every note in full.
+    pub verbose: bool,
+    /// `--config FILE` / `--no-config`.
+    pub config: ConfigChoice,
     /// `--color`: `None` = auto (a terminal, and NO_COLOR unset), else always / never.
     pub color: Option<bool>,
     /// `--random-fully on|off`, `--nfacct on|off`: node capabilities (`None` for check).
@@ -526,8 +585,8 @@ pub struct CompileOpts {
     pub nfacct: Option<bool>,
     /// `--nft-layout kube-proxy|fast`.
     pub nft_layout: Option<NftLayout>,
-    /// `--validate strict|warn|ignore`.
-    pub validate: svc_compiler::Validate,
+    /// `--validate strict|warn|ignore` (`None`: the config file's, else strict).
+    pub validate: Option<svc_compiler::Validate>,
     /// `--topology-keys honour|ignore`.
     pub topology_keys: Option<TopologyKeys>,
 }
@@ -638,6 +697,8 @@ pub struct TraceCmd {
     pub nodes: Nodes,
     pub packets: Packets,
     pub local_ips: Vec<IpAddr>,
+    /// `-o FILE`: the report goes there instead of stdout.
+    pub output: Option<String>,
 }
 
 /// The format of `diff`'s report.
@@ -657,8 +718,14 @@ pub struct DiffCmd {
     /// With `--rules`: the per-node target whose rulesets are compared.
     pub rules: Option<&'static Target>,
     pub format: DiffFormat,
+    /// `-o FILE`: the report goes there instead of stdout.
+    pub output: Option<String>,
     pub allocate: bool,
+    /// `--exclude GLOB` / `--include GLOB`, for both revisions.
+    pub exclude: Vec<String>,
+    pub include: Vec<String>,
     pub color: Option<bool>,
+    pub config: ConfigChoice,
 }
 
 /// `svc-compile gen`.
@@ -769,7 +836,12 @@ fn command(targets: &[&'static Target]) -> clap::Command {
             target_list(targets),
             exit_codes(None)
         ))
-        .mut_subcommand("check", plain)
+        .mut_subcommand("check", |c| {
+            plain(c).mut_arg("format", |a| {
+                a.value_parser(["text", "json", "sarif", "github", "junit"])
+                    .help("How the report is printed (sarif: code scanning; github: workflow annotations; junit: a test case per file)")
+            })
+        })
         .mut_subcommand("compile", with_targets)
         .mut_subcommand("apply", with_targets)
         .mut_subcommand("agent", with_targets)
@@ -1131,6 +1203,14 @@ fn gen_cmd(g: GenFlags) -> Result<Run, String> {
     }))
 }
 
+fn config_choice(c: ConfigFlags) -> ConfigChoice {
+    match (c.config, c.no_config) {
+        (_, true) => ConfigChoice::Off,
+        (Some(f), false) => ConfigChoice::File(f),
+        (None, false) => ConfigChoice::Find,
+    }
+}
+
 fn color(when: &str) -> Option<bool> {
     match when {
         "always" => Some(true),
@@ -1169,19 +1249,27 @@ fn compile_opts(c: InputFlags, node: Option<&NodeFlags>) -> Result<CompileOpts, 
             "json" => Format::Json,
             "sarif" => Format::Sarif,
             "github" => Format::Github,
+            "junit" => Format::Junit,
             _ => Format::Text,
         },
+        min_severity: c.min_severity.as_deref().map(|s| match s {
+            "error" => svc_compiler::diag::Severity::Error,
+            "warning" => svc_compiler::diag::Severity::Warning,
+            _ => svc_compiler::diag::Severity::Note,
+        }),
+        verbose: c.verbose,
+        config: config_choice(c.config),
         color: color(&c.color),
         random_fully: node.and_then(|n| on(&n.random_fully)),
         nfacct: node.and_then(|n| on(&n.nfacct)),
         nft_layout: node
             .and_then(|n| n.nft_layout.as_deref())
             .and_then(NftLayout::parse),
-        validate: match c.validate.as_str() {
+        validate: c.validate.as_deref().map(|v| match v {
             "warn" => svc_compiler::Validate::Warn,
             "ignore" => svc_compiler::Validate::Ignore,
             _ => svc_compiler::Validate::Strict,
-        },
+        }),
         topology_keys: node
             .and_then(|n| n.topology_keys.as_deref())
             .and_then(TopologyKeys::parse),
@@ -1587,6 +1675,7 @@ fn trace_cmd(
         nodes,
         packets,
         local_ips,
+        output: t.output,
     })))
 }
 
@@ -1641,8 +1730,12 @@ fn diff_cmd(d: DiffFlags, targets: &[&'static Target]) -> Result<Run, String> {
             "markdown" => DiffFormat::Markdown,
             _ => DiffFormat::Text,
         },
+        output: d.output,
         allocate: !d.no_allocate,
+        exclude: d.exclude,
+        include: d.include,
         color: color(&d.color),
+        config: config_choice(d.config),
     }))
 }
 

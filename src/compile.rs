@@ -2,7 +2,8 @@
 //! `apply`, `drift` and `trace` share.
 
 use crate::cli::{CompileOpts, Nodes, TargetArgs};
-use crate::inputs::{read_file, read_inputs, Filters, Inputs};
+use crate::config::Config;
+use crate::inputs::{glob_matches, read_file, read_inputs, Filters, Globs, Inputs};
 use crate::report::Fail;
 use std::path::Path;
 use svc_compiler::net::IpFamily;
@@ -17,7 +18,7 @@ pub(crate) struct Compiled {
     /// The input files that were checked (`ok: N file(s) checked`): those read as manifests,
     /// including the ones found not to be Kubernetes objects (each has its note); not the
     /// lock file, nor kustomize patches, which are skipped without being checked.
-    pub checked: usize,
+    pub files: Vec<FileId>,
     /// The target's flags, with the files they name read (and added to `sources`).
     pub params: Params,
 }
@@ -27,6 +28,9 @@ pub(crate) struct Compiled {
 /// ([`compile_read`]) reads nothing else, so these bytes and the command decide its output.
 pub(crate) struct Read {
     pub sources: SourceMap,
+    /// The flags with what they leave unsaid taken from the config file.
+    opts: CompileOpts,
+    config: Option<Config>,
     inputs: Inputs,
     lock: Option<FileId>,
     params: Params,
@@ -40,17 +44,22 @@ pub(crate) fn compile_inputs(
     opts: &CompileOpts,
     target: Option<&TargetArgs>,
 ) -> Result<Compiled, Fail> {
-    Ok(compile_read(opts, read_all(opts, target)?, None))
+    Ok(compile_read(read_all(opts, target)?, None))
 }
 
 /// The reading half of [`compile_inputs`].
 pub(crate) fn read_all(opts: &CompileOpts, target: Option<&TargetArgs>) -> Result<Read, Fail> {
+    let mut config = crate::config::load(&opts.config, opts.color)?;
     let mut sources = SourceMap::default();
-    let filters = Filters {
-        exclude: &opts.exclude,
-        include: &opts.include,
-    };
-    let inputs = read_inputs(&opts.paths, &filters, &mut sources)?;
+    let inputs = read_inputs(
+        &opts.paths,
+        &filters(&opts.exclude, &opts.include, config.as_ref()),
+        &mut sources,
+    )?;
+    // After the inputs, so that their ids do not depend on whether there is a config.
+    if let Some(c) = &mut config {
+        c.add_to(&mut sources);
+    }
     let lock = match &opts.lock {
         Some(p) if Path::new(p).exists() => Some(sources.add(p.clone(), read_file(Path::new(p))?)),
         _ => None,
@@ -61,6 +70,8 @@ pub(crate) fn read_all(opts: &CompileOpts, target: Option<&TargetArgs>) -> Resul
     };
     Ok(Read {
         sources,
+        opts: crate::config::merge(opts, config.as_ref()),
+        config,
         inputs,
         lock,
         params,
@@ -68,15 +79,67 @@ pub(crate) fn read_all(opts: &CompileOpts, target: Option<&TargetArgs>) -> Resul
     })
 }
 
+/// `--exclude`/`--include` as given, or where none is given the config file's (relative
+/// to its directory).
+pub(crate) fn filters<'a>(
+    exclude: &'a [String],
+    include: &'a [String],
+    config: Option<&'a Config>,
+) -> Filters<'a> {
+    let globs = |flags: &'a [String], file: Option<&'a Vec<String>>| match (flags, file) {
+        ([], Some(file)) => Globs {
+            globs: file,
+            base: config.map(|c| c.base.as_path()),
+        },
+        _ => Globs {
+            globs: flags,
+            base: None,
+        },
+    };
+    let project = config.map(|c| &c.project);
+    Filters {
+        exclude: globs(exclude, project.and_then(|p| p.exclude.as_ref())),
+        include: globs(include, project.and_then(|p| p.include.as_ref())),
+    }
+}
+
+/// Takes out what the suppressions say (`# svc-compile:ignore` comments in `files`, the
+/// config file's `ignore` and `per-path-ignores`) and warns of those that took nothing
+/// out; true when `diags` needs sorting again.
+pub(crate) fn suppress(
+    diags: &mut svc_compiler::diag::Diagnostics,
+    sources: &SourceMap,
+    files: &[FileId],
+    config: Option<&Config>,
+) -> bool {
+    let project = config.map(|c| &c.project);
+    let path_matches = |f: FileId, glob: &str| {
+        let name = sources.name(f);
+        // A revision's file (`REV:PATH`, diff) by its path.
+        let name = name.split_once(':').map_or(name, |(_, p)| p);
+        let rel = config.map_or_else(|| name.to_string(), |c| c.relative(name));
+        glob_matches(glob, &rel)
+    };
+    svc_compiler::suppress::apply(
+        diags,
+        sources,
+        &svc_compiler::suppress::Rules {
+            ignore: project.map_or(&[], |p| &p.ignore),
+            per_path: project.map_or(&[], |p| &p.per_path_ignores),
+            path_matches: &path_matches,
+            files,
+            known: &|c| crate::report::code_info(c).is_some(),
+        },
+    )
+}
+
 /// The compiling half of [`compile_inputs`]: no I/O. With a `cache` (the agent's), files
 /// parsed by an earlier call with the same bytes are not parsed again.
-pub(crate) fn compile_read(
-    opts: &CompileOpts,
-    read: Read,
-    cache: Option<&mut svc_compiler::ReadCache>,
-) -> Compiled {
+pub(crate) fn compile_read(read: Read, cache: Option<&mut svc_compiler::ReadCache>) -> Compiled {
     let Read {
         sources,
+        opts,
+        config,
         inputs,
         lock,
         params,
@@ -91,14 +154,13 @@ pub(crate) fn compile_read(
         random_fully: opts.random_fully,
         nfacct: opts.nfacct,
         nft_layout: opts.nft_layout,
-        validate: opts.validate,
+        validate: opts.validate.unwrap_or_default(),
         topology_keys: opts.topology_keys,
     };
     let mut comp = match cache {
         Some(cache) => svc_compiler::compile_cached(&sources, &inputs.files, &options, cache),
         None => svc_compiler::compile(&sources, &inputs.files, &options),
     };
-    let checked = inputs.files.len();
     // Files that could not be read as text, and skipped kustomize patches, report among
     // the others in file order.
     let mut resort = !inputs.diags.items.is_empty();
@@ -110,13 +172,14 @@ pub(crate) fn compile_read(
             resort = true;
         }
     }
+    resort |= suppress(&mut comp.diags, &sources, &inputs.files, config.as_ref());
     if resort {
         comp.diags.sort(&sources);
     }
     Compiled {
         sources,
         comp,
-        checked,
+        files: inputs.files,
         params,
     }
 }

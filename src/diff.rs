@@ -8,8 +8,10 @@
 //! read as a reviewable change.
 
 use crate::cli::{DiffCmd, DiffFormat};
+use crate::compile::{filters, suppress};
+use crate::config::Config;
 use crate::inputs::{read_inputs, Filters};
-use crate::report::{print, Emitter, Fail, Outcome};
+use crate::report::{output, Emitter, Fail, Outcome};
 use std::collections::BTreeSet;
 use std::process::Command;
 use svc_compiler::diag::Diagnostics;
@@ -35,10 +37,13 @@ pub fn run(flags: &DiffCmd) -> Result<Outcome, Fail> {
         }
     };
     let rules_name = flags.rules.map_or("", |t| t.name);
+    // The working directory's config file serves both revisions.
+    let config = crate::config::load(&flags.config, flags.color)?;
+    let config = config.as_ref();
     // The two revisions are independent: compile them side by side.
     let (old, new) = rayon::join(
-        || compile_side("OLD", &flags.old, flags),
-        || compile_side("NEW", &flags.new, flags),
+        || compile_side("OLD", &flags.old, flags, config),
+        || compile_side("NEW", &flags.new, flags, config),
     );
     let (old, new) = (old?, new?);
     let mut failed = false;
@@ -96,6 +101,9 @@ pub fn run(flags: &DiffCmd) -> Result<Outcome, Fail> {
                 if let Ok(v) = v {
                     r.check(v)
                         .map_err(|e| Fail(format!("--target {}: {e}", rules_name)))?;
+                    if let Some(d) = r.input_errors(v).first() {
+                        return Err(Fail(format!("--target {}: {}", rules_name, d.message)));
+                    }
                     r.render_into(v, text);
                 }
                 Ok(())
@@ -128,7 +136,7 @@ pub fn run(flags: &DiffCmd) -> Result<Outcome, Fail> {
         DiffFormat::Markdown => render_markdown(&report),
         DiffFormat::Text => render_text(&report),
     };
-    print(&text)?;
+    output(flags.output.as_deref(), &text)?;
     Ok(if report.is_empty() {
         Outcome::Done
     } else {
@@ -136,26 +144,59 @@ pub fn run(flags: &DiffCmd) -> Result<Outcome, Fail> {
     })
 }
 
-/// Read and compile one revision.
-fn compile_side(side: &str, spec: &str, flags: &DiffCmd) -> Result<(SourceMap, Compilation), Fail> {
+/// Read and compile one revision, with the config file's settings and suppressions.
+fn compile_side(
+    side: &str,
+    spec: &str,
+    flags: &DiffCmd,
+    config: Option<&Config>,
+) -> Result<(SourceMap, Compilation), Fail> {
     let mut sources = SourceMap::default();
+    let filters = filters(&flags.exclude, &flags.include, config);
     let (files, diags) = match spec.strip_prefix("git:") {
-        Some(rest) => read_git(side, rest, &mut sources)?,
+        Some(rest) => read_git(side, rest, &filters, &mut sources)?,
         None => {
-            let inputs = read_inputs(&[spec.to_string()], &Filters::default(), &mut sources)?;
+            let inputs = read_inputs(&[spec.to_string()], &filters, &mut sources)?;
             (inputs.files, inputs.diags)
         }
     };
+    if let Some(c) = config {
+        // For SVC022's locations, in this revision's own source map.
+        let mut c = c.clone();
+        c.add_to(&mut sources);
+        return Ok(compile_files(sources, files, diags, flags, Some(&c)));
+    }
+    Ok(compile_files(sources, files, diags, flags, None))
+}
+
+fn compile_files(
+    sources: SourceMap,
+    files: Vec<FileId>,
+    diags: Diagnostics,
+    flags: &DiffCmd,
+    config: Option<&Config>,
+) -> (SourceMap, Compilation) {
+    let p = config.map(|c| &c.project);
     let opts = svc_compiler::Options {
         allocate: flags.allocate,
-        ..Default::default()
+        service_cidrs: p.and_then(|p| p.service_cidrs.clone()),
+        node_port_range: p.and_then(|p| p.node_port_range),
+        cluster_domain: p.and_then(|p| p.cluster_domain.clone()),
+        random_fully: p.and_then(|p| p.random_fully),
+        nfacct: p.and_then(|p| p.nfacct),
+        nft_layout: p.and_then(|p| p.nft_layout),
+        topology_keys: p.and_then(|p| p.topology_keys),
+        validate: p.and_then(|p| p.validate).unwrap_or_default(),
+        lock: None,
     };
     let mut comp = svc_compiler::compile(&sources, &files, &opts);
-    if !diags.items.is_empty() {
-        comp.diags.extend(diags);
+    let mut resort = !diags.items.is_empty();
+    comp.diags.extend(diags);
+    resort |= suppress(&mut comp.diags, &sources, &files, config);
+    if resort {
         comp.diags.sort(&sources);
     }
-    Ok((sources, comp))
+    (sources, comp)
 }
 
 fn git(args: &[&str]) -> Result<Vec<u8>, Fail> {
@@ -180,6 +221,7 @@ fn git(args: &[&str]) -> Result<Vec<u8>, Fail> {
 fn read_git(
     side: &str,
     rest: &str,
+    filters: &Filters,
     sources: &mut SourceMap,
 ) -> Result<(Vec<FileId>, Diagnostics), Fail> {
     let (rev, path) = rest
@@ -212,6 +254,9 @@ fn read_git(
         let manifest = [".yaml", ".yml", ".json"].iter().any(|e| name.ends_with(e));
         let hidden = name.split('/').any(|c| c.starts_with('.'));
         if !single && (!manifest || hidden) {
+            continue;
+        }
+        if filters.excluded(name) || !filters.included(name) {
             continue;
         }
         let bytes = git(&["cat-file", "blob", &format!("{rev}:{name}")])?;

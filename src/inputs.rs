@@ -14,23 +14,66 @@ use std::path::{Path, PathBuf};
 use svc_compiler::diag::Diagnostics;
 use svc_compiler::source::{FileId, SourceMap};
 
-/// `--exclude GLOB` / `--include GLOB`, as given.
+/// `--exclude GLOB` / `--include GLOB` as given, or the config file's `exclude` and
+/// `include`, whose globs are relative to a directory (`base`).
 #[derive(Debug, Default)]
 pub struct Filters<'a> {
-    pub exclude: &'a [String],
-    pub include: &'a [String],
+    pub exclude: Globs<'a>,
+    pub include: Globs<'a>,
+}
+
+/// Globs, and the directory paths are made relative to before they are matched (`None`:
+/// paths as given).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Globs<'a> {
+    pub globs: &'a [String],
+    pub base: Option<&'a Path>,
+}
+
+impl Globs<'_> {
+    fn any(&self, path: &str) -> bool {
+        if self.globs.is_empty() {
+            return false;
+        }
+        let path = match self.base {
+            Some(b) => relative_to(b, path),
+            None => path.to_string(),
+        };
+        self.globs.iter().any(|g| glob_matches(g, &path))
+    }
 }
 
 impl Filters<'_> {
     /// Excluded: a directory is not walked, a file is not read.
-    fn excluded(&self, path: &str) -> bool {
-        self.exclude.iter().any(|g| glob_matches(g, path))
+    pub(crate) fn excluded(&self, path: &str) -> bool {
+        self.exclude.any(path)
     }
     /// Without `--include`, every file with a manifest extension is read; with it, only
     /// the files one of its globs matches.
-    fn included(&self, path: &str) -> bool {
-        self.include.is_empty() || self.include.iter().any(|g| glob_matches(g, path))
+    pub(crate) fn included(&self, path: &str) -> bool {
+        self.include.globs.is_empty() || self.include.any(path)
     }
+}
+
+/// `path` relative to the directory `base` when it lies below it, else as given; `..`
+/// taken away as written (a path is not resolved: it may name a revision's file).
+pub(crate) fn relative_to(base: &Path, path: &str) -> String {
+    let Ok(abs) = std::path::absolute(path) else {
+        return path.to_string();
+    };
+    let mut clean = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                clean.pop();
+            }
+            c => clean.push(c),
+        }
+    }
+    clean
+        .strip_prefix(base)
+        .map(|r| r.display().to_string())
+        .unwrap_or_else(|_| path.to_string())
 }
 
 /// The files to compile, and the diagnostics of files that could not be read as text.

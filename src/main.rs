@@ -3,12 +3,15 @@
 //! done to a node in `svc_node`.
 //!
 //! Modules, each importing only those after it (no cycle): `main` → the commands (`run`:
-//! check, compile, gen; `node`: apply, agent, cleanup, drift; `trace`; `diff`; `migrate`) → `compile` → `inputs` →
-//! `report` → `cli` (plain data: imports nothing of the crate); `alloc` stands alone.
+//! check, compile, gen; `node`: apply, agent, cleanup,
+//! drift; `trace`; `diff`; `migrate`) → `compile` →
+//! `config` → `inputs` → `report` → `cli` (plain data: imports nothing of the crate);
+//! `alloc` stands alone.
 
 mod alloc;
 mod cli;
 mod compile;
+mod config;
 mod diff;
 mod inputs;
 mod migrate;

@@ -143,7 +143,7 @@ pub(crate) fn manifests<'a>(
         key: keyed.then(|| inputs_key(&read.sources)),
         times,
         compile: Box::new(move |times: &mut Times| {
-            let mut compiled = compile_read(opts, read, cache);
+            let mut compiled = compile_read(read, cache);
             let mut diags = std::mem::take(&mut compiled.comp.diags);
             let mut views = Vec::new();
             if !diags.has_errors() {

@@ -2,7 +2,7 @@
 
 use crate::cli::{CheckCmd, CompileCmd, CompileOpts, GenCmd};
 use crate::compile::{compile_inputs, node_jobs, Compiled};
-use crate::report::{print, Emitter, Fail, Outcome};
+use crate::report::{Emitter, Fail, Outcome};
 use std::path::Path;
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
@@ -13,7 +13,7 @@ use svc_targets::{File, NodeRenderer, Params, Render, RenderError, Sharing};
 /// `svc-compile gen`: write a synthetic cluster.
 pub fn gen(cmd: GenCmd) -> Result<Outcome, Fail> {
     let text = svc_compiler::synth::generate(&cmd.shape, cmd.format);
-    write_output(cmd.output.as_deref(), &text).map(|()| Outcome::Done)
+    crate::report::output(cmd.output.as_deref(), &text).map(|()| Outcome::Done)
 }
 
 /// `svc-compile check`: the diagnostics are the product (stdout).
@@ -21,14 +21,14 @@ pub fn check(cmd: CheckCmd) -> Result<Outcome, Fail> {
     let Compiled {
         sources,
         comp,
-        checked,
+        files,
         ..
     } = compile_inputs(&cmd.opts, None)?;
     let report = Emitter::report(&cmd.opts, cmd.output.as_deref());
     // Kustomize patches skipped (SVC017) were read and judged: a hook that passes only a
     // changed patch has checked something.
     let patches = comp.diags.items.iter().any(|d| d.code == "SVC017");
-    if checked == 0 && !patches && !comp.diags.has_errors() {
+    if files.is_empty() && !patches && !comp.diags.has_errors() {
         // A validator that read nothing must not pass: a glob or an exclude that leaves no
         // file is a mistake in the pipeline, not a clean repository.
         report.diagnostics(&comp.diags, &sources);
@@ -38,7 +38,7 @@ pub fn check(cmd: CheckCmd) -> Result<Outcome, Fail> {
             cmd.opts.paths.join(", ")
         )));
     }
-    report.checked(&comp.diags, &sources, checked);
+    report.checked(&comp.diags, &sources, &files);
     report.finish()?;
     if comp.diags.has_errors() {
         return Ok(Outcome::InputErrors);
@@ -98,22 +98,38 @@ pub fn compile(cmd: &CompileCmd) -> Result<Outcome, Fail> {
                         let renderer = new(&params, Sharing::One);
                         let mut text = String::new();
                         let lock = &mut comp.lock;
-                        Some(
-                            views
-                                .iter()
-                                .map(|v| {
-                                    renderer.check(v)?;
-                                    match &cmd.part {
-                                        Some(p) => renderer.render_part_into(v, p, &mut text),
-                                        None => render_locked(&*renderer, v, lock, &mut text),
-                                    }
-                                    Ok(File {
-                                        name: String::new(),
-                                        text: std::mem::take(&mut text),
-                                    })
+                        match views.iter().try_for_each(|v| renderer.check(v)) {
+                            Err(e) => Some(Err(e)),
+                            Ok(()) => {
+                                // Limits of the target the input exceeds: reported with
+                                // the input's diagnostics, nothing rendered.
+                                for v in &views {
+                                    renderer
+                                        .input_errors(v)
+                                        .into_iter()
+                                        .for_each(|d| diags.push(d));
+                                }
+                                (!diags.has_errors()).then(|| {
+                                    views
+                                        .iter()
+                                        .map(|v| {
+                                            match &cmd.part {
+                                                Some(p) => {
+                                                    renderer.render_part_into(v, p, &mut text)
+                                                }
+                                                None => {
+                                                    render_locked(&*renderer, v, lock, &mut text)
+                                                }
+                                            }
+                                            Ok(File {
+                                                name: String::new(),
+                                                text: std::mem::take(&mut text),
+                                            })
+                                        })
+                                        .collect()
                                 })
-                                .collect(),
-                        )
+                            }
+                        }
                     }
                 };
             }
@@ -136,14 +152,23 @@ pub fn compile(cmd: &CompileCmd) -> Result<Outcome, Fail> {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| Fail(format!("cannot create {dir}: {e}")))?;
             if target.per_node() {
-                let ids = write_per_node(
+                let ids = match write_per_node(
                     cmd,
                     &params,
                     &comp.module,
                     &per_node,
                     Path::new(dir),
                     &comp.lock,
-                )?;
+                )? {
+                    Ok(ids) => ids,
+                    Err(found) => {
+                        let mut d = svc_compiler::diag::Diagnostics::default();
+                        found.into_iter().for_each(|x| d.push(x));
+                        d.sort(&sources);
+                        Emitter::new(&cmd.opts).diagnostics(&d, &sources);
+                        return Ok(Outcome::InputErrors);
+                    }
+                };
                 comp.lock.ebpf.extend(ids);
                 if cmd.write_lock {
                     write_lock_file(&cmd.opts, &comp.lock)?;
@@ -159,7 +184,7 @@ pub fn compile(cmd: &CompileCmd) -> Result<Outcome, Fail> {
         }
         None => {
             let text: String = files.iter().map(|f| f.text.as_str()).collect();
-            write_output(cmd.output.as_deref().filter(|s| !s.is_empty()), &text)?
+            crate::report::output(cmd.output.as_deref().filter(|s| !s.is_empty()), &text)?
         }
     }
     // The process ends here: freeing the IR piece by piece would only cost time.
@@ -211,7 +236,8 @@ fn check_part(cmd: &CompileCmd, params: &Params) -> Result<(), Fail> {
 /// time per thread, so only a few rulesets are in memory at once. One renderer serves all
 /// nodes, so each service port that renders the same on many nodes is rendered once.
 /// A renderer with parts writes `NODE.FAMILY.PART.EXT` for each (or for `--part`'s
-/// alone), one view per node serving all of them.
+/// alone), one view per node serving all of them. A node the target's limits refuse
+/// ([`NodeRenderer::input_errors`]) is not written; its diagnostics come back as `Err`.
 fn write_per_node(
     cmd: &CompileCmd,
     params: &Params,
@@ -219,7 +245,7 @@ fn write_per_node(
     jobs: &[(NodeSelection, IpFamily)],
     dir: &Path,
     lock: &Lock,
-) -> Result<LockedIds, Fail> {
+) -> Result<Result<LockedIds, Vec<svc_compiler::diag::Diagnostic>>, Fail> {
     use rayon::prelude::*;
     let target = cmd.target.target;
     let Render::Node(new) = target.render else {
@@ -236,6 +262,7 @@ fn write_per_node(
             .map_err(|e| Fail(format!("cannot write {}: {e}", p.display())))
     };
     let locked = std::sync::Mutex::new(LockedIds::new());
+    let refused = std::sync::Mutex::new(Vec::new());
     // Each thread reuses one text buffer: a fresh one per node would be paged in each time.
     jobs.par_iter()
         .try_for_each_init(String::new, |text, (sel, fam)| {
@@ -244,6 +271,11 @@ fn write_per_node(
             renderer
                 .check(&view)
                 .map_err(|e| Fail(format!("--target {}: {e}", target.name)))?;
+            let found = renderer.input_errors(&view);
+            if !found.is_empty() {
+                refused.lock().expect("not poisoned").extend(found);
+                return Ok(());
+            }
             let fam = match fam {
                 IpFamily::IPv4 => "ipv4",
                 IpFamily::IPv6 => "ipv6",
@@ -272,18 +304,15 @@ fn write_per_node(
             }
             Ok(())
         })?;
-    Ok(locked.into_inner().expect("not poisoned"))
+    let refused = refused.into_inner().expect("not poisoned");
+    if !refused.is_empty() {
+        return Ok(Err(refused));
+    }
+    Ok(Ok(locked.into_inner().expect("not poisoned")))
 }
 
 /// eBPF ids by (node, family), as the lock keeps them.
 type LockedIds = std::collections::BTreeMap<(String, String), NodeIds>;
-
-fn write_output(path: Option<&str>, text: &str) -> Result<(), Fail> {
-    match path {
-        Some(p) => std::fs::write(p, text).map_err(|e| Fail(format!("cannot write {p}: {e}"))),
-        None => print(text),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 
 use crate::cli::{query, Format, Packets, Query, TraceCmd};
 use crate::compile::{compile_inputs, Compiled};
-use crate::report::{print, Emitter, Fail, Outcome};
+use crate::report::{output, Emitter, Fail, Outcome};
 use svc_compiler::ir::NodeView;
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::{node_view, NodeSelection};
@@ -46,6 +46,7 @@ pub fn run(cmd: TraceCmd) -> Result<Outcome, Fail> {
         nodes,
         packets,
         local_ips,
+        output: out_file,
     } = cmd;
     let node = nodes.node.clone().expect("checked by cli");
     let flows = matches!(packets, Packets::Flows(_));
@@ -157,6 +158,6 @@ pub fn run(cmd: TraceCmd) -> Result<Outcome, Fail> {
         };
         out = serde_json::to_string_pretty(&v).expect("json") + "\n";
     }
-    print(&out)?;
+    output(out_file.as_deref(), &out)?;
     Ok(Outcome::Done)
 }

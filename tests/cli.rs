@@ -894,6 +894,42 @@ fn ebpf_renders_maps_as_json_table_and_batch() {
     );
 }
 
+/// Maps too small for the node: SVC502 for each map that overflows, exit 1, nothing
+/// written (stdout, and with --out no file); `--map-sizes` wins over `--max-entries`
+/// for its keys.
+#[test]
+fn ebpf_maps_too_small_refuse_the_node() {
+    let t = TempDir::new("ebpf-small");
+    let out = t.path().join("out");
+    for extra in [
+        &["--map-sizes", "services=8,backends=4"][..],
+        &["--max-entries", "4", "--map-sizes", "rev-nat=65536"][..],
+        &["--map-sizes", "all=4", "--out", out.to_str().unwrap()][..],
+    ] {
+        let mut a = vec!["examples/", "--target", "ebpf", "--node", "node-a"];
+        a.extend(extra);
+        let r = svc(&a, None, &root());
+        r.expect(1);
+        assert!(r.stdout.is_empty(), "{}", r.stdout);
+        assert!(
+            r.stderr.contains("error[SVC502]: node node-a (IPv4): ")
+                && r.stderr
+                    .contains("entries for Cilium's cilium_lb4_services_v2 map, which holds ")
+                && r.stderr.contains("--bpf-lb-service-map-max=N"),
+            "{}",
+            r.stderr
+        );
+        let rev_nat = r.stderr.contains("cilium_lb4_reverse_nat map");
+        assert_eq!(
+            rev_nat,
+            extra[0] == "--map-sizes" && extra[1] == "all=4",
+            "{}",
+            r.stderr
+        );
+        assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none());
+    }
+}
+
 /// The ebpf flags' values are checked, each mistake in one line (exit 2); another
 /// target does not take them.
 #[test]
@@ -910,6 +946,14 @@ fn ebpf_flag_mistakes_are_one_line() {
         (
             &["--pin-dir", "pins"][..],
             "svc-compile: --target ebpf: --pin-dir `pins`: give an absolute path without blanks (under a bpffs mount)",
+        ),
+        (
+            &["--map-sizes", "services=0"][..],
+            "svc-compile: --target ebpf: --map-sizes `services=0`: `services=0`: give a number from 1 to 4294967295",
+        ),
+        (
+            &["--map-sizes", "svc=1"][..],
+            "svc-compile: --target ebpf: --map-sizes `svc=1`: unknown map `svc` (use all, services, backends, rev-nat, affinity, source-ranges, maglev, sock-rev)",
         ),
     ] {
         let mut a = vec!["examples/", "--target", "ebpf", "--node", "node-a"];
@@ -1270,7 +1314,7 @@ fn ebpf_ids_are_kept_by_the_lock_file() {
         }
     }
     assert_eq!(kept["services"]["10.0.0.20:80/TCP"], 20);
-    assert_eq!(kept["backends"]["10.244.0.1:80/TCP"], 8);
+    assert_eq!(kept["backends"]["10.244.0.1:80/TCP"], 10);
     // The lock now holds the new ids too; without it the sorted assignment moves ids.
     let text = std::fs::read_to_string(&lock).unwrap();
     assert!(
@@ -1956,4 +2000,93 @@ fn migrate_exit_codes_and_formats() {
         .map(|n| n["node"].as_str().unwrap())
         .collect();
     assert_eq!(nodes, ["node-1", "node-2"]);
+}
+
+/// action.yml's step (`action/run.sh`) in a git repository of two, then three commits:
+/// annotations on stdout, the check and the diff in the job summary, exit 0 with a change
+/// and 1 once the manifests have an error.
+#[test]
+fn the_github_actions_script_checks_diffs_and_writes_the_summary() {
+    let action = std::fs::read_to_string(root().join("action.yml")).unwrap();
+    assert!(action.contains("action/run.sh"), "{action}");
+    let (docs, diags) = svc_compiler::tree::parse_file(svc_compiler::source::FileId(0), &action);
+    assert!(
+        diags.items.is_empty() && docs.len() == 1,
+        "action.yml: {diags:?}"
+    );
+    let repo = TempDir::new("action");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "commit.gpgsign=false",
+            ])
+            .args(args)
+            .current_dir(repo.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let m = repo.path().join("m");
+    std::fs::create_dir(&m).unwrap();
+    for f in ["my-service.yaml", "nodes.yaml"] {
+        std::fs::copy(root().join("examples").join(f), m.join(f)).unwrap();
+    }
+    git(&["init", "-q"]);
+    git(&["add", "."]);
+    git(&["commit", "-qm", "one"]);
+    let base = git(&["rev-parse", "HEAD"]);
+    let svc = std::fs::read_to_string(m.join("my-service.yaml")).unwrap();
+    std::fs::write(
+        m.join("my-service.yaml"),
+        svc.replacen("port: 80", "port: 8081", 1),
+    )
+    .unwrap();
+    git(&["commit", "-qam", "two"]);
+    let run = |summary: &std::path::Path| {
+        std::process::Command::new("bash")
+            .arg(root().join("action/run.sh"))
+            .current_dir(repo.path())
+            .env("SVC_COMPILE", env!("CARGO_BIN_EXE_svc-compile"))
+            .env("INPUT_PATHS", "m")
+            .env("INPUT_BASE", &base)
+            .env("GITHUB_STEP_SUMMARY", summary)
+            .output()
+            .unwrap()
+    };
+    let summary = repo.path().join("summary.md");
+    let out = run(&summary);
+    let said = std::fs::read_to_string(&summary).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{said}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("::error"),
+        "{out:?}"
+    );
+    assert!(
+        said.contains("## svc-compile check\n\nNo errors."),
+        "{said}"
+    );
+    assert!(said.contains("## svc-compile diff m ("), "{said}");
+    assert!(
+        said.contains("8081"),
+        "the diff does not show the new port: {said}"
+    );
+
+    std::fs::write(m.join("broken.yaml"), "kind: Service\nmetadata: {name: [\n").unwrap();
+    git(&["add", "."]);
+    git(&["commit", "-qm", "three"]);
+    let summary = repo.path().join("summary2.md");
+    let out = run(&summary);
+    let said = std::fs::read_to_string(&summary).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}\n{said}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("::error file=m/broken.yaml"),
+        "{out:?}"
+    );
+    assert!(said.contains("**Errors**"), "{said}");
 }

@@ -22,7 +22,7 @@ use svc_targets::dns;
 
 /// Whether the test can run: root and every program present. Otherwise prints why and
 /// returns false, or panics when `SVC_KERNEL=require`.
-fn ready(test: &str, programs: &[&str]) -> bool {
+pub(crate) fn ready(test: &str, programs: &[&str]) -> bool {
     // SAFETY: geteuid cannot fail.
     let mut missing: Vec<String> = if unsafe { libc::geteuid() } == 0 {
         vec![]
@@ -49,13 +49,14 @@ fn ready(test: &str, programs: &[&str]) -> bool {
 }
 
 /// A server process in a lab namespace, killed and reaped on drop (also on panic).
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
     stderr: std::path::PathBuf,
+    program: String,
 }
 
 impl Daemon {
-    fn start(netns: &str, program: &str, args: &[&str], dir: &Path) -> Daemon {
+    pub(crate) fn start(netns: &str, program: &str, args: &[&str], dir: &Path) -> Daemon {
         let stderr = dir.join(format!("{program}.stderr"));
         let child = Command::new("ip")
             .args(["netns", "exec", netns, program])
@@ -65,15 +66,19 @@ impl Daemon {
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("start {program}: {e}"));
-        Daemon { child, stderr }
+        Daemon {
+            child,
+            stderr,
+            program: program.to_string(),
+        }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
     /// Fails the test with the server's log if it has exited.
-    fn check_alive(&mut self, what: &str) {
+    pub(crate) fn check_alive(&mut self, what: &str) {
         if let Ok(Some(status)) = self.child.try_wait() {
             panic!("{what} exited ({status}):\n{}", self.log());
         }
@@ -113,7 +118,7 @@ fn compile(files: &[(String, String)]) -> Module {
 /// What the examples lack: the DNS service, a headless StatefulSet-like service with
 /// pod hostnames (one pod not ready, one under another subdomain), a headless service
 /// over an IPv6 EndpointSlice, and one whose only endpoint is not ready.
-const DNS_EXTRA: &str = r#"
+pub(crate) const DNS_EXTRA: &str = r#"
 apiVersion: v1
 kind: Service
 metadata: {name: kube-dns, namespace: kube-system}
@@ -201,7 +206,7 @@ endpoints:
 /// What a query must return: these records (`"<ttl> <type> <data>"`), or NOERROR with
 /// no answer (the name exists with other types, or has children), or NXDOMAIN.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Answer {
+pub(crate) enum Answer {
     Records(BTreeSet<String>),
     NoData,
     NxDomain,
@@ -209,7 +214,7 @@ enum Answer {
     Refused,
 }
 
-fn records<const N: usize>(rrs: [&str; N]) -> Answer {
+pub(crate) fn records<const N: usize>(rrs: [&str; N]) -> Answer {
     Answer::Records(rrs.iter().map(|s| s.to_string()).collect())
 }
 
@@ -300,7 +305,12 @@ fn spec_answers(m: &Module, origin: &str, ttl: u32) -> BTreeMap<(String, &'stati
 /// 10k-service nft load in another namespace, one kdig got no answer to 4 tries over 40 s
 /// while every other query of the test was answered; the cause is not known. Every unanswered attempt is printed with what the node shows then
 /// (knotd alive, its sockets' queues, its log), so a failure carries it.
-fn query(lab: &Lab, knot: &mut Daemon, name: &str, kind: &str) -> (String, BTreeSet<String>) {
+pub(crate) fn query(
+    lab: &Lab,
+    knot: &mut Daemon,
+    name: &str,
+    kind: &str,
+) -> (String, BTreeSet<String>) {
     let deadline = Instant::now() + HANG_GUARD;
     loop {
         let started = Instant::now();
@@ -316,10 +326,11 @@ fn query(lab: &Lab, knot: &mut Daemon, name: &str, kind: &str) -> (String, BTree
                     other => format!("{other:?}"),
                 };
                 let report = format!(
-                    "kdig {name} {kind} unanswered after {:?} (load {}): {e}\nknotd: {alive}\nsockets:\n{sockets}\nknotd log:\n{}",
+                    "kdig {name} {kind} unanswered after {:?} (load {}): {e}\n{server}: {alive}\nsockets:\n{sockets}\n{server} log:\n{}",
                     started.elapsed(),
                     std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
-                    knot.log()
+                    knot.log(),
+                    server = knot.program,
                 );
                 println!("{report}");
                 assert!(Instant::now() < deadline, "{report}");
@@ -328,7 +339,11 @@ fn query(lab: &Lab, knot: &mut Daemon, name: &str, kind: &str) -> (String, BTree
     }
 }
 
-fn try_query(lab: &Lab, name: &str, kind: &str) -> std::io::Result<(String, BTreeSet<String>)> {
+pub(crate) fn try_query(
+    lab: &Lab,
+    name: &str,
+    kind: &str,
+) -> std::io::Result<(String, BTreeSet<String>)> {
     let out = lab.exec_ok(
         NODE,
         "kdig",
@@ -374,9 +389,9 @@ fn try_query(lab: &Lab, name: &str, kind: &str) -> std::io::Result<(String, BTre
 
 /// How long a server may take to start answering before the test gives up: a hang guard
 /// (the waits poll and go on at the first answer), as long as the kernel labs' own.
-const HANG_GUARD: Duration = Duration::from_secs(120);
+pub(crate) const HANG_GUARD: Duration = Duration::from_secs(120);
 
-const KNOT_CONF: &str = r#"server:
+pub(crate) const KNOT_CONF: &str = r#"server:
     listen: 127.0.0.1@53
     rundir: "DIR"
 database:

@@ -235,6 +235,59 @@ fn check_error(s: &insta::Settings, f: &str) {
     s.bind(|| insta::assert_snapshot!(format!("errors.{stem}"), text));
 }
 
+/// `golden/errors/targets/NAME.yaml`: inputs that check clean but exceed a target's
+/// limits (the ebpf maps' sizes). The first line is `# expect: SVCnnn`, the second
+/// `# args: FLAGS...` (the target, more files, `--node`); the file is compiled with them
+/// and the exit code and diagnostics (stderr) are snapshotted as
+/// `errors.targets.NAME.snap`.
+#[test]
+fn golden_target_errors() {
+    let s = settings();
+    let dir = root().join("golden/errors/targets");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    check_each(files.into_iter().map(|f| {
+        let s = &s;
+        let name = format!("errors/targets/{f}");
+        let check = move || {
+            let rel = format!("golden/errors/targets/{f}");
+            let text = std::fs::read_to_string(root().join(&rel)).unwrap();
+            let mut lines = text.lines();
+            let expect = lines
+                .next()
+                .and_then(|l| l.strip_prefix("# expect:"))
+                .unwrap_or_else(|| panic!("{rel}: first line must be `# expect: SVCnnn`"))
+                .trim()
+                .to_string();
+            let args: Vec<&str> = lines
+                .next()
+                .and_then(|l| l.strip_prefix("# args:"))
+                .unwrap_or_else(|| panic!("{rel}: second line must be `# args: FLAGS`"))
+                .split_whitespace()
+                .collect();
+            let mut a = vec![rel.as_str()];
+            a.extend(args);
+            let r = svc(&a, None, &root());
+            assert_eq!(r.code, 1, "`{}`: {}", r.cmdline, r.stderr);
+            assert!(
+                r.stderr.contains(&format!("[{expect}]")),
+                "{rel}: no {expect} in {}",
+                r.stderr
+            );
+            let stem = f.trim_end_matches(".yaml");
+            let out = format!("exit code: {}\n{}", r.code, r.stderr);
+            s.bind(|| insta::assert_snapshot!(format!("errors.targets.{stem}"), out));
+        };
+        (name, Box::new(check) as Box<dyn FnOnce() + '_>)
+    }));
+}
+
 /// `golden/trace/CASE.flows` (one `FROM TO [PROTO]` per line) → `svc-compile trace` of
 /// each packet through golden case CASE, with the iptables, nftables and ipvs rules:
 /// `golden/snapshots/trace.CASE.TARGET.snap`.

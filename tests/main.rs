@@ -7,6 +7,7 @@ mod checkers;
 mod cli;
 mod diff;
 mod discovery;
+mod dns_servers;
 mod golden;
 mod kernel;
 mod manifests;

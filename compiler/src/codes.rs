@@ -1,5 +1,7 @@
 //! Diagnostic codes outside validation. The validation pass keeps its own table
-//! (SVC1xx, SVC2xx, SVC301–SVC330) in [`crate::passes::validate`].
+//! (SVC1xx, SVC2xx, SVC301–SVC330) in [`crate::passes::validate`]. Both tables are the
+//! one description of a code: `build.rs` makes [`CODES`] of them (SARIF's rules, the
+//! config file's check of the codes it names, `docs/diagnostics.md` read it).
 //!
 //! | code   | severity | meaning |
 //! |--------|----------|---------|
@@ -23,6 +25,8 @@
 //! | SVC018 | note     | more diagnostics than `diag::MAX_DIAGNOSTICS`: the rest are only counted |
 //! | SVC019 | error    | more than `tree::MAX_DOCUMENTS` documents in one file; it was not read |
 //! | SVC020 | error    | two objects glued into one document (`apiVersion`/`kind` written again: a `---` missing) |
+//! | SVC021 | error    | the config file (`.svc-compile.yaml`) is invalid: an unknown key, a wrong type, a bad value or an unknown code |
+//! | SVC022 | warning  | a suppression (`# svc-compile:ignore`, or the config file's `ignore`/`per-path-ignores`) that matched nothing |
 //! | SVC351 | error    | the service IP range is full |
 //! | SVC352 | error    | the node-port range is full (a nodePort or a healthCheckNodePort) |
 //! | SVC360 | error    | the lock file cannot be read |
@@ -32,6 +36,31 @@
 //! which lists this crate's codes):
 //! - SVC501, error: a `--template` file does not parse or render
 //!   (`svc_targets::template::TEMPLATE_ERROR_CODE`), at the template's line and column.
+//! - SVC502, error: a node's entries overflow one of Cilium's maps at the sizes given
+//!   (`svc_targets::ebpf::MAP_FULL_CODE`; `--map-sizes`, ClusterConfig `ebpfMapSizes`).
+//!   `svc_targets::CODES` describes it as [`CODES`] does this crate's.
+
+use crate::diag::Severity;
+
+/// A diagnostic code as its table describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Code {
+    pub code: &'static str,
+    /// The severity it is reported with by default (flags such as `--validate` change some).
+    pub severity: Severity,
+    /// What it means, in one line (Markdown: names in backticks).
+    pub summary: &'static str,
+}
+
+include!(concat!(env!("OUT_DIR"), "/codes.rs"));
+
+/// The code's row of [`CODES`].
+pub fn find(code: &str) -> Option<&'static Code> {
+    CODES
+        .binary_search_by(|c| c.code.cmp(code))
+        .ok()
+        .map(|i| &CODES[i])
+}
 
 #[cfg(test)]
 mod tests {
@@ -48,6 +77,8 @@ mod tests {
         include_str!("passes/allocate.rs"),
         include_str!("passes/lower.rs"),
         include_str!("passes/node.rs"),
+        include_str!("project.rs"),
+        include_str!("suppress.rs"),
     ];
 
     #[test]
@@ -71,5 +102,24 @@ mod tests {
             .map(|l| format!("SVC{}", &l[..3]))
             .collect();
         assert_eq!(used, table);
+    }
+
+    /// `CODES` holds every row of both tables, sorted, and `find` finds each.
+    #[test]
+    fn codes_are_the_tables_rows() {
+        let rows = include_str!("codes.rs")
+            .lines()
+            .chain(include_str!("passes/validate.rs").lines())
+            .filter(|l| l.starts_with("//! | SVC"))
+            .count();
+        assert_eq!(super::CODES.len(), rows);
+        assert!(super::CODES.windows(2).all(|w| w[0].code < w[1].code));
+        for c in super::CODES {
+            assert_eq!(super::find(c.code), Some(c));
+        }
+        let svc003 = super::find("SVC003").unwrap();
+        assert_eq!(svc003.severity, crate::diag::Severity::Error);
+        assert!(svc003.summary.starts_with("unknown field"), "{svc003:?}");
+        assert_eq!(super::find("SVC999"), None);
     }
 }

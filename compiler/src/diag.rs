@@ -107,6 +107,9 @@ pub struct Diagnostics {
     pub items: Vec<Diagnostic>,
     /// Diagnostics not kept past [`MAX_DIAGNOSTICS`], by severity (error, warning, note).
     dropped: [usize; 3],
+    /// Diagnostics taken out by a suppression ([`crate::suppress`]): counted for the
+    /// summary line, never shown.
+    pub suppressed: usize,
 }
 
 impl Diagnostics {
@@ -121,6 +124,7 @@ impl Diagnostics {
         for (a, b) in self.dropped.iter_mut().zip(other.dropped) {
             *a += b;
         }
+        self.suppressed += other.suppressed;
         let room = MAX_DIAGNOSTICS.saturating_sub(self.items.len());
         let mut rest = other.items;
         if rest.len() > room {
@@ -136,6 +140,16 @@ impl Diagnostics {
     /// Kept and dropped ones.
     pub fn count(&self, sev: Severity) -> usize {
         self.items.iter().filter(|d| d.severity == sev).count() + self.dropped[sev as usize]
+    }
+    /// Keep only diagnostics at least as severe as `min` (`--min-severity`); the others
+    /// are not counted either.
+    pub fn retain_at_least(&mut self, min: Severity) {
+        self.items.retain(|d| d.severity <= min);
+        for sev in [Severity::Warning, Severity::Note] {
+            if sev > min {
+                self.dropped[sev as usize] = 0;
+            }
+        }
     }
     /// Sort by (file name, line, column, code, message) and drop exact duplicates; when
     /// some were not kept, one SVC018 note at the end says how many.
@@ -243,24 +257,111 @@ fn frame(out: &mut String, sources: &SourceMap, span: Span, label: Option<&str>)
     }
 }
 
-/// Render all diagnostics plus a summary line, as the CLI prints them.
+/// Render all diagnostics plus a summary line, as the CLI prints them with `--verbose`.
 pub fn render_all(diags: &Diagnostics, sources: &SourceMap) -> String {
-    let mut out = render_items(diags, sources);
-    let (e, w) = (diags.count(Severity::Error), diags.count(Severity::Warning));
-    if e + w > 0 {
-        let _ = writeln!(out, "{e} error(s), {w} warning(s)");
+    render_report(diags, sources, Notes::Each)
+}
+
+/// How text shows notes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notes {
+    /// Each with its code frame (`--verbose`).
+    Each,
+    /// One line per code after the errors and warnings ([`note_summary`]): a release
+    /// bundle's hundreds of skipped objects are one line.
+    Summary,
+}
+
+/// The diagnostics ([`render_items`]) and the summary line (when there are errors or
+/// warnings), as the CLI prints them.
+pub fn render_report(diags: &Diagnostics, sources: &SourceMap, notes: Notes) -> String {
+    let mut out = render_items(diags, sources, notes);
+    if let Some(line) = summary_line(diags) {
+        out += &line;
+        out.push('\n');
     }
     out
 }
 
-/// Each diagnostic rendered, without [`render_all`]'s summary line.
-pub fn render_items(diags: &Diagnostics, sources: &SourceMap) -> String {
+/// `{e} error(s), {w} warning(s)` and, when some were suppressed, `, {s} suppressed`;
+/// `None` without errors and warnings.
+pub fn summary_line(diags: &Diagnostics) -> Option<String> {
+    let (e, w) = (diags.count(Severity::Error), diags.count(Severity::Warning));
+    (e + w > 0).then(|| format!("{e} error(s), {w} warning(s){}", suppressed(diags)))
+}
+
+/// `, {s} suppressed` when a suppression took some diagnostics out, else nothing.
+pub fn suppressed(diags: &Diagnostics) -> String {
+    match diags.suppressed {
+        0 => String::new(),
+        s => format!(", {s} suppressed"),
+    }
+}
+
+/// Each diagnostic rendered, without [`render_report`]'s summary line; with
+/// [`Notes::Summary`], errors and warnings each, then the notes' summary.
+pub fn render_items(diags: &Diagnostics, sources: &SourceMap, notes: Notes) -> String {
     let mut out = String::new();
     for d in &diags.items {
+        if notes == Notes::Summary && d.severity == Severity::Note {
+            continue;
+        }
         out.push_str(&render_text(d, sources));
         out.push('\n');
     }
+    if notes == Notes::Summary {
+        for line in note_summary(diags, sources) {
+            out += &line;
+            out.push('\n');
+        }
+    }
     out
+}
+
+/// The notes in one line per code, in code order: a note alone as its message and
+/// location; several as their count and what the code means (skipped objects, SVC008,
+/// counted by kind), and that `--verbose` shows each.
+pub fn note_summary(diags: &Diagnostics, sources: &SourceMap) -> Vec<String> {
+    let mut by_code: std::collections::BTreeMap<&str, Vec<&Diagnostic>> = Default::default();
+    for d in diags.items.iter().filter(|d| d.severity == Severity::Note) {
+        by_code.entry(d.code).or_default().push(d);
+    }
+    by_code
+        .into_iter()
+        .map(|(code, notes)| match notes[..] {
+            [d] => {
+                let mut line = format!("note[{code}]: {}", d.message);
+                if let Some(s) = d.span {
+                    line += &format!(" ({})", sources.location(s));
+                }
+                if let Some(h) = &d.hint {
+                    line += &format!("; help: {h}");
+                }
+                line
+            }
+            _ => {
+                let what = crate::codes::find(code).map_or("", |c| c.summary);
+                let mut kinds: std::collections::BTreeMap<&str, usize> = Default::default();
+                for d in &notes {
+                    if let Some(k) = crate::k8s::skipped_kind(d) {
+                        *kinds.entry(k).or_default() += 1;
+                    }
+                }
+                let kinds = match kinds.len() {
+                    0 => String::new(),
+                    _ => {
+                        let each: Vec<String> =
+                            kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                        format!(" ({})", each.join(", "))
+                    }
+                };
+                format!(
+                    "note[{code}]: {} notes: {what}{kinds}; --verbose shows each",
+                    notes.len()
+                )
+            }
+        })
+        .collect()
 }
 
 /// [`render_all`]'s text with ANSI colours, for a terminal (`--color`): the severity and
@@ -311,7 +412,7 @@ pub fn colorize(text: &str) -> String {
                 Some((k, v)) => format!("   \x1b[1;34m= {k}:{RESET} {v}"),
                 None => body.to_string(),
             }
-        } else if body.ends_with(" warning(s)") && body.contains(" error(s), ") {
+        } else if summary_line_shape(body) {
             format!("\x1b[1m{body}{RESET}")
         } else {
             body.to_string()
@@ -320,6 +421,15 @@ pub fn colorize(text: &str) -> String {
         out.push_str(nl);
     }
     out
+}
+
+/// `{e} error(s), {w} warning(s)` with or without `, {s} suppressed`.
+fn summary_line_shape(body: &str) -> bool {
+    let body = match body.rsplit_once(", ") {
+        Some((head, tail)) if tail.ends_with(" suppressed") => head,
+        _ => body,
+    };
+    body.ends_with(" warning(s)") && body.contains(" error(s), ")
 }
 
 /// The JSON form of one diagnostic (`--format json`).

@@ -35,6 +35,21 @@ pub struct Module {
     pub services: Vec<Service>,
     /// Sorted by name.
     pub nodes: Vec<Node>,
+    /// The Pods of the input, sorted by (namespace, name): only the `dns` target reads
+    /// them (CoreDNS's `pods verified` records), so they are not in the IR's JSON.
+    #[serde(skip)]
+    pub pods: Vec<Pod>,
+}
+
+/// A Pod as DNS sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    /// `status.podIP` (the first of `status.podIPs`), when it is an address.
+    pub ip: Option<IpAddr>,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
 }
 
 /// What the API server decides: kube-apiserver's flags.
@@ -62,6 +77,40 @@ pub struct ClusterConfig {
     /// left out of the IR's JSON when it is the default.
     #[serde(skip_serializing_if = "TopologyKeys::is_default")]
     pub topology_keys: TopologyKeys,
+    /// Whose answers the `dns` target writes (`dnsRecords`; the target's
+    /// `--dns-records` wins); left out of the IR's JSON when it is the default.
+    #[serde(skip_serializing_if = "DnsRecords::is_default")]
+    pub dns_records: DnsRecords,
+    /// Cilium's map sizes (`ebpfMapSizes`), for the ebpf target; left out of the IR's
+    /// JSON when unset.
+    #[serde(skip_serializing_if = "EbpfMapSizes::is_default")]
+    pub ebpf_map_sizes: EbpfMapSizes,
+}
+
+/// Which answers the `dns` target's zones give (docs/dns.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DnsRecords {
+    /// The Kubernetes DNS-Based Service Discovery specification's records.
+    #[default]
+    Spec,
+    /// What CoreDNS's kubernetes plugin answers (`pods verified`, `endpoint_pod_names`
+    /// off): the spec's records and its extensions.
+    Coredns,
+}
+
+impl DnsRecords {
+    /// `spec` or `coredns`.
+    pub fn parse(s: &str) -> Option<DnsRecords> {
+        match s {
+            "spec" => Some(DnsRecords::Spec),
+            "coredns" => Some(DnsRecords::Coredns),
+            _ => None,
+        }
+    }
+    pub fn is_default(&self) -> bool {
+        *self == DnsRecords::Spec
+    }
 }
 
 /// What the node pass does with a Service's `spec.topologyKeys`. Kubernetes removed the
@@ -88,6 +137,109 @@ impl TopologyKeys {
     }
     pub fn is_default(&self) -> bool {
         *self == TopologyKeys::Honour
+    }
+}
+
+/// Sizes of Cilium's load-balancing maps as its agent options set them (`ebpfMapSizes`
+/// in the ClusterConfig, or the ebpf target's `--map-sizes`): `KEY=N,...`. `all` is
+/// `--bpf-lb-map-max` (65536 by default), the size of every map whose own option is
+/// unset (`pkg/loadbalancer/config.go`, `NewConfig`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EbpfMapSizes {
+    /// `--bpf-lb-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all: Option<u32>,
+    /// `--bpf-lb-service-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub services: Option<u32>,
+    /// `--bpf-lb-service-backend-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backends: Option<u32>,
+    /// `--bpf-lb-rev-nat-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rev_nat: Option<u32>,
+    /// `--bpf-lb-affinity-map-max` (the affinity and affinity-match maps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<u32>,
+    /// `--bpf-lb-source-range-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<u32>,
+    /// `--bpf-lb-maglev-map-max`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maglev: Option<u32>,
+    /// `--bpf-sock-rev-map-max` (Cilium sizes it from the node's memory when unset; here
+    /// it is then `all`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sock_rev: Option<u32>,
+}
+
+impl EbpfMapSizes {
+    /// The keys `KEY=N` takes, with the Cilium option each stands for.
+    pub const KEYS: [(&'static str, &'static str); 8] = [
+        ("all", "--bpf-lb-map-max"),
+        ("services", "--bpf-lb-service-map-max"),
+        ("backends", "--bpf-lb-service-backend-map-max"),
+        ("rev-nat", "--bpf-lb-rev-nat-map-max"),
+        ("affinity", "--bpf-lb-affinity-map-max"),
+        ("source-ranges", "--bpf-lb-source-range-map-max"),
+        ("maglev", "--bpf-lb-maglev-map-max"),
+        ("sock-rev", "--bpf-sock-rev-map-max"),
+    ];
+
+    /// `services=131072,backends=262144`; an `Err` says what is wrong, in one line.
+    pub fn parse(s: &str) -> Result<EbpfMapSizes, String> {
+        let mut out = EbpfMapSizes::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let Some((k, v)) = item.split_once('=') else {
+                return Err(format!("`{item}` is not KEY=N"));
+            };
+            let n: u32 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("`{item}`: give a number from 1 to 4294967295"))?;
+            *out.slot(k.trim()).ok_or_else(|| {
+                let keys: Vec<&str> = Self::KEYS.iter().map(|(k, _)| *k).collect();
+                format!("unknown map `{}` (use {})", k.trim(), keys.join(", "))
+            })? = Some(n);
+        }
+        Ok(out)
+    }
+
+    fn slot(&mut self, key: &str) -> Option<&mut Option<u32>> {
+        Some(match key {
+            "all" => &mut self.all,
+            "services" => &mut self.services,
+            "backends" => &mut self.backends,
+            "rev-nat" => &mut self.rev_nat,
+            "affinity" => &mut self.affinity,
+            "source-ranges" => &mut self.source_ranges,
+            "maglev" => &mut self.maglev,
+            "sock-rev" => &mut self.sock_rev,
+            _ => return None,
+        })
+    }
+
+    /// `self`, with every key `over` sets taken from `over` (a flag over the document).
+    pub fn overridden_by(mut self, over: &EbpfMapSizes) -> EbpfMapSizes {
+        for (k, _) in Self::KEYS {
+            let v = *over.clone().slot(k).expect("a known key");
+            if v.is_some() {
+                *self.slot(k).expect("a known key") = v;
+            }
+        }
+        self
+    }
+
+    /// The value set for `key` (one of [`EbpfMapSizes::KEYS`]), if any.
+    pub fn get(&self, key: &str) -> Option<u32> {
+        *self.clone().slot(key)?
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == EbpfMapSizes::default()
     }
 }
 
@@ -330,6 +482,15 @@ pub struct Service {
     /// cluster IP (its DNS names stay: CoreDNS does not filter on the label).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub headless_label: bool,
+    /// `spec.loadBalancerClass`: which load balancer implementation owns the ingress
+    /// IPs. kube-proxy ignores it; the ebpf target reads it (Cilium's wildcard entries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_balancer_class: Option<String>,
+    /// The Service's `service.cilium.io/*` annotations by key (Cilium's per-service
+    /// options: `src-ranges-policy`, `lb-algorithm`, ...), which only the ebpf target
+    /// reads; the node pass interprets them into [`CiliumPort`].
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub cilium_annotations: BTreeMap<String, String>,
     /// In spec order (port order is part of the Service's identity for users).
     pub ports: Vec<ServicePort>,
     /// A service without ports: its endpoints all the same (port 0), which only DNS
@@ -337,6 +498,12 @@ pub struct Service {
     /// the service has ports.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub portless_endpoints: Vec<Endpoint>,
+    /// A service without ports: the ports its EndpointSlices (or Endpoints) list, sorted
+    /// by (name, protocol), each with the endpoints listing it at their slice's number.
+    /// Only DNS reads them (CoreDNS's SRV records follow the slices' ports). Empty when
+    /// the service has ports.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub portless_slice_ports: Vec<SlicePort>,
     /// Field paths whose values svc-compile allocated (not written by the user),
     /// e.g. `spec.clusterIPs(IPv4)`, `spec.ports[1].nodePort`. Sorted.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -374,6 +541,17 @@ pub struct ServicePort {
     pub endpoints: Vec<Endpoint>,
 }
 
+/// A port an EndpointSlice lists for a service without ports.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlicePort {
+    /// Empty when the port has no name.
+    pub name: String,
+    pub protocol: Protocol,
+    /// Sorted and merged as [`ServicePort::endpoints`]; each at its slice's port number.
+    pub endpoints: Vec<Endpoint>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum TargetPort {
@@ -390,6 +568,11 @@ pub struct Endpoint {
     /// Written once here, shared by every node's view.
     #[serde(skip)]
     pub addr: Arc<str>,
+    /// The EndpointSlice endpoint's other addresses, after `ip` (its `addresses[0]`), in
+    /// written order, without repeats. kube-proxy reads only the first address; Cilium
+    /// makes a backend of every one (`pkg/k8s/endpoints.go`, `ParseEndpointSliceV1`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub other_addresses: Vec<IpAddr>,
     /// Shared by every endpoint on the node (a few nodes, many endpoints).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<Arc<str>>,
@@ -464,6 +647,9 @@ pub struct NodeView {
     /// [`ClusterConfig::nft_layout`], copied for the nftables targets.
     #[serde(skip_serializing_if = "NftLayout::is_default")]
     pub nft_layout: NftLayout,
+    /// [`ClusterConfig::ebpf_map_sizes`], copied for the ebpf target.
+    #[serde(skip_serializing_if = "EbpfMapSizes::is_default")]
+    pub ebpf_map_sizes: EbpfMapSizes,
     pub node_name: String,
     pub family: IpFamily,
     /// The node's IPs of this family, primary first.
@@ -591,6 +777,76 @@ pub struct PortView {
     /// Why endpoints were filtered, for humans (`topologyKeys: zone`, `hints: zone a`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topology: Option<String>,
+    /// What Cilium's agent makes of this port on this node, where it reads the objects
+    /// otherwise than kube-proxy (the ebpf target's input). Not in the IR's JSON: the
+    /// ebpf target's JSON shows what became of it.
+    #[serde(skip)]
+    pub cilium: CiliumPort,
+}
+
+/// One service port as Cilium's load-balancing control plane sees it on one node and
+/// family, decided by the node pass so that the ebpf back end only lays it out:
+/// - backends: every address of every endpoint (`pkg/k8s/endpoints.go`,
+///   `ParseEndpointSliceV1`), each with Cilium's state (`pkg/loadbalancer/reflectors/
+///   conversions.go`, `convertEndpoints`); unlike kube-proxy no endpoint is dropped for
+///   its conditions, and there is no terminating fallback here (the reconciler counts);
+/// - which backends each traffic policy selects (`pkg/loadbalancer/writer/writer.go`,
+///   `DefaultSelectBackends`): all of them, or those on this node (an endpoint without a
+///   `nodeName` counts as local); topology hints are not read (Cilium's
+///   `--enable-service-topology` is off by default);
+/// - the per-service settings Cilium reads from the Service (source ranges as written,
+///   `service.cilium.io/src-ranges-policy`, the load-balancer class).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CiliumPort {
+    /// Sorted by (address, port) as numbers (`sortedBackends` within one state), one per
+    /// `ip:port` (the lowest state wins when two endpoints name one address).
+    pub backends: Vec<CiliumBackend>,
+    /// What a frontend with a Cluster policy selects: every backend. Ascending indices.
+    pub cluster: Vec<u32>,
+    /// What a frontend with a Local policy selects. Ascending indices.
+    pub local: Vec<u32>,
+    /// This family's `loadBalancerSourceRanges` as networks, in spec order. Cilium keeps
+    /// a zero prefix as an entry (kube-proxy reads it as "no ranges").
+    pub source_ranges: Vec<Cidr>,
+    /// `service.cilium.io/src-ranges-policy: deny`: the ranges are a deny list.
+    pub source_ranges_deny: bool,
+    /// Cilium's LB-IPAM owns the load-balancer IPs (no `loadBalancerClass`, LB-IPAM
+    /// being the default allocator, or `io.cilium/bgp-control-plane` /
+    /// `io.cilium/l2-announcer`): the reconciler's `isWildcardClass`.
+    pub lb_ipam_class: bool,
+}
+
+/// One backend of a [`CiliumPort`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CiliumBackend {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub state: BackendState,
+}
+
+/// Cilium's backend states (`pkg/loadbalancer/loadbalancer.go`), in its sort order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BackendState {
+    /// `ready` (whatever serving and terminating say).
+    Active,
+    /// Not ready, terminating and serving: used only when no backend is active.
+    Terminating,
+    /// Terminating and not serving: kept for its connections, never selected.
+    TerminatingNotServing,
+    /// Not ready and not terminating: in the backends map, in no service slot.
+    Maintenance,
+}
+
+impl BackendState {
+    /// `convertEndpoints`: the state of an endpoint with these conditions.
+    pub fn of(ready: bool, serving: bool, terminating: bool) -> BackendState {
+        match (ready, serving, terminating) {
+            (true, _, _) => BackendState::Active,
+            (false, false, true) => BackendState::TerminatingNotServing,
+            (false, true, true) => BackendState::Terminating,
+            (false, _, false) => BackendState::Maintenance,
+        }
+    }
 }
 
 impl PortView {
@@ -636,4 +892,35 @@ pub struct EndpointView {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EbpfMapSizes;
+
+    #[test]
+    fn ebpf_map_sizes_parse_and_override() {
+        let s = EbpfMapSizes::parse("services=131072, backends=262144,all=100").unwrap();
+        assert_eq!(s.services, Some(131072));
+        assert_eq!(s.backends, Some(262144));
+        assert_eq!(s.all, Some(100));
+        assert_eq!(s.get("rev-nat"), None);
+        assert_eq!(EbpfMapSizes::parse("").unwrap(), EbpfMapSizes::default());
+        for (bad, why) in [
+            ("services", "is not KEY=N"),
+            ("services=0", "give a number"),
+            ("services=x", "give a number"),
+            ("service=1", "unknown map `service`"),
+        ] {
+            let e = EbpfMapSizes::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let doc = EbpfMapSizes::parse("all=10,services=20").unwrap();
+        let flag = EbpfMapSizes::parse("services=30,maglev=5").unwrap();
+        let both = doc.overridden_by(&flag);
+        assert_eq!(
+            (both.all, both.services, both.maglev),
+            (Some(10), Some(30), Some(5))
+        );
+    }
 }

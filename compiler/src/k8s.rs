@@ -224,6 +224,10 @@ pub struct ClusterConfigDoc {
     pub nft_layout: Option<Sp<String>>,
     /// `topologyKeys`: `honour` or `ignore` (see `ir::TopologyKeys`).
     pub topology_keys: Option<Sp<String>>,
+    /// `dnsRecords`: `spec` or `coredns` (see `ir::DnsRecords`).
+    pub dns_records: Option<Sp<String>>,
+    /// `ebpfMapSizes`: `KEY=N,...` (see `ir::EbpfMapSizes`).
+    pub ebpf_map_sizes: Option<Sp<String>>,
 }
 
 /// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
@@ -569,6 +573,15 @@ fn decode_object(root: &Node, path: &Path, d: &mut Decoder, out: &mut Objects) {
             );
         }
     }
+}
+
+/// The kind an SVC008 note says was skipped (its message starts `skipped KIND `), for the
+/// notes' summary.
+pub fn skipped_kind(d: &Diagnostic) -> Option<&str> {
+    let rest = d.message.strip_prefix("skipped ")?;
+    (d.code == "SVC008")
+        .then(|| rest.split(' ').next())
+        .flatten()
 }
 
 /// The API group of an apiVersion (`discovery.k8s.io/v1` → `discovery.k8s.io`; the core
@@ -1430,6 +1443,8 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         "nfacct",
         "nftLayout",
         "topologyKeys",
+        "dnsRecords",
+        "ebpfMapSizes",
     ];
     let mut out = ClusterConfigDoc {
         span: root.span,
@@ -1449,6 +1464,8 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         out.nfacct = d.bool_(f.get("nfacct"), &path.key("nfacct"));
         out.nft_layout = d.str_(f.get("nftLayout"), &path.key("nftLayout"));
         out.topology_keys = d.str_(f.get("topologyKeys"), &path.key("topologyKeys"));
+        out.dns_records = d.str_(f.get("dnsRecords"), &path.key("dnsRecords"));
+        out.ebpf_map_sizes = d.str_(f.get("ebpfMapSizes"), &path.key("ebpfMapSizes"));
     }
     out
 }

@@ -17,7 +17,9 @@ pub mod kustomize;
 pub mod migrate;
 pub mod net;
 pub mod passes;
+pub mod project;
 pub mod source;
+pub mod suppress;
 pub mod synth;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
@@ -345,7 +347,8 @@ fn template_notes(sources: &SourceMap, inputs: &[FileId], diags: &mut Diagnostic
 }
 
 /// Merge the ClusterConfig document (if any) with the flags; flags win. Invalid values in
-/// the document were reported by validation (SVC316, SVC317, SVC320); they leave the default.
+/// the document were reported by validation (SVC316, SVC317, SVC320, SVC322, SVC323,
+/// SVC324); they leave the default.
 /// Public for the benchmarks, which run the passes one by one.
 pub fn settings(objects: &Objects, opts: &Options) -> Settings {
     let mut s = Settings::default();
@@ -382,6 +385,20 @@ pub fn settings(objects: &Objects, opts: &Options) -> Settings {
             .and_then(|t| ir::TopologyKeys::parse(&t.v))
         {
             s.topology_keys = t;
+        }
+        if let Some(r) = doc
+            .dns_records
+            .as_ref()
+            .and_then(|r| ir::DnsRecords::parse(&r.v))
+        {
+            s.dns_records = r;
+        }
+        if let Some(m) = doc
+            .ebpf_map_sizes
+            .as_ref()
+            .and_then(|m| ir::EbpfMapSizes::parse(&m.v).ok())
+        {
+            s.ebpf_map_sizes = m;
         }
     }
     if let Some(l) = opts.nft_layout {

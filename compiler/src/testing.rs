@@ -49,6 +49,8 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             nfacct: None,
             nft_layout: Default::default(),
             topology_keys: Default::default(),
+            dns_records: Default::default(),
+            ebpf_map_sizes: Default::default(),
         },
         proxy: ProxyConfig {
             mode: "iptables".into(),
@@ -65,6 +67,7 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
         },
         services,
         nodes,
+        pods: vec![],
     }
 }
 
@@ -113,9 +116,12 @@ pub fn service(
         traffic_distribution: None,
         proxy_name: None,
         headless_label: false,
+        load_balancer_class: None,
+        cilium_annotations: Default::default(),
         ports,
         allocated: vec![],
         portless_endpoints: vec![],
+        portless_slice_ports: vec![],
     }
 }
 
@@ -157,6 +163,7 @@ pub fn endpoint(spec: &str, port: u16) -> Endpoint {
         ip,
         port,
         addr: join_host_port(&ip, port).into(),
+        other_addresses: vec![],
         node_name: (!node.is_empty()).then(|| node.into()),
         zone: None,
         hostname: None,

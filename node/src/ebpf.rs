@@ -115,6 +115,9 @@ pub fn apply(
 
     // What to apply.
     let rollback = matches!(input, Input::Rollback);
+    // The map sizes: the flags' over the ClusterConfig's (a compile), the flags' alone
+    // otherwise (a document says its own maps' sizes).
+    let mut sizes = ebpf::MapSizes(opts.sizes);
     let docs: Vec<Doc> = match input {
         Input::Rollback => Vec::new(),
         Input::From { path, text } => vec![doc_of_json(text, &path)?],
@@ -125,6 +128,9 @@ pub fn apply(
                 Ok(c) => c,
                 Err(code) => return Ok(code),
             };
+            if let Some(v) = compiled.views.first() {
+                sizes = opts.sizes_for(v);
+            }
             documents(compiled, &opts, &|f| {
                 fs::read_to_string(fam_dir(f).applied()).ok()
             })?
@@ -167,7 +173,20 @@ pub fn apply(
         None => Wanted::from_json(&docs.iter().map(|d| d.json.as_str()).collect::<Vec<_>>())
             .map_err(|e| Fail(format!("cannot apply: {e}")))?,
     }
-    .complete(opts.max_entries);
+    .complete(&sizes);
+    // The affinity-match map holds both families' entries: it may overflow only here.
+    if let Some(m) = wanted
+        .maps
+        .values()
+        .find(|m| m.entries.len() > m.max_entries as usize)
+    {
+        return Err(Fail(format!(
+            "--target ebpf: {} entries for Cilium's {} map, which holds {}; give it room with --map-sizes (the node's cilium-agent: --bpf-lb-*-map-max)",
+            m.entries.len(),
+            m.name,
+            m.max_entries
+        )));
+    }
     let fingerprint = fingerprint(host_netns);
     let what = format!(
         "ebpf {} on cgroup {}",
@@ -245,7 +264,7 @@ pub fn apply(
                 return Ok(0);
             }
             let res =
-                new_generation(&inst, &gen, &wanted, &ops, host_netns, &opts).and_then(|progs| {
+                new_generation(&inst, &gen, &wanted, &ops, host_netns, &sizes).and_then(|progs| {
                     read_back(&gen, &wanted, &what)?;
                     switch(&inst, &cgroup, &progs).map_err(|e| {
                         Fail(format!("{what}: switching the cgroup links failed: {e}"))
@@ -290,8 +309,13 @@ fn documents(
             Some(locked) => Some(Ids::from_lock(locked)),
             None => applied(family).and_then(|j| ids_of_json(&j)),
         };
-        let l = ebpf::layout(v, previous.as_ref(), opts.max_entries)
-            .map_err(|e| Fail(format!("--target ebpf: {e}")))?;
+        let l = ebpf::layout(v, previous.as_ref(), &opts.sizes_for(v)).map_err(|e| {
+            Fail(format!(
+                "--target ebpf: node {} ({}): {e}",
+                v.node_name,
+                v.family.as_str()
+            ))
+        })?;
         let json = ebpf::render(
             &l,
             &ebpf::Options {
@@ -778,7 +802,7 @@ fn new_generation(
     wanted: &Wanted,
     ops: &[Op],
     host_netns: u64,
-    opts: &ebpf::Options,
+    sizes: &ebpf::MapSizes,
 ) -> Result<Vec<OwnedFd>, Fail> {
     let shared = inst.join("shared");
     let io_err = |p: &Path, e: io::Error| Fail(format!("cannot create {}: {e}", p.display()));
@@ -803,7 +827,7 @@ fn new_generation(
         loader.map_max_entries(&m.name, m.max_entries);
     }
     for name in &runtime {
-        loader.map_max_entries(name, opts.max_entries);
+        loader.map_max_entries(name, sizes.of(plan::id_of(name).expect("a known map").0));
     }
     // aya parses the ELF in place: give it an 8-byte-aligned copy.
     let mut aligned: Vec<u64> = vec![0; OBJECT.len().div_ceil(8)];

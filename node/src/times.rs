@@ -22,6 +22,16 @@ impl Times {
     }
 
     pub fn print(&self, what: &str) {
+        if let Ok(mut kept) = KEPT.lock() {
+            if let Some(kept) = kept.as_mut() {
+                let phases: Vec<String> = self
+                    .phases
+                    .iter()
+                    .map(|(p, d)| format!("{p} {:.1} ms", d.as_secs_f64() * 1e3))
+                    .collect();
+                kept.push(format!("{what}: {}", phases.join(", ")));
+            }
+        }
         if std::env::var_os("SVC_COMPILE_APPLY_TIMES").is_none() {
             return;
         }
@@ -44,4 +54,23 @@ impl Times {
             phases.join(", ")
         );
     }
+}
+
+/// What [`Times::print`] was given since the last [`take_kept`], when [`keep`] is on (the
+/// agent's sync line says where each sync's time went).
+static KEPT: std::sync::Mutex<Option<Vec<String>>> = std::sync::Mutex::new(None);
+
+/// From now on, keep each [`Times::print`]'s phases for [`take_kept`].
+pub fn keep() {
+    if let Ok(mut k) = KEPT.lock() {
+        k.get_or_insert_with(Vec::new);
+    }
+}
+
+/// What was kept since the last call, `WHAT: PHASE N ms, ...` each, in order.
+pub fn take_kept() -> Vec<String> {
+    KEPT.lock()
+        .ok()
+        .and_then(|mut k| k.as_mut().map(std::mem::take))
+        .unwrap_or_default()
 }

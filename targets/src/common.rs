@@ -351,6 +351,7 @@ pub fn renders_same(a: &PortView, b: &PortView) -> bool {
         cluster_endpoints,
         local_endpoints,
         topology: _,
+        cilium,
     } = a;
     let same_endpoint = |x: &EndpointView, y: &EndpointView| {
         let EndpointView {
@@ -387,6 +388,7 @@ pub fn renders_same(a: &PortView, b: &PortView) -> bool {
         && *external_ips == b.external_ips
         && *load_balancer_ips == b.load_balancer_ips
         && *source_ranges == b.source_ranges
+        && *cilium == b.cilium
         && *namespace == b.namespace
         && *name == b.name
         && *port_name == b.port_name

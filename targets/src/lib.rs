@@ -40,6 +40,15 @@ pub static TARGETS: &[&Target] = &[
     &template::TARGET,
 ];
 
+/// The diagnostic codes of the back ends' own inputs, described as
+/// `svc_compiler::codes::CODES` describes the compiler's (SARIF's rules and
+/// `docs/diagnostics.md` read both).
+pub static CODES: &[svc_compiler::codes::Code] = &[svc_compiler::codes::Code {
+    code: template::TEMPLATE_ERROR_CODE,
+    severity: svc_compiler::diag::Severity::Error,
+    summary: "a `--template` file does not parse or render (at the template's line and column)",
+}];
+
 #[cfg(test)]
 mod testing;
 

@@ -92,6 +92,12 @@ pub trait NodeRenderer: Send + Sync {
     fn check(&self, _view: &NodeView) -> Result<(), String> {
         Ok(())
     }
+    /// Limits of the target that the manifests exceed for `view` (the ebpf target's map
+    /// sizes): diagnostics the CLI reports with the input's (exit 1, nothing rendered),
+    /// asked after [`check`](NodeRenderer::check) passed. The default finds none.
+    fn input_errors(&self, _view: &NodeView) -> Vec<Diagnostic> {
+        Vec::new()
+    }
     /// The document for `view` into `out` (cleared first), reusing its memory.
     fn render_into(&self, view: &NodeView, out: &mut String);
 

@@ -79,6 +79,13 @@ fn discovery_outputs_do_not_depend_on_document_order() {
         affinity.as_str(),
         "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\nspec:\n  clusterIP: None\n  ports: [{name: pg, port: 5432}]\n",
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: db-1, namespace: shop, labels: {kubernetes.io/service-name: db}}\naddressType: IPv4\nports: [{name: pg, port: 5432}]\nendpoints:\n- addresses: [10.244.1.9]\n  hostname: db-0\n- addresses: [10.244.1.8]\n",
+        // Pods (coredns mode's pod names) and a service without ports whose slices list
+        // ports, in two slices.
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p1, namespace: shop}\nstatus: {podIP: 10.244.1.9}\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p0, namespace: web}\nstatus: {podIP: \"fd00::9\"}\n",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: ldap, namespace: shop}\nspec: {clusterIP: None}\n",
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: ldap-2, namespace: shop, labels: {kubernetes.io/service-name: ldap}}\naddressType: IPv4\nports: [{name: ldaps, port: 636}, {name: ldap, port: 389}]\nendpoints:\n- addresses: [192.0.2.8]\n",
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: ldap-1, namespace: shop, labels: {kubernetes.io/service-name: ldap}}\naddressType: IPv4\nports: [{name: ldap, port: 1389}]\nendpoints:\n- addresses: [192.0.2.7]\n",
     ]
     .iter()
     .flat_map(|f| f.split("\n---\n"))
@@ -86,8 +93,13 @@ fn discovery_outputs_do_not_depend_on_document_order() {
     .collect();
     let outputs = |docs: &[&str]| {
         let m = module(&docs.join("\n---\n"));
-        let mut out: Vec<String> = crate::dns::write_zones(&m, &Default::default())
-            .into_iter()
+        let coredns = crate::dns::Options {
+            records: Some(svc_compiler::ir::DnsRecords::Coredns),
+            ..Default::default()
+        };
+        let mut out: Vec<String> = [Default::default(), coredns]
+            .iter()
+            .flat_map(|o| crate::dns::write_zones(&m, o))
             .map(|z| z.text)
             .collect();
         for ns in crate::env::namespaces(&m) {
@@ -100,6 +112,8 @@ fn discovery_outputs_do_not_depend_on_document_order() {
     };
     let want = outputs(&docs);
     assert!(want[0].contains("db-0.db.shop.svc"), "{}", want[0]);
+    assert!(want[3].contains("_ldap._tcp.ldap.shop.svc"), "{}", want[3]);
+    assert!(want[3].contains("fd00--9.web.pod."), "{}", want[3]);
     let mut reversed = docs.clone();
     reversed.reverse();
     assert_eq!(outputs(&reversed), want);

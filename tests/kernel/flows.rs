@@ -4,8 +4,8 @@
 //!
 //! `flows` syntax, one flow a line (`#` comments):
 //! `[TARGETS] FROM PROTO DEST EXPECT`, where TARGETS (optional: `[iptables]`,
-//! `[nftables]`, `[ipvs]` or a comma list such as `[iptables,ipvs]`) limits the line to
-//! those targets, and EXPECT is one of
+//! `[nftables]`, `[ipvs]`, `[ebpf]` (the socket load balancer, `ebpf.rs`) or a comma
+//! list such as `[iptables,ipvs]`) limits the line to those targets, and EXPECT is one of
 //! - `answer B1,B2,.. [direct|masq]`: 40 probes; every answer comes from the set, every
 //!   backend of the set answers at least once; `direct`: the backend saw the sender's own
 //!   address, `masq`: it saw another (the node's);

@@ -10,6 +10,9 @@ use crate::passes::resolve::{protocol_of, Resolved};
 use crate::passes::Settings;
 use rayon::prelude::*;
 
+/// Cilium's per-service annotations (`pkg/annotation/k8s.go`, `ServicePrefix`).
+pub const CILIUM_ANNOTATION_PREFIX: &str = "service.cilium.io/";
+
 pub fn lower(
     objects: &Objects,
     settings: &Settings,
@@ -22,7 +25,8 @@ pub fn lower(
         .par_iter()
         .zip(resolved)
         .zip(allocs)
-        .map(|((s, mut eps), a)| {
+        .map(|((s, r), a)| {
+            let mut eps = r.ports;
             let kind = match s.type_.as_ref().map(|t| t.v.as_str()) {
                 Some("NodePort") => ir::ServiceType::NodePort,
                 Some("LoadBalancer") => ir::ServiceType::LoadBalancer,
@@ -114,6 +118,14 @@ pub fn lower(
                     .label("service.kubernetes.io/service-proxy-name")
                     .map(str::to_string),
                 headless_label: s.meta.label("service.kubernetes.io/headless").is_some(),
+                load_balancer_class: s.load_balancer_class.as_ref().map(|c| c.v.clone()),
+                cilium_annotations: s
+                    .meta
+                    .annotations
+                    .iter()
+                    .filter(|(k, _)| k.v.starts_with(CILIUM_ANNOTATION_PREFIX))
+                    .map(|(k, v)| (k.v.clone(), v.v.clone()))
+                    .collect(),
                 ports: s
                     .ports
                     .iter()
@@ -131,6 +143,15 @@ pub fn lower(
                     .collect(),
                 allocated: a.allocated,
                 portless_endpoints,
+                portless_slice_ports: r
+                    .slice_ports
+                    .into_iter()
+                    .map(|(name, protocol, endpoints)| ir::SlicePort {
+                        name,
+                        protocol,
+                        endpoints: of_families(endpoints, &ip_families),
+                    })
+                    .collect(),
             }
         })
         .collect();
@@ -171,6 +192,19 @@ pub fn lower(
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     nodes.dedup_by(|b, a| a.name == b.name);
 
+    let mut pods: Vec<ir::Pod> = objects
+        .pods
+        .iter()
+        .map(|p| ir::Pod {
+            namespace: p.meta.namespace.v.clone(),
+            name: p.meta.name.v.clone(),
+            ip: p.pod_ips.first().and_then(|ip| parse_ip(&ip.v)),
+            terminating: p.meta.deletion_timestamp,
+        })
+        .collect();
+    pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    pods.dedup_by(|b, a| a.namespace == b.namespace && a.name == b.name);
+
     ir::Module {
         cluster: ir::ClusterConfig {
             service_cidrs: settings.service_cidrs.clone(),
@@ -180,10 +214,13 @@ pub fn lower(
             nfacct: settings.nfacct,
             nft_layout: settings.nft_layout,
             topology_keys: settings.topology_keys,
+            dns_records: settings.dns_records,
+            ebpf_map_sizes: settings.ebpf_map_sizes,
         },
         proxy: proxy_config(objects.proxy_configs.first()),
         services,
         nodes,
+        pods,
     }
 }
 

@@ -30,6 +30,10 @@ pub struct Settings {
     pub nft_layout: crate::ir::NftLayout,
     /// `--topology-keys` / `topologyKeys`.
     pub topology_keys: crate::ir::TopologyKeys,
+    /// `dnsRecords` (the `dns` target's `--dns-records` wins over it).
+    pub dns_records: crate::ir::DnsRecords,
+    /// `ebpfMapSizes` (the ebpf target's `--map-sizes` overrides it key by key).
+    pub ebpf_map_sizes: crate::ir::EbpfMapSizes,
 }
 
 impl Default for Settings {
@@ -42,6 +46,8 @@ impl Default for Settings {
             nfacct: None,
             nft_layout: Default::default(),
             topology_keys: Default::default(),
+            dns_records: Default::default(),
+            ebpf_map_sizes: Default::default(),
         }
     }
 }

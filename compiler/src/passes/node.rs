@@ -18,9 +18,9 @@
 
 use crate::diag::Diagnostic;
 use crate::ir::{
-    ByMode, DetectLocalMode, Endpoint, EndpointView, LocalDetector, Module, NoEndpointsVerdict,
-    Node, NodePortAddress, NodePortAddresses, NodeView, PortView, Service, ServicePort,
-    ServiceType, TrafficPolicy,
+    BackendState, ByMode, CiliumBackend, CiliumPort, DetectLocalMode, Endpoint, EndpointView,
+    LocalDetector, Module, NoEndpointsVerdict, Node, NodePortAddress, NodePortAddresses, NodeView,
+    PortView, Service, ServicePort, ServiceType, TrafficPolicy,
 };
 use crate::net::{Cidr, IpFamily};
 use rayon::prelude::*;
@@ -109,6 +109,7 @@ pub fn node_view(
         random_fully: module.cluster.random_fully,
         nfacct: module.cluster.nfacct,
         nft_layout: module.cluster.nft_layout,
+        ebpf_map_sizes: module.cluster.ebpf_map_sizes,
         node_name: sel.name.clone(),
         family,
         masquerade_mark: 1u32.checked_shl(proxy.masquerade_bit.into()).unwrap_or(0),
@@ -429,6 +430,8 @@ fn port_view(
         this,
     );
 
+    let cilium = cilium_port(svc, &endpoints, family, this);
+
     let mut view = PortView {
         service,
         namespace: svc.namespace.clone(),
@@ -462,9 +465,73 @@ fn port_view(
         cluster_endpoints: cat.cluster,
         local_endpoints: cat.local,
         topology: cat.topology,
+        cilium,
     };
     record_decisions(&mut view);
     view
+}
+
+/// The load-balancer classes whose addresses Cilium's LB-IPAM (or its BGP and L2
+/// announcers) own (`pkg/k8s/apis/cilium.io/v2alpha1`: `BGPLoadBalancerClass`,
+/// `L2AnnounceLoadBalancerClass`).
+const CILIUM_LB_CLASSES: [&str; 2] = ["io.cilium/bgp-control-plane", "io.cilium/l2-announcer"];
+
+/// `service.cilium.io/src-ranges-policy` (`pkg/annotation/k8s.go`).
+const SRC_RANGES_POLICY: &str = "service.cilium.io/src-ranges-policy";
+
+/// [`CiliumPort`] of one port: `endpoints` are this family's, each the copy this node
+/// serves (as for kube-proxy).
+fn cilium_port(
+    svc: &Service,
+    endpoints: &[&Endpoint],
+    family: IpFamily,
+    this: &ThisNode,
+) -> CiliumPort {
+    let mut backends: Vec<(CiliumBackend, bool)> = Vec::new();
+    for e in endpoints {
+        let state = BackendState::of(e.ready, e.serving, e.terminating);
+        // `DefaultSelectBackends`: a backend without a node name is taken as local.
+        let local = match e.node_name.as_deref() {
+            None | Some("") => true,
+            Some(n) => n == this.name,
+        };
+        for ip in std::iter::once(&e.ip).chain(&e.other_addresses) {
+            if IpFamily::of(ip) == family {
+                let b = CiliumBackend {
+                    ip: *ip,
+                    port: e.port,
+                    state,
+                };
+                backends.push((b, local));
+            }
+        }
+    }
+    // By (address, port), the lowest state first, then one per address.
+    backends.sort_by_key(|(b, _)| (b.ip, b.port, b.state));
+    backends.dedup_by(|b, a| (a.0.ip, a.0.port) == (b.0.ip, b.0.port));
+    let cluster = (0..backends.len() as u32).collect();
+    let local = (0..backends.len() as u32)
+        .filter(|&i| backends[i as usize].1)
+        .collect();
+    let source_ranges = svc
+        .load_balancer_source_ranges
+        .iter()
+        .filter(|c| c.family() == family)
+        .map(Cidr::network)
+        .collect();
+    let policy = svc.cilium_annotations.get(SRC_RANGES_POLICY);
+    CiliumPort {
+        backends: backends.into_iter().map(|(b, _)| b).collect(),
+        cluster,
+        local,
+        source_ranges,
+        // `GetSourceRangesPolicy`: `deny` in any case; anything else allows.
+        source_ranges_deny: policy.is_some_and(|p| p.eq_ignore_ascii_case("deny")),
+        lb_ipam_class: match &svc.load_balancer_class {
+            None => true,
+            Some(c) => CILIUM_LB_CLASSES.contains(&c.as_str()),
+        },
+    }
 }
 
 /// The per-port decisions of both proxiers' `syncProxyRules`, made from what the view
@@ -797,6 +864,85 @@ mod tests {
         idx.iter()
             .map(|&i| p.endpoints[i as usize].ip.to_string())
             .collect()
+    }
+
+    /// Cilium's reading of the endpoints: every address a backend, every condition a
+    /// state (none dropped, no fallback), the Local selection counting an endpoint
+    /// without a node as local, and the per-service settings.
+    #[test]
+    fn cilium_backends_states_and_selection() {
+        let mut multi = ep("10.244.1.2", "n1");
+        multi.other_addresses = vec![ip("10.244.1.9"), ip("fd00::2"), ip("10.244.1.10")];
+        let eps = vec![
+            multi,
+            terminating(ep("10.244.2.2", "n2"), true),
+            terminating(ep("10.244.2.3", "n2"), false),
+            testing::endpoint("10.244.2.4@n2#not-ready", 8080),
+            // No node: local for Cilium, not for kube-proxy.
+            ep("10.244.3.3", ""),
+        ];
+        let mut s = svc("web", ServiceType::LoadBalancer, eps);
+        s.load_balancer_source_ranges = vec![cidr("0.0.0.0/0"), cidr("fd00::/8")];
+        s.cilium_annotations
+            .insert(SRC_RANGES_POLICY.into(), "Deny".into());
+        let v = view(&module(vec![s.clone()], nodes()));
+        let c = &v.ports[0].cilium;
+        let got: Vec<(String, BackendState)> = c
+            .backends
+            .iter()
+            .map(|b| (format!("{}:{}", b.ip, b.port), b.state))
+            .collect();
+        use BackendState::*;
+        assert_eq!(
+            got,
+            [
+                ("10.244.1.2:8080", Active),
+                ("10.244.1.9:8080", Active),
+                ("10.244.1.10:8080", Active),
+                ("10.244.2.2:8080", Terminating),
+                ("10.244.2.3:8080", TerminatingNotServing),
+                ("10.244.2.4:8080", Maintenance),
+                ("10.244.3.3:8080", Active),
+            ]
+            .map(|(a, s)| (a.to_string(), s))
+        );
+        assert_eq!(c.cluster, (0..7).collect::<Vec<u32>>());
+        assert_eq!(c.local, [0, 1, 2, 6]);
+        // kube-proxy: only the ready ones, the first address, a node-less one not local.
+        assert_eq!(
+            addrs(&v.ports[0], &v.ports[0].cluster_endpoints),
+            ["10.244.1.2", "10.244.3.3"]
+        );
+        assert_eq!(c.source_ranges, [cidr("0.0.0.0/0")]);
+        assert!(v.ports[0].source_ranges.is_empty(), "kube-proxy: allow all");
+        assert!(c.source_ranges_deny);
+        assert!(c.lb_ipam_class);
+
+        s.cilium_annotations
+            .insert(SRC_RANGES_POLICY.into(), "allow".into());
+        s.load_balancer_class = Some("example.com/other".into());
+        let v = view(&module(vec![s.clone()], nodes()));
+        assert!(!v.ports[0].cilium.source_ranges_deny);
+        assert!(!v.ports[0].cilium.lb_ipam_class);
+        s.load_balancer_class = Some("io.cilium/l2-announcer".into());
+        let v = view(&module(vec![s], nodes()));
+        assert!(v.ports[0].cilium.lb_ipam_class);
+    }
+
+    /// Two endpoints naming one address: one backend, the lower state.
+    #[test]
+    fn cilium_backend_named_twice_keeps_the_active_one() {
+        let mut a = terminating(ep("10.244.2.2", "n2"), true);
+        a.other_addresses = vec![ip("10.244.2.5")];
+        let eps = vec![a, ep("10.244.2.5", "n2")];
+        let v = view(&module(
+            vec![svc("web", ServiceType::ClusterIP, eps)],
+            nodes(),
+        ));
+        let c = &v.ports[0].cilium;
+        assert_eq!(c.backends.len(), 2);
+        assert_eq!(c.backends[1].ip, ip("10.244.2.5"));
+        assert_eq!(c.backends[1].state, BackendState::Active);
     }
 
     #[test]

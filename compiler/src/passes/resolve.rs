@@ -14,9 +14,21 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Endpoints per service (index into `objects.services`) per port (spec order). A
-/// service without ports has one list: its endpoints whatever their ports, at port 0.
-pub type Resolved = Vec<Vec<Vec<Endpoint>>>;
+/// Per service (index into `objects.services`), its endpoints.
+pub type Resolved = Vec<ServiceEndpoints>;
+
+/// One service's endpoints.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceEndpoints {
+    /// Per port (spec order). A service without ports has one list: its endpoints
+    /// whatever their ports, at port 0.
+    pub ports: Vec<Vec<Endpoint>>,
+    /// A service without ports: the ports its EndpointSlices (and mirrored Endpoints
+    /// subsets) list, by (name, protocol), each with the endpoints that list it at their
+    /// slice's number. Only DNS reads them (CoreDNS's SRV records come from the slices'
+    /// ports). Empty when the service has ports.
+    pub slice_ports: Vec<(String, Protocol, Vec<Endpoint>)>,
+}
 
 /// Which slice or subset port an endpoint list is for: a service port's (name, protocol),
 /// or, for a service without ports, none (every endpoint, at port 0).
@@ -106,31 +118,60 @@ pub fn resolve(objects: &Objects) -> Resolved {
                     .collect(),
                 _ => Vec::new(),
             };
-            let one = |port: Option<&crate::k8s::Port>| {
-                let want: Want = port.map(|port| {
-                    let pname = port.name.as_ref().map_or("", |n| n.v.as_str());
-                    (
-                        pname,
-                        protocol_of(port.protocol.as_ref().map(|p| p.v.as_str())),
-                    )
-                });
+            let mirrored = (!has_selector)
+                .then(|| eps_by_name.get(&key).copied())
+                .flatten();
+            let one = |want: Want, port: Option<&crate::k8s::Port>| {
                 let mut out = Vec::new();
                 for &i in slices.into_iter().flatten() {
                     from_slice(&ctx, i, want, &mut out);
                 }
-                if !has_selector {
-                    if let Some(&i) = eps_by_name.get(&key) {
-                        from_endpoints(&ctx, i, want, &mut out);
-                    }
-                } else {
+                if let Some(i) = mirrored {
+                    from_endpoints(&ctx, i, want, &mut out);
+                } else if has_selector && (port.is_some() || want.is_none()) {
                     from_pods(&ctx, svc, port, &selected, &mut out);
                 }
                 sort_dedup(out)
             };
             if svc.ports.is_empty() {
-                return vec![one(None)];
+                // The slices' own ports, for DNS: the EndpointSlice controller writes
+                // none for a service without ports, so Pods give none.
+                let mut listed: Vec<(&str, Protocol)> =
+                    slices
+                        .into_iter()
+                        .flatten()
+                        .flat_map(|&i| &objects.slices[i].ports)
+                        .chain(mirrored.iter().flat_map(|&i| {
+                            objects.endpoints[i].subsets.iter().flat_map(|s| &s.ports)
+                        }))
+                        .map(|p| {
+                            (
+                                p.name.as_ref().map_or("", |n| n.v.as_str()),
+                                protocol_of(p.protocol.as_ref().map(|x| x.v.as_str())),
+                            )
+                        })
+                        .collect();
+                listed.sort();
+                listed.dedup();
+                let slice_ports = listed
+                    .into_iter()
+                    .map(|(name, proto)| (name.to_string(), proto, one(Some((name, proto)), None)))
+                    .filter(|(.., eps)| !eps.is_empty())
+                    .collect();
+                return ServiceEndpoints {
+                    ports: vec![one(None, None)],
+                    slice_ports,
+                };
             }
-            svc.ports.iter().map(|port| one(Some(port))).collect()
+            let ports = svc.ports.iter().map(|port| {
+                let pname = port.name.as_ref().map_or("", |n| n.v.as_str());
+                let proto = protocol_of(port.protocol.as_ref().map(|p| p.v.as_str()));
+                one(Some((pname, proto)), Some(port))
+            });
+            ServiceEndpoints {
+                ports: ports.collect(),
+                slice_ports: Vec::new(),
+            }
         })
         .collect()
 }
@@ -207,14 +248,22 @@ fn from_slice(ctx: &Ctx, i: usize, want: Want, out: &mut Vec<Endpoint>) {
     };
     let source: Arc<str> = format!("EndpointSlice {}/{}", s.meta.namespace.v, s.meta.name.v).into();
     for e in &s.endpoints {
-        // Only addresses[0] is used.
+        // kube-proxy uses addresses[0]; the others are kept for Cilium, which makes a
+        // backend of each.
         let Some(ip) = e.addresses.first().and_then(|a| parse_ip(&a.v)) else {
             continue;
         };
+        let mut other_addresses: Vec<std::net::IpAddr> = Vec::new();
+        for a in e.addresses.iter().skip(1).filter_map(|a| parse_ip(&a.v)) {
+            if a != ip && !other_addresses.contains(&a) {
+                other_addresses.push(a);
+            }
+        }
         out.push(Endpoint {
             ip,
             port,
             addr: join_host_port(&ip, port).into(),
+            other_addresses,
             node_name: e.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
             zone: e.zone.as_ref().map(|z| ctx.names.get(&z.v)),
             hostname: e.hostname.as_ref().map(|h| h.v.clone()),
@@ -248,6 +297,7 @@ fn from_endpoints(ctx: &Ctx, i: usize, want: Want, out: &mut Vec<Endpoint>) {
                     ip,
                     port,
                     addr: join_host_port(&ip, port).into(),
+                    other_addresses: Vec::new(),
                     node_name: a.node_name.as_ref().map(|n| ctx.names.get(&n.v)),
                     zone: None,
                     hostname: a.hostname.as_ref().map(|h| h.v.clone()),
@@ -332,6 +382,7 @@ fn from_pods(
                 ip,
                 port: tp,
                 addr: join_host_port(&ip, tp).into(),
+                other_addresses: Vec::new(),
                 hint_zones: zone
                     .iter()
                     .filter(|_| zone_hints)
@@ -441,6 +492,20 @@ mod tests {
         );
         // A name no container has: no endpoint.
         assert!(eps(&m, 2).is_empty());
+    }
+
+    /// Every address of a slice endpoint is kept: the first as the endpoint (kube-proxy),
+    /// the others, without repeats or bad ones, for Cilium.
+    #[test]
+    fn every_address_of_a_slice_endpoint_is_kept() {
+        let svc = format!("{SVC}  ports: [{{port: 80, targetPort: 8080}}]\n");
+        let slice = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints:\n- addresses: [10.0.0.2, 10.0.0.3, 10.0.0.2, 10.0.0.4]\n";
+        let m = module(&format!("{svc}{slice}"));
+        let e = eps(&m, 0);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].ip.to_string(), "10.0.0.2");
+        let others: Vec<String> = e[0].other_addresses.iter().map(|a| a.to_string()).collect();
+        assert_eq!(others, ["10.0.0.3", "10.0.0.4"]);
     }
 
     #[test]

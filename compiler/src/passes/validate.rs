@@ -115,13 +115,15 @@
 //! | SVC320 | error    | ClusterConfig `nftLayout` is not `kube-proxy` or `fast` |
 //! | SVC321 | warning  | kube-proxy `mode: ipvs` (or `--target ipvs`): IPVS mode is deprecated (KEP-5495) |
 //! | SVC322 | error    | ClusterConfig `topologyKeys` is not `honour` or `ignore` |
+//! | SVC323 | error    | ClusterConfig `dnsRecords` is not `spec` or `coredns` |
+//! | SVC324 | error    | ClusterConfig `ebpfMapSizes` is not `KEY=N,...` with known keys |
 //! | SVC330 | error    | `conntrack` section: a timeout is not a duration, or a count is not 0-4294967295 |
 
 mod config;
 pub use config::ipvs_deprecated;
 mod cross;
 mod endpoints;
-mod names;
+pub(crate) mod names;
 mod nodes;
 mod service;
 #[cfg(test)]

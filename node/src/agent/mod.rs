@@ -126,6 +126,7 @@ pub fn run(
         metrics: opts.metrics,
         ..serve::Options::new(opts.sync_period)
     })?;
+    crate::times::keep();
     let mut agent = Agent {
         target,
         opts,
@@ -271,6 +272,10 @@ impl Agent<'_> {
             }
         }
         fields.push(("parsed", format!("{parsed}/{files}")));
+        let phases = crate::times::take_kept();
+        if !phases.is_empty() {
+            fields.push(("phases", phases.join("; ")));
+        }
         fields.push(("ms", ms));
         self.log_line("sync", &fields);
         self.last = Some(Instant::now());

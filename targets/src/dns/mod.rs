@@ -23,16 +23,18 @@
 //! - ExternalName: CNAME to the external name; none when it is an IP (CoreDNS answers
 //!   only names; Kubernetes documents that such an externalName is not resolved).
 //! - the apex: SOA `ns.dns.<domain>. hostmaster.<domain>. <serial> 7200 1800 86400 <ttl>`
-//!   with TTL `min(ttl, 300)` (CoreDNS's); NS is the DNS service's name
+//!   with TTL `min(ttl, 300)` (CoreDNS's); NS and `dns-version.<domain>.` TXT with
+//!   CoreDNS's schema version and TTL 28800. The NS is the DNS service's name
 //!   (`kube-dns.kube-system.svc.<domain>.`, whose A records the zone holds) when that
-//!   service has cluster IPs, else `ns.dns.<domain>.` (CoreDNS's fallback name) with
-//!   A/AAAA records of [`Options::ns_addresses`], by default kubeadm's cluster DNS
-//!   address (the 10th of each service CIDR); `dns-version.<domain>.` TXT with CoreDNS's
-//!   schema version and TTL 28800.
+//!   service has cluster IPs, else `ns.dns.<domain>.` (CoreDNS's fallback name) with the
+//!   addresses [`ns_addresses`] chooses: so the name server always has an address in the
+//!   zone, which BIND requires to load it.
 //!
-//! Not written: CoreDNS's extensions (the SRV at the bare service name, wildcards) and the
-//! deprecated pod records `a-b-c-d.ns.pod.<domain>` (CoreDNS's plugin default is
-//! `pods disabled`; a static zone cannot list every address).
+//! Not written in the default mode: CoreDNS's extensions and the deprecated pod records
+//! `a-b-c-d.ns.pod.<domain>`. `--dns-records coredns` ([`DnsRecords::Coredns`], or
+//! `dnsRecords` in the ClusterConfig) writes what CoreDNS's kubernetes plugin answers
+//! instead, `pods verified` and `endpoint_pod_names` off: see `coredns.rs` (and
+//! docs/dns.md) for each record and the plugin function it follows.
 //!
 //! Invariant: pure and deterministic. Services come in the IR's (namespace, name) order,
 //! records of one service in a fixed order and deduplicated; PTRs sorted by address. The
@@ -42,7 +44,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use std::net::IpAddr;
-use svc_compiler::ir::{Endpoint, Module, Service, ServiceType};
+use svc_compiler::ir::{DnsRecords, Endpoint, Module, Service, ServiceType};
 use svc_compiler::net::IpFamily;
 
 /// CoreDNS's `DNSSchemaVersion` (plugin/kubernetes), served as `dns-version.<domain>.`.
@@ -62,10 +64,12 @@ pub struct Options {
     pub serial: Option<u32>,
     /// The service whose cluster IPs the NS name resolves to (CoreDNS's own service).
     pub dns_service: (String, String),
-    /// Addresses of `ns.dns.<domain>.` when that service is not in the input; `None` =
-    /// kubeadm's convention for the cluster DNS address: the 10th address of each
-    /// service CIDR (10.96.0.10 for 10.96.0.0/12).
+    /// Addresses of `ns.dns.<domain>.` when that service is not in the input; `None` (or
+    /// an empty list) = [`ns_addresses`]'s choice.
     pub ns_addresses: Option<Vec<IpAddr>>,
+    /// Whose answers the zones give; `None` = the module's (`dnsRecords` in the
+    /// ClusterConfig, default [`DnsRecords::Spec`]).
+    pub records: Option<DnsRecords>,
 }
 
 impl Default for Options {
@@ -76,24 +80,34 @@ impl Default for Options {
             serial: None,
             dns_service: ("kube-system".into(), "kube-dns".into()),
             ns_addresses: None,
+            records: None,
         }
     }
 }
 
-/// `--target dns [--ttl SECONDS]`: the three zones as `<origin>zone` files (the domain is
-/// the module's, `--cluster-domain`).
+/// `--target dns [--ttl SECONDS] [--dns-records spec|coredns]`: the three zones as
+/// `<origin>zone` files (the domain is the module's, `--cluster-domain`).
 pub const TARGET: crate::Target = crate::Target {
     name: "dns",
     about: "zone files for the cluster domain and the reverse zones (Kubernetes DNS spec)",
     ext: "zone",
     render: crate::Render::Cluster(|module, _, params| render(module, params)),
-    flags: &[crate::Flag {
-        name: "ttl",
-        value_name: "SECONDS",
-        help: "dns: the TTL of every record, 0-3600 [default: 5]",
-        repeatable: false,
-        file: false,
-    }],
+    flags: &[
+        crate::Flag {
+            name: "ttl",
+            value_name: "SECONDS",
+            help: "dns: the TTL of every record, 0-3600 [default: 5]",
+            repeatable: false,
+            file: false,
+        },
+        crate::Flag {
+            name: "dns-records",
+            value_name: "spec|coredns",
+            help: "dns: the records of the Kubernetes DNS spec, or what CoreDNS's kubernetes plugin answers (docs/dns.md) [default: ClusterConfig `dnsRecords`, else spec]",
+            repeatable: false,
+            file: false,
+        },
+    ],
     planner: None,
     trace: None,
     deprecated: None,
@@ -108,6 +122,12 @@ fn render(module: &Module, params: &crate::Params) -> Result<Vec<crate::File>, c
             .ok()
             .filter(|t| *t <= 3600)
             .ok_or_else(|| format!("--ttl `{t}`: give seconds from 0 to 3600"))?;
+    }
+    if let Some(r) = params.get("dns-records") {
+        opts.records = Some(
+            DnsRecords::parse(r)
+                .ok_or_else(|| format!("--dns-records `{r}`: give spec or coredns"))?,
+        );
     }
     Ok(write_zones(module, &opts)
         .into_iter()
@@ -261,8 +281,8 @@ struct Zones {
     ttl: u32,
     serial: u32,
     ns: String,
-    /// Per service: a comment and its records (forward zone).
-    services: Vec<(String, Vec<Rr>)>,
+    /// Groups of records of the forward zone: a comment and its records.
+    groups: Vec<(String, Vec<Rr>)>,
     /// PTR records, sorted by address.
     ptrs: Vec<(IpAddr, Rr)>,
 }
@@ -277,104 +297,63 @@ impl Zones {
             .to_ascii_lowercase();
         let origin = format!("{domain}.");
         let ttl = opts.ttl;
-        let mut services = Vec::new();
+        let mode = opts.records.unwrap_or(module.cluster.dns_records);
+        let mut groups = Vec::new();
         let mut ptrs = Vec::new();
-        let mut ns = format!("ns.dns.{origin}");
+        let fallback_ns = format!("ns.dns.{origin}");
+        let mut ns = fallback_ns.clone();
+        let mut ns_ips: Vec<IpAddr> = Vec::new();
+        let cx = coredns::Context::new(module, &origin, ttl);
+        let mut with_records: BTreeSet<&str> = BTreeSet::new();
         for svc in &module.services {
             let base = format!("{}.{}.svc.{origin}", svc.name, svc.namespace);
-            let mut rrs: Vec<Rr> = Vec::new();
-            let rr = |name: &str, kind: &'static str, data: String| Rr {
-                name: name.to_string(),
-                ttl,
-                kind,
-                data,
-            };
-            if svc.kind == ServiceType::ExternalName {
-                if let Some(ext) = svc.external_name.as_deref().filter(|e| !e.is_empty()) {
-                    if ext.parse::<IpAddr>().is_err() {
-                        rrs.push(rr(
-                            &base,
-                            "CNAME",
-                            format!("{}.", ext.trim_end_matches('.')),
-                        ));
-                    }
-                }
-            } else if !svc.cluster_ips.is_empty() {
-                if (&svc.namespace, &svc.name) == (&opts.dns_service.0, &opts.dns_service.1) {
-                    ns = base.clone();
-                }
-                for ip in &svc.cluster_ips {
-                    rrs.push(rr(&base, addr_kind(ip), ip.to_string()));
-                    ptrs.push((*ip, rr(&reverse_name(ip), "PTR", base.clone())));
-                }
-                for p in svc.ports.iter().filter(|p| !p.name.is_empty()) {
-                    rrs.push(rr(
-                        &format!("_{}._{}.{base}", p.name, p.protocol.lower()),
-                        "SRV",
-                        format!("0 100 {} {base}", p.port),
-                    ));
-                }
-            } else if svc.headless {
-                let eps = headless_endpoints(svc);
-                let mut ips: Vec<IpAddr> = eps.iter().map(|e| e.ip).collect();
-                ips.sort();
-                for ip in ips {
-                    rrs.push(rr(&base, addr_kind(&ip), ip.to_string()));
-                }
-                let mut srv: Vec<(String, u16, String)> = Vec::new();
-                for e in &eps {
-                    let host = format!("{}.{base}", e.hostname);
-                    rrs.push(rr(&host, addr_kind(&e.ip), e.ip.to_string()));
-                    ptrs.push((e.ip, rr(&reverse_name(&e.ip), "PTR", host.clone())));
-                    for (name, proto, port) in &e.ports {
-                        srv.push((format!("_{name}._{proto}.{base}"), *port, host.clone()));
-                    }
-                }
-                srv.sort();
-                // CoreDNS's weight: 100 over the records of the name before it drops
-                // duplicate targets, so a dual-stack host counts once per address and an
-                // address two slices list counts twice.
-                for records in srv.chunk_by(|a, b| a.0 == b.0) {
-                    let weight = (100 / records.len()).max(1);
-                    let mut targets = records.to_vec();
-                    targets.dedup();
-                    for (name, port, host) in &targets {
-                        rrs.push(rr(name, "SRV", format!("0 {weight} {port} {host}")));
-                    }
-                }
+            if !svc.cluster_ips.is_empty()
+                && svc.kind != ServiceType::ExternalName
+                && (&svc.namespace, &svc.name) == (&opts.dns_service.0, &opts.dns_service.1)
+            {
+                ns = base.clone();
+                ns_ips = svc.cluster_ips.clone();
             }
+            let mut rrs = match mode {
+                DnsRecords::Spec => spec_records(svc, &base, ttl, &mut ptrs),
+                DnsRecords::Coredns => cx.service_records(svc, &base, &mut ptrs),
+            };
             // Same (name, type, data) twice is one record; keep first-seen order.
             let mut seen = BTreeSet::new();
             rrs.retain(|r| seen.insert((r.name.clone(), r.kind, r.data.clone())));
             if !rrs.is_empty() {
-                services.push((format!("{}/{}", svc.namespace, svc.name), rrs));
+                with_records.insert(&svc.namespace);
+                groups.push((format!("{}/{}", svc.namespace, svc.name), rrs));
             }
         }
-        // No DNS service: `ns.dns.<domain>.` needs addresses of its own (a name server
-        // inside its zone without an address is a lame delegation; knot warns).
-        let fallback_ns = format!("ns.dns.{origin}");
-        if ns == fallback_ns {
-            let ips: Vec<IpAddr> = opts.ns_addresses.clone().unwrap_or_else(|| {
-                module
-                    .cluster
-                    .service_cidrs
-                    .iter()
-                    .filter(|c| c.size() > 10)
-                    .map(|c| c.nth(10))
-                    .collect()
-            });
-            let rrs: Vec<Rr> = ips
-                .iter()
-                .map(|ip| Rr {
-                    name: fallback_ns.clone(),
-                    ttl,
-                    kind: addr_kind(ip),
-                    data: ip.to_string(),
-                })
-                .collect();
-            if !rrs.is_empty() {
-                services.insert(0, ("name server".to_string(), rrs));
+        // `ns.dns.<domain>.` needs addresses of its own when it is the name server: a name
+        // server inside its zone without an address is refused by BIND ("has no address
+        // records") and a lame delegation to knot. CoreDNS also answers the name when
+        // its own service exists, with that service's addresses (ns.go `nsAddrs`).
+        let ns_name_ips = if ns == fallback_ns {
+            match &opts.ns_addresses {
+                Some(ips) if !ips.is_empty() => ips.clone(),
+                _ => ns_addresses(module),
             }
+        } else if mode == DnsRecords::Coredns {
+            ns_ips
+        } else {
+            vec![]
+        };
+        let rrs: Vec<Rr> = ns_name_ips
+            .iter()
+            .map(|ip| Rr {
+                name: fallback_ns.clone(),
+                ttl,
+                kind: addr_kind(ip),
+                data: ip.to_string(),
+            })
+            .collect();
+        if !rrs.is_empty() {
+            groups.insert(0, ("name server".to_string(), rrs));
+        }
+        if mode == DnsRecords::Coredns {
+            groups.extend(cx.pod_and_namespace_records(&with_records));
         }
         ptrs.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         ptrs.dedup();
@@ -383,7 +362,7 @@ impl Zones {
             ttl,
             serial: 0,
             ns,
-            services,
+            groups,
             ptrs,
         };
         z.serial = opts.serial.unwrap_or_else(|| z.content_serial());
@@ -397,7 +376,7 @@ impl Zones {
         h.update(self.origin.as_bytes());
         h.update(self.ns.as_bytes());
         h.update(self.ttl.to_le_bytes());
-        for (_, rrs) in &self.services {
+        for (_, rrs) in &self.groups {
             for r in rrs {
                 h.update(format!("{} {} {}\n", r.name, r.kind, r.data).as_bytes());
             }
@@ -446,7 +425,7 @@ impl Zones {
                 data: format!("\"{SCHEMA_VERSION}\""),
             },
         );
-        for (what, rrs) in &self.services {
+        for (what, rrs) in &self.groups {
             let _ = writeln!(out, "; {what}");
             for r in rrs {
                 line(&mut out, r);
@@ -471,9 +450,112 @@ impl Zones {
     }
 }
 
+/// The records of one service the spec asks for (see the module doc), its PTRs pushed
+/// to `ptrs`.
+fn spec_records(svc: &Service, base: &str, ttl: u32, ptrs: &mut Vec<(IpAddr, Rr)>) -> Vec<Rr> {
+    let mut rrs: Vec<Rr> = Vec::new();
+    let rr = |name: &str, kind: &'static str, data: String| Rr {
+        name: name.to_string(),
+        ttl,
+        kind,
+        data,
+    };
+    if svc.kind == ServiceType::ExternalName {
+        rrs.extend(external_name(svc).map(|ext| rr(base, "CNAME", ext)));
+    } else if !svc.cluster_ips.is_empty() {
+        for ip in &svc.cluster_ips {
+            rrs.push(rr(base, addr_kind(ip), ip.to_string()));
+            ptrs.push((*ip, rr(&reverse_name(ip), "PTR", base.to_string())));
+        }
+        for p in svc.ports.iter().filter(|p| !p.name.is_empty()) {
+            rrs.push(rr(
+                &format!("_{}._{}.{base}", p.name, p.protocol.lower()),
+                "SRV",
+                format!("0 100 {} {base}", p.port),
+            ));
+        }
+    } else if svc.headless {
+        let eps = headless_endpoints(svc);
+        let mut ips: Vec<IpAddr> = eps.iter().map(|e| e.ip).collect();
+        ips.sort();
+        for ip in ips {
+            rrs.push(rr(base, addr_kind(&ip), ip.to_string()));
+        }
+        let mut srv: Vec<(String, u16, String)> = Vec::new();
+        for e in &eps {
+            let host = format!("{}.{base}", e.hostname);
+            rrs.push(rr(&host, addr_kind(&e.ip), e.ip.to_string()));
+            ptrs.push((e.ip, rr(&reverse_name(&e.ip), "PTR", host.clone())));
+            for (name, proto, port) in &e.ports {
+                srv.push((format!("_{name}._{proto}.{base}"), *port, host.clone()));
+            }
+        }
+        srv.sort();
+        // CoreDNS's weight: 100 over the records of the name before it drops
+        // duplicate targets, so a dual-stack host counts once per address and an
+        // address two slices list counts twice.
+        for records in srv.chunk_by(|a, b| a.0 == b.0) {
+            let weight = (100 / records.len()).max(1);
+            let mut targets = records.to_vec();
+            targets.dedup();
+            for (name, port, host) in &targets {
+                rrs.push(rr(name, "SRV", format!("0 {weight} {port} {host}")));
+            }
+        }
+    }
+    rrs
+}
+
+/// An ExternalName service's CNAME target, absolute; none when the external name is an
+/// IP (CoreDNS answers only names; Kubernetes documents that such a name is not resolved).
+fn external_name(svc: &Service) -> Option<String> {
+    let ext = svc.external_name.as_deref().filter(|e| !e.is_empty())?;
+    ext.parse::<IpAddr>()
+        .is_err()
+        .then(|| format!("{}.", ext.trim_end_matches('.')))
+}
+
+/// The addresses of `ns.dns.<domain>.` when no DNS service names the name server: per
+/// service CIDR, kubeadm's cluster DNS address (the 10th of the range, 10.96.0.10 for
+/// 10.96.0.0/12: where kubelet's `clusterDNS` sends pods) when the range holds it and no
+/// service of the input has it as a cluster IP (a service there means the cluster's DNS
+/// is elsewhere); otherwise the family's loopback address.
+///
+/// Why loopback: CoreDNS answers this name with the addresses it serves on (ns.go
+/// `nsAddrs`, when it finds no endpoints of its own); a zone file does not know where it
+/// will be served, and loopback is the one address every server that loads it has. The
+/// name must have some address: BIND refuses a zone whose in-zone name server has none,
+/// and knot warns of missing glue. Never empty.
+pub fn ns_addresses(module: &Module) -> Vec<IpAddr> {
+    let taken: BTreeSet<IpAddr> = module
+        .services
+        .iter()
+        .flat_map(|s| &s.cluster_ips)
+        .copied()
+        .collect();
+    let mut out: Vec<IpAddr> = module
+        .cluster
+        .service_cidrs
+        .iter()
+        .map(|c| {
+            let tenth = (c.size() > 10).then(|| c.nth(10));
+            match tenth.filter(|ip| !taken.contains(ip)) {
+                Some(ip) => ip,
+                None if c.addr.is_ipv4() => IpAddr::from([127, 0, 0, 1]),
+                None => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+            }
+        })
+        .collect();
+    if out.is_empty() {
+        out.push(IpAddr::from([127, 0, 0, 1]));
+    }
+    out
+}
+
 fn line(out: &mut String, r: &Rr) {
     let _ = writeln!(out, "{} {} IN {} {}", r.name, r.ttl, r.kind, r.data);
 }
 
+mod coredns;
 #[cfg(test)]
 mod tests;

@@ -52,9 +52,10 @@ fn cluster_ip_service_gets_a_aaaa_srv_and_ptr() {
     );
     assert!(soa.ends_with(" 7200 1800 86400 5"));
     assert!(r.contains(&"cluster.local. 5 IN NS ns.dns.cluster.local.".into()));
-    // No kube-dns service: the name server gets kubeadm's address in each service CIDR.
-    assert!(r.contains(&"ns.dns.cluster.local. 5 IN A 10.96.0.10".into()));
-    assert!(r.contains(&"ns.dns.cluster.local. 5 IN AAAA fd00:96::a".into()));
+    // No kube-dns service, and kubeadm's DNS address is this service's: the name server
+    // gets loopback instead, in each family of the service CIDRs.
+    assert!(r.contains(&"ns.dns.cluster.local. 5 IN A 127.0.0.1".into()));
+    assert!(r.contains(&"ns.dns.cluster.local. 5 IN AAAA ::1".into()));
     let z = write_zone(
         &m,
         &Options {
@@ -114,6 +115,48 @@ fn options_change_domain_ttl_and_serial() {
             .to_string()
     };
     assert_ne!(serial(&a), serial(&write_zone(&m2, &Options::default())));
+}
+
+/// Without a DNS service the name server `ns.dns.<domain>.` always has an address in
+/// the zone (BIND refuses the zone otherwise): kubeadm's cluster DNS address when the
+/// range holds a free one, else loopback.
+#[test]
+fn the_fallback_name_server_always_has_an_address() {
+    let svc = |ip: &str| {
+        format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec:\n  clusterIP: {ip}\n  ports: [{{port: 80}}]\n")
+    };
+    let ns = |yaml: &str| -> Vec<String> {
+        records(&write_zone(&module(yaml), &Options::default()))
+            .into_iter()
+            .filter(|l| l.starts_with("ns.dns."))
+            .collect()
+    };
+    assert_eq!(
+        ns(&format!("{CLUSTER}{}", svc("10.96.0.3"))),
+        [
+            "ns.dns.cluster.local. 5 IN A 10.96.0.10",
+            "ns.dns.cluster.local. 5 IN AAAA fd00:96::a"
+        ]
+    );
+    // A range of 8 addresses has no 10th.
+    let small = "apiVersion: svc-compile/v1alpha1\nkind: ClusterConfig\nserviceClusterIPRange: 10.96.0.0/29\n";
+    assert_eq!(
+        ns(&format!("{small}{}", svc("10.96.0.3"))),
+        ["ns.dns.cluster.local. 5 IN A 127.0.0.1"]
+    );
+    // Given addresses win; an empty list is no choice.
+    let m = module(&format!("{small}{}", svc("10.96.0.3")));
+    for (given, want) in [(vec![], "127.0.0.1"), (vec!["192.0.2.53"], "192.0.2.53")] {
+        let opts = Options {
+            ns_addresses: Some(given.iter().map(|a| a.parse().unwrap()).collect()),
+            ..Default::default()
+        };
+        let z = write_zone(&m, &opts);
+        assert!(
+            z.contains(&format!("\nns.dns.cluster.local. 5 IN A {want}\n")),
+            "{z}"
+        );
+    }
 }
 
 #[test]
@@ -404,4 +447,190 @@ fn every_slice_listing_an_address_counts() {
     let srv: Vec<&String> = r.iter().filter(|l| l.contains(" SRV ")).collect();
     assert_eq!(srv.len(), 3, "{srv:?}");
     assert!(srv.iter().all(|l| l.contains(" SRV 0 25 5432 ")), "{srv:?}");
+}
+
+// ---- --dns-records coredns ----
+
+fn coredns() -> Options {
+    Options {
+        records: Some(DnsRecords::Coredns),
+        ..Default::default()
+    }
+}
+
+/// CoreDNS's answers for a cluster IP service with endpoints (kubernetes.go
+/// `findServices`, backend_lookup.go `SRV`, reverse.go `serviceRecordForIP`).
+#[test]
+fn coredns_cluster_ip_service() {
+    let y = format!(
+        "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: prod}}\nspec:\n  ipFamilyPolicy: RequireDualStack\n  clusterIPs: [10.96.0.20, \"fd00:96::14\"]\n  selector: {{app: db}}\n  ports:\n  - {{name: pg, port: 5432, targetPort: pg}}\n  - {{name: metrics, port: 81, targetPort: 8081}}\n{}{}",
+        pod("db-0", "10.244.1.5", true, "hostname: db-0\n  subdomain: web\n  ")
+            .replace("{name: db-0,", "{name: db-0, namespace: prod,"),
+        pod("db-1", "10.244.1.6", false, "")
+            .replace("{name: db-1,", "{name: db-1, namespace: prod,"),
+    );
+    let m = module(&y);
+    let r = records(&write_zone(&m, &coredns()));
+    let base = "web.prod.svc.cluster.local.";
+    let at = |name: &str| -> Vec<String> {
+        r.iter()
+            .filter(|l| l.split(' ').next() == Some(name))
+            .cloned()
+            .collect()
+    };
+    // Bare SRV: 2 ports x 2 cluster IPs = 4 answers, 25 each, one record per port.
+    assert_eq!(
+        at(base),
+        [
+            format!("{base} 5 IN A 10.96.0.20"),
+            format!("{base} 5 IN AAAA fd00:96::14"),
+            format!("{base} 5 IN SRV 0 25 5432 {base}"),
+            format!("{base} 5 IN SRV 0 25 81 {base}"),
+        ]
+    );
+    // One port, two cluster IPs: 50.
+    assert_eq!(
+        at(&format!("_pg._tcp.{base}")),
+        [format!("_pg._tcp.{base} 5 IN SRV 0 50 5432 {base}")]
+    );
+    // The ready endpoint's name (its hostname), its SRV over both ports; not the
+    // unready one.
+    assert_eq!(
+        at(&format!("db-0.{base}")),
+        [
+            format!("db-0.{base} 5 IN A 10.244.1.5"),
+            format!("db-0.{base} 5 IN SRV 0 50 5432 db-0.{base}"),
+            format!("db-0.{base} 5 IN SRV 0 50 8081 db-0.{base}"),
+        ]
+    );
+    assert!(
+        !r.iter().any(|l| l.contains(&format!("10-244-1-6.{base}"))),
+        "{r:?}"
+    );
+    // Both Pods have their `pods verified` name, ready or not.
+    assert!(r.contains(&"10-244-1-6.prod.pod.cluster.local. 5 IN A 10.244.1.6".into()));
+    let v4 = records(&write_reverse_zone(&m, &coredns(), IpFamily::IPv4));
+    assert!(!v4.iter().any(|l| l.starts_with("6.1.244.10.")), "{v4:?}");
+    assert!(v4.contains(&format!("5.1.244.10.in-addr.arpa. 5 IN PTR db-0.{base}")));
+    assert!(v4.contains(&format!("20.0.96.10.in-addr.arpa. 5 IN PTR {base}")));
+    // The spec's records are all there too.
+    let spec = records(&write_zone(&m, &Options::default()));
+    for l in spec
+        .iter()
+        .filter(|l| !l.contains(" SOA ") && !l.contains(" SRV "))
+    {
+        assert!(r.contains(l), "{l} missing in coredns mode");
+    }
+    assert!(!spec.iter().any(|l| l.contains("db-0")));
+}
+
+#[test]
+fn coredns_headless_services_and_slice_ports() {
+    // `db` has ports; `bare` has none, but its slice lists two (one unnamed), and a
+    // second slice lists none (CoreDNS's port -1: A records, a weight, no SRV).
+    let y = format!(
+        "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db}}\nspec:\n  clusterIP: None\n  selector: {{app: db}}\n  ports: [{{name: pg, port: 5432, targetPort: pg}}]\n{}{}---\napiVersion: v1\nkind: Service\nmetadata: {{name: bare}}\nspec: {{clusterIP: None}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: bare-1, labels: {{kubernetes.io/service-name: bare}}}}\naddressType: IPv4\nports: [{{name: web, port: 8080}}, {{port: 9090}}]\nendpoints:\n- addresses: [192.0.2.7]\n  hostname: w\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: bare-2, labels: {{kubernetes.io/service-name: bare}}}}\naddressType: IPv4\nendpoints:\n- addresses: [192.0.2.8]\n",
+        pod("db-0", "10.244.1.5", true, "hostname: db-0\n  subdomain: db\n  "),
+        pod("db-1", "10.244.1.6", true, ""),
+    );
+    let m = module(&y);
+    let r = records(&write_zone(&m, &coredns()));
+    let srv = |name: &str| -> Vec<String> {
+        r.iter()
+            .filter(|l| l.starts_with(&format!("{name} ")) && l.contains(" SRV "))
+            .cloned()
+            .collect()
+    };
+    let db = "db.default.svc.cluster.local.";
+    assert_eq!(
+        srv(db),
+        [
+            format!("{db} 5 IN SRV 0 50 5432 10-244-1-6.{db}"),
+            format!("{db} 5 IN SRV 0 50 5432 db-0.{db}"),
+        ]
+    );
+    let bare = "bare.default.svc.cluster.local.";
+    // Answers: .7 on two ports, .8 on the sentinel: 100/3.
+    assert_eq!(
+        srv(bare),
+        [
+            format!("{bare} 5 IN SRV 0 33 8080 w.{bare}"),
+            format!("{bare} 5 IN SRV 0 33 9090 w.{bare}"),
+        ]
+    );
+    assert_eq!(
+        srv(&format!("_web._tcp.{bare}")),
+        [format!("_web._tcp.{bare} 5 IN SRV 0 100 8080 w.{bare}")]
+    );
+    assert!(srv(&format!("192-0-2-8.{bare}")).is_empty());
+    assert!(r.contains(&format!("192-0-2-8.{bare} 5 IN A 192.0.2.8")));
+    assert!(r.contains(&format!("{bare} 5 IN A 192.0.2.8")));
+    // The spec mode has no SRV for a service without ports.
+    let spec = write_zone(&m, &Options::default());
+    assert!(
+        !spec.contains(&format!("IN SRV 0 100 8080 w.{bare}")),
+        "{spec}"
+    );
+}
+
+/// `pods verified`: a name per Pod of the input at its first IP, none for a terminating
+/// Pod; namespaces exist without records (NODATA): placeholders where nothing lies below.
+#[test]
+fn coredns_pods_and_namespaces() {
+    let pod = |name: &str, ns: &str, ips: &str, extra: &str| {
+        format!("---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}{extra}}}\nspec: {{nodeName: n1}}\nstatus:\n  podIPs: [{ips}]\n")
+    };
+    let y = format!(
+        "{CLUSTER}{}{}{}---\napiVersion: v1\nkind: Service\nmetadata: {{name: gone, namespace: quiet}}\nspec: {{clusterIP: None}}\n",
+        pod("a", "shop", "{ip: 10.244.1.5}, {ip: \"fd00:244::5\"}", ""),
+        pod("b", "shop", "{ip: \"fd00:244::6\"}", ""),
+        pod("c", "shop", "{ip: 10.244.1.7}", ", deletionTimestamp: \"2026-01-01T00:00:00Z\""),
+    );
+    let m = module(&y);
+    let r = records(&write_zone(&m, &coredns()));
+    let pods: Vec<&String> = r.iter().filter(|l| l.contains(".pod.")).collect();
+    assert_eq!(
+        pods,
+        [
+            "10-244-1-5.shop.pod.cluster.local. 5 IN A 10.244.1.5",
+            "fd00-244--6.shop.pod.cluster.local. 5 IN AAAA fd00:244::6",
+            "_ent.quiet.pod.cluster.local. 5 IN TXT \"empty non-terminal\"",
+        ]
+    );
+    assert!(r.contains(&"_ent.quiet.svc.cluster.local. 5 IN TXT \"empty non-terminal\"".into()));
+    assert!(r.contains(&"_ent.shop.svc.cluster.local. 5 IN TXT \"empty non-terminal\"".into()));
+    // No pod and no namespace at all: `svc.` and `pod.` themselves.
+    let r = records(&write_zone(&module(CLUSTER), &coredns()));
+    assert!(r.contains(&"_ent.svc.cluster.local. 5 IN TXT \"empty non-terminal\"".into()));
+    assert!(r.contains(&"_ent.pod.cluster.local. 5 IN TXT \"empty non-terminal\"".into()));
+    // CoreDNS serves the schema version too; the spec mode writes no pods.
+    assert!(r.contains(&"dns-version.cluster.local. 28800 IN TXT \"1.1.0\"".into()));
+    let spec = write_zone(&m, &Options::default());
+    assert!(!spec.contains(".pod.") && !spec.contains("_ent."), "{spec}");
+}
+
+/// The mode: `--dns-records` wins over the ClusterConfig's `dnsRecords`, default spec.
+#[test]
+fn dns_records_flag_and_setting() {
+    let svc = "---\napiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.20\n  ports: [{port: 80}]\n";
+    let crate::Render::Cluster(render) = TARGET.render else {
+        panic!("dns is cluster-scoped")
+    };
+    let bare_srv = "web.default.svc.cluster.local. 5 IN SRV ";
+    let run = |config: &str, flag: Option<&str>| {
+        let m = module(&format!("{CLUSTER}{config}{svc}"));
+        let mut p = crate::Params::default();
+        if let Some(f) = flag {
+            p.push("dns-records", f.into());
+        }
+        render(&m, &[], &p).map(|f| f[0].text.contains(bare_srv))
+    };
+    assert!(!run("", None).unwrap());
+    assert!(run("", Some("coredns")).unwrap());
+    assert!(run("dnsRecords: coredns\n", None).unwrap());
+    assert!(!run("dnsRecords: coredns\n", Some("spec")).unwrap());
+    match run("", Some("CoreDNS")) {
+        Err(crate::RenderError::Usage(e)) => assert!(e.starts_with("--dns-records"), "{e}"),
+        other => panic!("{other:?}"),
+    }
 }

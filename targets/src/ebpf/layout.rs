@@ -7,19 +7,74 @@
 //! - Entries are in write order: frontends in [`NodeView::ports`] order (cluster IP, external
 //!   IPs, load-balancer IPs, node addresses, surrogate), and per frontend Cilium's order
 //!   (`bpf_reconciler.go`, `updateFrontend`): new backends, each slot (with its affinity
-//!   match), source ranges, rev-NAT, master last. A datapath that reads the master never
-//!   sees a slot that is not written yet.
+//!   match), source ranges, rev-NAT, master, then the wildcard entry its address parents
+//!   (written with the first parent only). A datapath that reads the master never sees a
+//!   slot that is not written yet.
+//! - Backends and their order come from Cilium's reading of the port (`PortView::cilium`),
+//!   never kube-proxy's endpoint sets: slots hold the active backends, then the
+//!   terminating ones (the master's `qcount`); maintenance backends have no slot.
 //! - Ids come from [`assign_ids`] only: sorted frontends and backends, previous ids kept.
+//! - Every map has the size [`MapSizes`] gives it; [`layout`] fails rather than grow one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use svc_compiler::ir::{NodePortAddresses, NodeView, PortView, Protocol};
+use svc_compiler::ir::{
+    BackendState, EbpfMapSizes, NodePortAddresses, NodeView, PortView, Protocol,
+};
 use svc_compiler::net::{Cidr, IpFamily};
 use svc_compiler::passes::allocate::NodeIds;
 
-/// Cilium's `--bpf-lb-map-max` default: the size of every LB map unless more is needed.
+/// Cilium's `--bpf-lb-map-max` default (`DefaultLBMapMaxEntries`): the size of every LB
+/// map whose own option is unset.
 pub const DEFAULT_MAX_ENTRIES: u32 = 65536;
+
+/// The size of each map, from Cilium's options as [`EbpfMapSizes`] holds them: a map's
+/// own option, else `--bpf-lb-map-max`, else 65536 (`pkg/loadbalancer/config.go`,
+/// `NewConfig`; `pkg/loadbalancer/maps/lbmaps.go`, `allMaps`: the affinity-match map
+/// takes the affinity maps' size).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapSizes(pub EbpfMapSizes);
+
+impl MapSizes {
+    /// Every map `n` big (`--bpf-lb-map-max=n`).
+    pub fn all(n: u32) -> MapSizes {
+        MapSizes(EbpfMapSizes {
+            all: Some(n),
+            ..Default::default()
+        })
+    }
+
+    /// The [`EbpfMapSizes`] key that sizes `id`.
+    pub fn key(id: MapId) -> &'static str {
+        match id {
+            MapId::Services => "services",
+            MapId::Backends => "backends",
+            MapId::RevNat => "rev-nat",
+            MapId::Affinity | MapId::AffinityMatch => "affinity",
+            MapId::SourceRange => "source-ranges",
+            MapId::ReverseSk => "sock-rev",
+        }
+    }
+
+    /// The Cilium option that sizes `id`.
+    pub fn option(id: MapId) -> &'static str {
+        let key = Self::key(id);
+        EbpfMapSizes::KEYS
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, o)| *o)
+            .expect("every map has its option")
+    }
+
+    /// How big `id` is.
+    pub fn of(&self, id: MapId) -> u32 {
+        self.0
+            .get(Self::key(id))
+            .or(self.0.all)
+            .unwrap_or(DEFAULT_MAX_ENTRIES)
+    }
+}
 
 /// The most frontends one node's maps can name: the rev-NAT index (the service id) is 16
 /// bits and 0 means none.
@@ -155,6 +210,9 @@ pub fn parse_frontend(s: &str) -> Option<Frontend> {
 pub enum Error {
     /// More frontends than the 16-bit rev-NAT index can name.
     TooManyFrontends(usize),
+    /// Maps the node's entries do not fit in: (map, entries, size), in [`MapId::ALL`]
+    /// order.
+    Overflow(Vec<(MapId, usize, u32)>),
 }
 
 impl fmt::Display for Error {
@@ -164,6 +222,19 @@ impl fmt::Display for Error {
                 f,
                 "{n} frontends, but Cilium's 16-bit rev-NAT index names at most {MAX_FRONTENDS}"
             ),
+            Error::Overflow(maps) => {
+                let each: Vec<String> = maps
+                    .iter()
+                    .map(|(id, n, size)| {
+                        format!(
+                            "{}: {n} entries, {size} fit ({})",
+                            MapSizes::key(*id),
+                            MapSizes::option(*id)
+                        )
+                    })
+                    .collect();
+                write!(f, "Cilium's maps would overflow: {}", each.join("; "))
+            }
         }
     }
 }
@@ -260,6 +331,9 @@ pub const F_ROUTABLE: u16 = 1 << 6;
 pub const F_SOURCE_RANGE: u16 = 1 << 7;
 pub const F_INT_LOCAL_SCOPE: u16 = 1 << 12;
 pub const F_TWO_SCOPES: u16 = 1 << 13;
+/// On a master: the source ranges are a deny list (`SVC_FLAG_SOURCE_RANGE_DENY`; the
+/// same bit marks a quarantined slot).
+pub const F_SOURCE_RANGE_DENY: u16 = 1 << 14;
 
 /// `ServiceFlags.String()`: the type, then the properties that apply.
 pub fn flags_text(flags: u16) -> String {
@@ -290,6 +364,9 @@ pub fn flags_text(flags: u16) -> String {
     }
     if flags & F_SOURCE_RANGE != 0 {
         v.push("check source-range");
+        if flags & F_SOURCE_RANGE_DENY != 0 {
+            v.push("deny");
+        }
     }
     v.join(", ")
 }
@@ -395,7 +472,14 @@ pub enum Entry {
     Backend {
         id: u32,
         backend: Backend,
-        terminating: bool,
+        state: BackendState,
+    },
+    /// A wildcard entry (port 0, protocol 0): the address is a service's, so the
+    /// per-packet datapath drops traffic to a port no service of it serves (Cilium's
+    /// `upsertWildcard`). Count 0, rev-NAT 0, only the frontend type's flag.
+    Wildcard {
+        addr: IpAddr,
+        flags: u16,
     },
     RevNat {
         id: u16,
@@ -421,7 +505,7 @@ fn ip_bytes(ip: IpAddr) -> Vec<u8> {
 impl Entry {
     pub fn map(&self) -> MapId {
         match self {
-            Entry::Master { .. } | Entry::Slot { .. } => MapId::Services,
+            Entry::Master { .. } | Entry::Slot { .. } | Entry::Wildcard { .. } => MapId::Services,
             Entry::Backend { .. } => MapId::Backends,
             Entry::RevNat { .. } => MapId::RevNat,
             Entry::AffinityMatch { .. } => MapId::AffinityMatch,
@@ -445,6 +529,10 @@ impl Entry {
                 k.push(frontend.proto.number());
                 k.push(frontend.scope as u8);
                 k.extend([0, 0]);
+            }
+            Entry::Wildcard { addr, .. } => {
+                k.extend(ip_bytes(*addr));
+                k.extend([0; 8]); // port, slot, protocol ANY, scope external, pad
             }
             Entry::Backend { id, .. } => k.extend(id.to_le_bytes()),
             Entry::RevNat { id, .. } => k.extend(id.to_be_bytes()),
@@ -492,15 +580,12 @@ impl Entry {
                 flags,
                 ..
             } => service_value(&mut v, *backend_id, 0, *rev_nat, *flags, 0),
-            Entry::Backend {
-                backend,
-                terminating,
-                ..
-            } => {
+            Entry::Wildcard { flags, .. } => service_value(&mut v, 0, 0, 0, *flags, 0),
+            Entry::Backend { backend, state, .. } => {
                 v.extend(ip_bytes(backend.addr.ip()));
                 v.extend(backend.addr.port().to_be_bytes());
                 v.push(backend.proto.number());
-                v.push(*terminating as u8); // BACKEND_STATE_TERMINATING = 1
+                v.push(state_flag(*state));
                 v.extend([0, 0]); // cluster_id (host order)
                 v.extend([0, 0]); // zone, pad
             }
@@ -511,6 +596,16 @@ impl Entry {
             Entry::AffinityMatch { .. } | Entry::SourceRange { .. } => v.push(0),
         }
         v
+    }
+}
+
+/// `lb{4,6}_backend.flags` for a state (`NewBackendFlags`: `BE_STATE_*` in
+/// `bpf/lib/lb.h`; terminating-not-serving is stored as terminating).
+pub fn state_flag(state: BackendState) -> u8 {
+    match state {
+        BackendState::Active => 0,
+        BackendState::Terminating | BackendState::TerminatingNotServing => 1,
+        BackendState::Maintenance => 3,
     }
 }
 
@@ -550,16 +645,18 @@ struct Planned<'a> {
     kind: FrontendKind,
     pv: &'a PortView,
     flags: u16,
-    backends: Vec<u32>,
+    /// Indices into `pv.cilium.backends`.
+    backends: &'a [u32],
 }
 
-/// The frontends of one port and the endpoints (indices) each scope serves.
+/// The frontends of one port and the backends each scope serves (Cilium's selection,
+/// `PortView::cilium`).
 fn frontends_of<'a>(view: &NodeView, pv: &'a PortView, out: &mut Vec<Planned<'a>>) {
     let local = |l: bool| {
         if l {
-            pv.local_endpoints.clone()
+            &pv.cilium.local[..]
         } else {
-            pv.cluster_endpoints.clone()
+            &pv.cilium.cluster[..]
         }
     };
     let mut add = |ip: IpAddr, port: u16, kind: FrontendKind, surrogate: bool| {
@@ -581,8 +678,15 @@ fn frontends_of<'a>(view: &NodeView, pv: &'a PortView, out: &mut Vec<Planned<'a>
         if kind != FrontendKind::ClusterIP && !surrogate {
             flags |= F_ROUTABLE;
         }
-        if kind == FrontendKind::LoadBalancer && !pv.source_ranges.is_empty() {
+        // `GetSourceRangesEnabled`: LoadBalancer and ExternalIPs frontends check the
+        // ranges (`--bpf-lb-source-range-all-types` off); the policy annotation turns
+        // them into a deny list.
+        let checked = matches!(kind, FrontendKind::LoadBalancer | FrontendKind::ExternalIPs);
+        if checked && !pv.cilium.source_ranges.is_empty() {
             flags |= F_SOURCE_RANGE;
+            if pv.cilium.source_ranges_deny {
+                flags |= F_SOURCE_RANGE_DENY;
+            }
         }
         let two = kind != FrontendKind::ClusterIP && pv.external_local != pv.internal_local;
         let fe = |scope| Frontend {
@@ -659,8 +763,73 @@ pub fn frontend_count(view: &NodeView) -> usize {
         .len()
 }
 
-/// Lays `view` out as Cilium's maps. `previous` ids are kept (see [`assign_ids`]).
-pub fn layout(view: &NodeView, previous: Option<&Ids>, max_entries: u32) -> Result<Layout, Error> {
+/// Whether a frontend parents a wildcard entry for its address (the reconciler's
+/// `IsWildcardCandidate` and `isWildcardClass`, and `updateFrontend`'s test that the
+/// address is not the node's): an external-scope LoadBalancer frontend whose address
+/// Cilium's LB-IPAM owns. ClusterIP frontends would be candidates only with
+/// `--bpf-lb-external-clusterip`, which this target does not model (off by default).
+fn parents_wildcard(view: &NodeView, p: &Planned) -> bool {
+    p.kind == FrontendKind::LoadBalancer
+        && p.frontend.scope == Scope::External
+        && p.pv.cilium.lb_ipam_class
+        && !view.node_ips.contains(&p.frontend.addr.ip())
+}
+
+/// How many entries [`layout`] writes into each configuration map for `view` (in
+/// [`MapId::ALL`] order, the runtime maps 0), counted without laying it out.
+pub fn occupancy(view: &NodeView) -> Vec<(MapId, usize)> {
+    let mut planned = Vec::new();
+    for pv in &view.ports {
+        frontends_of(view, pv, &mut planned);
+    }
+    let mut seen: BTreeSet<Frontend> = BTreeSet::new();
+    planned.retain(|p| seen.insert(p.frontend));
+    let (mut services, mut matches, mut ranges) = (0, 0, 0);
+    let mut backends: BTreeSet<(IpAddr, u16, Protocol)> = BTreeSet::new();
+    let mut wildcards: BTreeSet<IpAddr> = BTreeSet::new();
+    for p in &planned {
+        let c = &p.pv.cilium;
+        let state = |i: &u32| c.backends[*i as usize].state;
+        services += 1 + p
+            .backends
+            .iter()
+            .filter(|i| state(i) != BackendState::Maintenance)
+            .count();
+        if p.pv.affinity_timeout.is_some() {
+            matches += p
+                .backends
+                .iter()
+                .filter(|i| state(i) == BackendState::Active)
+                .count();
+        }
+        ranges += c.source_ranges.len();
+        backends.extend(p.backends.iter().map(|&i| {
+            let b = &c.backends[i as usize];
+            (b.ip, b.port, p.pv.protocol)
+        }));
+        if parents_wildcard(view, p) {
+            wildcards.insert(p.frontend.addr.ip());
+        }
+    }
+    MapId::ALL
+        .iter()
+        .map(|&id| {
+            let n = match id {
+                MapId::Services => services + wildcards.len(),
+                MapId::Backends => backends.len(),
+                MapId::RevNat => planned.len(),
+                MapId::AffinityMatch => matches,
+                MapId::SourceRange => ranges,
+                MapId::Affinity | MapId::ReverseSk => 0,
+            };
+            (id, n)
+        })
+        .collect()
+}
+
+/// Lays `view` out as Cilium's maps, each `sizes` big. `previous` ids are kept (see
+/// [`assign_ids`]).
+pub fn layout(view: &NodeView, previous: Option<&Ids>, sizes: &MapSizes) -> Result<Layout, Error> {
     let mut planned = Vec::new();
     for pv in &view.ports {
         frontends_of(view, pv, &mut planned);
@@ -670,77 +839,88 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, max_entries: u32) -> Resu
     let mut seen: BTreeSet<Frontend> = BTreeSet::new();
     planned.retain(|p| seen.insert(p.frontend));
     let backend_of = |pv: &PortView, i: u32| {
-        let e = &pv.endpoints[i as usize];
-        Backend {
-            addr: SocketAddr::new(e.ip, e.port),
-            proto: pv.protocol,
-        }
+        let b = &pv.cilium.backends[i as usize];
+        (
+            Backend {
+                addr: SocketAddr::new(b.ip, b.port),
+                proto: pv.protocol,
+            },
+            b.state,
+        )
     };
     let fes: BTreeSet<Frontend> = planned.iter().map(|p| p.frontend).collect();
     let bes: BTreeSet<Backend> = planned
         .iter()
-        .flat_map(|p| p.backends.iter().map(|&i| backend_of(p.pv, i)))
+        .flat_map(|p| p.backends.iter().map(|&i| backend_of(p.pv, i).0))
         .collect();
     let ids = assign_ids(&fes, &bes, previous)?;
 
     let mut entries = Vec::new();
     let mut written: BTreeSet<Backend> = BTreeSet::new();
+    let mut wildcards: BTreeSet<IpAddr> = BTreeSet::new();
     for p in &planned {
         let rev_nat = ids.services[&p.frontend];
-        // Active backends first, then terminating; each group keeps the view's order
-        // (sorted by address). Cilium counts the terminating ones only when no backend
-        // is active (kube-proxy's terminating fallback; the view already applied it).
-        let mut order: Vec<u32> = p.backends.clone();
-        order.sort_by_key(|&i| p.pv.endpoints[i as usize].terminating);
-        let active = order
-            .iter()
-            .filter(|&&i| !p.pv.endpoints[i as usize].terminating)
-            .count() as u16;
-        let total = order.len() as u16;
-        let (count, qcount) = if active == 0 {
-            (total, 0)
-        } else {
-            (active, total - active)
-        };
-        for &i in &order {
-            let b = backend_of(p.pv, i);
-            if written.insert(b) {
+        // `sortedBackends`: by state (active, terminating, terminating-not-serving,
+        // maintenance), then address and port (the order `cilium.backends` has).
+        let mut order: Vec<(Backend, BackendState)> =
+            p.backends.iter().map(|&i| backend_of(p.pv, i)).collect();
+        order.sort_by_key(|(_, state)| *state);
+        // Every backend is in the backends map (maintenance ones too); each new one is
+        // written before the slots that name it.
+        for (b, state) in &order {
+            if written.insert(*b) {
                 entries.push(Entry::Backend {
-                    id: ids.backends[&b],
-                    backend: b,
-                    terminating: p.pv.endpoints[i as usize].terminating,
+                    id: ids.backends[b],
+                    backend: *b,
+                    state: *state,
                 });
             }
         }
-        let slot_flags = p.flags & !F_SOURCE_RANGE;
-        for (n, &i) in order.iter().enumerate() {
-            let b = backend_of(p.pv, i);
-            let backend_id = ids.backends[&b];
+        // `updateFrontend`: maintenance backends get no slot; the rest take slots
+        // 1.. in order. The master counts the active ones and keeps the terminating
+        // ones (and the terminating-not-serving ones) in the tail `qcount` counts, so
+        // that their connections keep finding them; with no active backend the
+        // terminating ones are counted instead (the KEP-1669 fallback).
+        let slotted: Vec<(Backend, BackendState)> = order
+            .into_iter()
+            .filter(|(_, s)| *s != BackendState::Maintenance)
+            .collect();
+        let n = |st: BackendState| slotted.iter().filter(|(_, s)| *s == st).count() as u16;
+        let (active, terminating) = (n(BackendState::Active), n(BackendState::Terminating));
+        let inactive = slotted.len() as u16 - active - terminating;
+        let (count, qcount) = if active == 0 {
+            (terminating, inactive)
+        } else {
+            (active, inactive + terminating)
+        };
+        // The source-range flags are the master's only.
+        let slot_flags = p.flags & !(F_SOURCE_RANGE | F_SOURCE_RANGE_DENY);
+        for (n, (b, state)) in slotted.iter().enumerate() {
+            let backend_id = ids.backends[b];
             entries.push(Entry::Slot {
                 frontend: p.frontend,
                 slot: n as u16 + 1,
                 backend_id,
-                backend: b,
+                backend: *b,
                 rev_nat,
                 flags: slot_flags,
             });
-            // Affinity may pin a client to any backend the master counts: the active
-            // ones, or under the terminating fallback (no active one) the terminating.
-            let counted = active == 0 || !p.pv.endpoints[i as usize].terminating;
-            if p.pv.affinity_timeout.is_some() && counted {
+            // Affinity may pin a client to an active backend only (not even under the
+            // terminating fallback).
+            if p.pv.affinity_timeout.is_some() && *state == BackendState::Active {
                 entries.push(Entry::AffinityMatch {
                     backend_id,
                     rev_nat,
                 });
             }
         }
-        if p.kind == FrontendKind::LoadBalancer {
-            for cidr in &p.pv.source_ranges {
-                entries.push(Entry::SourceRange {
-                    rev_nat,
-                    cidr: *cidr,
-                });
-            }
+        // Every frontend of the service gets the ranges' entries (the check itself
+        // is the master's flag).
+        for cidr in &p.pv.cilium.source_ranges {
+            entries.push(Entry::SourceRange {
+                rev_nat,
+                cidr: *cidr,
+            });
         }
         entries.push(Entry::RevNat {
             id: rev_nat,
@@ -754,19 +934,37 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, max_entries: u32) -> Resu
             flags: p.flags,
             affinity_timeout: p.pv.affinity_timeout,
         });
+        // One wildcard per address, written with its first parent's master.
+        let addr = p.frontend.addr.ip();
+        if parents_wildcard(view, p) && wildcards.insert(addr) {
+            entries.push(Entry::Wildcard {
+                addr,
+                flags: F_LOADBALANCER,
+            });
+        }
     }
 
+    // Cilium's maps have the sizes its options give them; a node whose entries do not
+    // fit is refused (the agent would fail its updates with E2BIG).
+    let over: Vec<(MapId, usize, u32)> = MapId::ALL
+        .iter()
+        .map(|&id| (id, entries.iter().filter(|e| e.map() == id).count()))
+        .filter(|&(id, n)| n > sizes.of(id) as usize)
+        .map(|(id, n)| (id, n, sizes.of(id)))
+        .collect();
+    if !over.is_empty() {
+        return Err(Error::Overflow(over));
+    }
     let maps = MapId::ALL
         .iter()
         .map(|&id| {
             let (key_size, value_size) = id.sizes(view.family);
-            let n = entries.iter().filter(|e| e.map() == id).count() as u32;
             MapSpec {
                 id,
                 name: id.name(view.family),
                 key_size,
                 value_size,
-                max_entries: max_entries.max(n.next_power_of_two()),
+                max_entries: sizes.of(id),
             }
         })
         .collect();

@@ -11,7 +11,9 @@
 //!
 //! `--target ebpf` ([`TARGET`]) picks the rendering with `--map-format` (JSON by default)
 //! and refuses, before rendering, a node with more frontends than Cilium's 16-bit service
-//! ids can name ([`check`]). Ids are kept across runs by the `--lock` file (its `ebpf:`
+//! ids can name ([`check`]) and one whose entries overflow a map at the sizes
+//! `--map-sizes` and the ClusterConfig give ([`map_full`], SVC502). Which Cilium it
+//! follows and how that differs from kube-proxy: docs/ebpf.md. Ids are kept across runs by the `--lock` file (its `ebpf:`
 //! section, per node and family, through [`NodeRenderer::render_locked`]) and, for
 //! `apply`, by the last applied document.
 //!
@@ -23,15 +25,20 @@ mod layout;
 pub mod plan;
 
 pub use layout::{
-    assign_ids, flags_text, frontend_count, layout, parse_backend, parse_frontend, Backend, Entry,
-    Error, Frontend, FrontendKind, Ids, Layout, MapId, MapSpec, Scope, DEFAULT_MAX_ENTRIES,
-    MAX_FRONTENDS,
+    assign_ids, flags_text, frontend_count, layout, occupancy, parse_backend, parse_frontend,
+    state_flag, Backend, Entry, Error, Frontend, FrontendKind, Ids, Layout, MapId, MapSizes,
+    MapSpec, Scope, DEFAULT_MAX_ENTRIES, MAX_FRONTENDS,
 };
 
 use crate::{Flag, NodeRenderer, Params, Render, Target};
 use std::fmt::Write as _;
-use svc_compiler::ir::NodeView;
+use std::net::SocketAddr;
+use svc_compiler::diag::Diagnostic;
+use svc_compiler::ir::{BackendState, EbpfMapSizes, NodeView};
 use svc_compiler::passes::allocate::NodeIds;
+
+/// The diagnostic for a node whose entries overflow a map ([`NodeRenderer::input_errors`]).
+pub const MAP_FULL_CODE: &str = "SVC502";
 
 /// `--target ebpf`.
 pub const TARGET: Target = Target {
@@ -62,7 +69,14 @@ pub const TARGET: Target = Target {
         Flag {
             name: "max-entries",
             value_name: "N",
-            help: "ebpf: the least max_entries of every map [default: 65536]",
+            help: "ebpf: the size of every map, Cilium's --bpf-lb-map-max [default: ClusterConfig ebpfMapSizes, else 65536]",
+            repeatable: false,
+            file: false,
+        },
+        Flag {
+            name: "map-sizes",
+            value_name: "KEY=N,...",
+            help: "ebpf: map sizes as Cilium's --bpf-lb-*-map-max set them (all, services, backends, rev-nat, affinity, source-ranges, maglev, sock-rev) [default: ClusterConfig ebpfMapSizes]",
             repeatable: false,
             file: false,
         },
@@ -92,11 +106,14 @@ pub fn options(params: &Params) -> Result<Options, String> {
         }
         o.pin_dir = d.to_string();
     }
+    if let Some(m) = params.get("map-sizes") {
+        o.sizes = EbpfMapSizes::parse(m).map_err(|e| format!("--map-sizes `{m}`: {e}"))?;
+    }
     if let Some(n) = params.get("max-entries") {
-        o.max_entries =
-            n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+        o.sizes.all =
+            Some(n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
                 format!("--max-entries `{n}`: give a number from 1 to 4294967295")
-            })?;
+            })?);
     }
     Ok(o)
 }
@@ -113,12 +130,21 @@ impl NodeRenderer for Renderer {
         check(view).map_err(|e| format!("node {} ({}): {e}", view.node_name, view.family.as_str()))
     }
 
+    fn input_errors(&self, view: &NodeView) -> Vec<Diagnostic> {
+        let opts = self
+            .opts
+            .as_ref()
+            .expect("NodeRenderer::check refuses bad flags first");
+        map_full(view, &opts.sizes_for(view))
+    }
+
     fn render_into(&self, view: &NodeView, out: &mut String) {
         let opts = self
             .opts
             .as_ref()
             .expect("NodeRenderer::check refuses bad flags first");
-        *out = write_string(view, None, opts).expect("NodeRenderer::check counted the frontends");
+        *out = write_string(view, None, opts)
+            .expect("NodeRenderer::check and input_errors counted the frontends and entries");
     }
 
     fn render_locked(
@@ -132,8 +158,8 @@ impl NodeRenderer for Renderer {
             .as_ref()
             .expect("NodeRenderer::check refuses bad flags first");
         let previous = locked.map(Ids::from_lock);
-        let l = layout(view, previous.as_ref(), opts.max_entries)
-            .expect("NodeRenderer::check counted the frontends");
+        let l = layout(view, previous.as_ref(), &opts.sizes_for(view))
+            .expect("NodeRenderer::check and input_errors counted the frontends and entries");
         *out = render(&l, opts);
         Some(l.ids.to_lock())
     }
@@ -167,8 +193,42 @@ pub struct Options {
     pub format: Format,
     /// The bpffs directory the batch file pins maps under.
     pub pin_dir: String,
-    /// The least max_entries of every map (raised to fit the entries).
-    pub max_entries: u32,
+    /// Map sizes the flags set (`--map-sizes`, `--max-entries` for `all`); each key set
+    /// wins over the ClusterConfig's `ebpfMapSizes` ([`Options::sizes_for`]).
+    pub sizes: EbpfMapSizes,
+}
+
+impl Options {
+    /// The map sizes for `view`: the ClusterConfig's, overridden key by key by the flags.
+    pub fn sizes_for(&self, view: &NodeView) -> MapSizes {
+        MapSizes(view.ebpf_map_sizes.overridden_by(&self.sizes))
+    }
+}
+
+/// One [`MAP_FULL_CODE`] diagnostic per map `view`'s entries do not fit in at `sizes`
+/// (the reconciler's updates would fail with E2BIG); none when everything fits.
+pub fn map_full(view: &NodeView, sizes: &MapSizes) -> Vec<Diagnostic> {
+    occupancy(view)
+        .into_iter()
+        .filter(|&(id, n)| n > sizes.of(id) as usize)
+        .map(|(id, n)| {
+            let key = MapSizes::key(id);
+            let option = MapSizes::option(id);
+            Diagnostic::error(
+                MAP_FULL_CODE,
+                format!(
+                    "node {} ({}): {n} entries for Cilium's {} map, which holds {}",
+                    view.node_name,
+                    view.family.as_str(),
+                    id.name(view.family),
+                    sizes.of(id)
+                ),
+            )
+            .hint(format!(
+                "give the map room: --map-sizes {key}=N (or `ebpfMapSizes: {key}=N` in the ClusterConfig), as the node's cilium-agent must with {option}=N (or --bpf-lb-map-max=N for every map)"
+            ))
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,7 +243,7 @@ impl Default for Options {
         Options {
             format: Format::Json,
             pin_dir: "/sys/fs/bpf/svc-compile".into(),
-            max_entries: DEFAULT_MAX_ENTRIES,
+            sizes: EbpfMapSizes::default(),
         }
     }
 }
@@ -194,19 +254,22 @@ pub fn write_string(
     previous: Option<&Ids>,
     opts: &Options,
 ) -> Result<String, Error> {
-    Ok(render(&layout(view, previous, opts.max_entries)?, opts))
+    Ok(render(
+        &layout(view, previous, &opts.sizes_for(view))?,
+        opts,
+    ))
 }
 
 pub fn write_json(view: &NodeView, opts: &Options) -> Result<String, Error> {
-    Ok(json_of(&layout(view, None, opts.max_entries)?))
+    Ok(json_of(&layout(view, None, &opts.sizes_for(view))?))
 }
 
 pub fn write_batch(view: &NodeView, opts: &Options) -> Result<String, Error> {
-    Ok(batch_of(&layout(view, None, opts.max_entries)?, opts))
+    Ok(batch_of(&layout(view, None, &opts.sizes_for(view))?, opts))
 }
 
 pub fn write_table(view: &NodeView, opts: &Options) -> Result<String, Error> {
-    Ok(table_of(&layout(view, None, opts.max_entries)?))
+    Ok(table_of(&layout(view, None, &opts.sizes_for(view))?))
 }
 
 /// `0a 60 00 0a`: bpftool's byte spelling (input after `hex`, and its dumps).
@@ -263,19 +326,26 @@ fn push_decoded(s: &mut String, e: &Entry) {
                 r#"{{"frontend": "{frontend}", "slot": {slot}, "backendId": {backend_id}, "backend": "{backend}", "revNat": {rev_nat}, "flags": "{flags:#06x}"}}"#
             );
         }
-        Entry::Backend {
-            id,
-            backend,
-            terminating,
-        } => {
-            let state = if *terminating {
-                "terminating"
-            } else {
-                "active"
+        Entry::Backend { id, backend, state } => {
+            // The agent's state; the value's flag byte says terminating for both
+            // terminating states.
+            let state = match state {
+                BackendState::Active => "active",
+                BackendState::Terminating => "terminating",
+                BackendState::TerminatingNotServing => "terminating-not-serving",
+                BackendState::Maintenance => "maintenance",
             };
             let _ = write!(
                 s,
                 r#"{{"id": {id}, "backend": "{backend}", "state": "{state}"}}"#
+            );
+        }
+        Entry::Wildcard { addr, flags } => {
+            let _ = write!(
+                s,
+                r#"{{"frontend": "{}/ANY", "slot": 0, "wildcard": true, "count": 0, "revNat": 0, "flags": "{flags:#06x}", "flagsText": "{}"}}"#,
+                SocketAddr::new(*addr, 0),
+                flags_text(*flags)
             );
         }
         Entry::RevNat { id, frontend } => {
@@ -445,6 +515,13 @@ fn table_of(l: &Layout) -> String {
                     ));
                 }
             }
+        }
+        // A wildcard key prints protocol 0 as ANY (`u8proto.U8proto.String`).
+        if let Entry::Wildcard { addr, flags } = e {
+            rows.push((
+                format!("{}/ANY (0)", SocketAddr::new(*addr, 0)),
+                format!("{any} (0) (0) [{}] ", flags_text(*flags)),
+            ));
         }
     }
     // Go's tabwriter as cilium-dbg sets it up: min width 5, padding 3, spaces.

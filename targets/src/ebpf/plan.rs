@@ -14,7 +14,7 @@
 //! - [`fits`] says when the maps in place cannot take the new state (missing, another
 //!   shape, too small): then the CLI builds a new generation instead of writing in place.
 
-use super::layout::{Layout, MapId};
+use super::layout::{Layout, MapId, MapSizes};
 use std::collections::{BTreeMap, HashMap};
 use svc_compiler::net::IpFamily;
 
@@ -77,7 +77,8 @@ pub fn all_maps() -> Vec<(&'static str, bool)> {
     v
 }
 
-fn id_of(name: &str) -> Option<(MapId, IpFamily)> {
+/// The map and family of a map's name.
+pub fn id_of(name: &str) -> Option<(MapId, IpFamily)> {
     for fam in [IpFamily::IPv4, IpFamily::IPv6] {
         for id in MapId::ALL {
             if id.name(fam) == name {
@@ -171,8 +172,8 @@ impl Wanted {
     }
 
     /// Every configuration map of both families, those no document named wanted empty
-    /// (`max_entries` each): a family that is gone is emptied, not left as it was.
-    pub fn complete(mut self, max_entries: u32) -> Wanted {
+    /// (sized by `sizes`): a family that is gone is emptied, not left as it was.
+    pub fn complete(mut self, sizes: &MapSizes) -> Wanted {
         for fam in [IpFamily::IPv4, IpFamily::IPv6] {
             for id in MapId::ALL {
                 let name = id.name(fam);
@@ -185,7 +186,7 @@ impl Wanted {
                     kind: id.kind().to_string(),
                     key_size,
                     value_size,
-                    max_entries,
+                    max_entries: sizes.of(id),
                     flags: id.flags(),
                     entries: Vec::new(),
                 });
@@ -204,9 +205,9 @@ impl Wanted {
                         have.entries.push(e);
                     }
                 }
-                // A map both families share (affinity matches) holds both's entries.
-                let need = u32::try_from(have.entries.len()).unwrap_or(u32::MAX);
-                have.max_entries = have.max_entries.max(m.max_entries).max(need);
+                // A map both families share (affinity matches) holds both's entries,
+                // which may not fit (the caller checks).
+                have.max_entries = have.max_entries.max(m.max_entries);
             }
             None => {
                 self.maps.insert(m.name.clone(), m);

@@ -114,7 +114,7 @@ fn find<'a>(l: &'a Layout, map: MapId, key: &str) -> &'a Entry {
 
 #[test]
 fn bytes_match_the_structs() {
-    let l = layout(&view_of(&[NODES, SERVICES]), None, DEFAULT_MAX_ENTRIES).unwrap();
+    let l = layout(&view_of(&[NODES, SERVICES]), None, &MapSizes::default()).unwrap();
     // Frontends sorted by address, EXT before /i: 0.0.0.0:30082 (1, 2), 10.96.0.10:53 (3),
     // 10.96.0.12:80 (4), 192.0.2.10:30082 (5, 6), 203.0.113.10:80 (7, 8).
     let dns = &l.ids.services;
@@ -286,7 +286,7 @@ fn renderings_are_deterministic_and_agree() {
             write_string(&b, None, &o).unwrap()
         );
     }
-    let l = layout(&a, None, DEFAULT_MAX_ENTRIES).unwrap();
+    let l = layout(&a, None, &MapSizes::default()).unwrap();
     let batch = write_batch(&a, &Options::default()).unwrap();
     let updates = batch
         .lines()
@@ -355,7 +355,7 @@ fn too_many_frontends_is_refused_before_rendering() {
     let n = frontend_count(&v);
     assert_eq!(
         n,
-        layout(&v, None, DEFAULT_MAX_ENTRIES)
+        layout(&v, None, &MapSizes::default())
             .unwrap()
             .ids
             .services
@@ -431,7 +431,10 @@ fn flags_become_options() {
         Options {
             format: Format::Table,
             pin_dir: "/sys/fs/bpf/x/".into(),
-            max_entries: 1024
+            sizes: svc_compiler::ir::EbpfMapSizes {
+                all: Some(1024),
+                ..Default::default()
+            }
         }
     );
     assert_eq!(
@@ -511,7 +514,7 @@ mod plan {
     /// state again writes nothing; the JSON rendering plans like the layout.
     #[test]
     fn a_first_plan_writes_everything_in_cilium_order_and_a_second_nothing() {
-        let l = layout(&view_of(&[NODES, SERVICES]), None, DEFAULT_MAX_ENTRIES).unwrap();
+        let l = layout(&view_of(&[NODES, SERVICES]), None, &MapSizes::default()).unwrap();
         let w = Wanted::from_layouts(&[&l]);
         let ops = diff(&w, &BTreeMap::new());
         let configured = l.entries.len();
@@ -538,13 +541,13 @@ mod plan {
     /// the stale slot and backend deleted (slot before backend); nothing else written.
     #[test]
     fn an_endpoint_less_rewrites_only_what_changed() {
-        let old = layout(&view_of(&[NODES, SERVICES]), None, DEFAULT_MAX_ENTRIES).unwrap();
+        let old = layout(&view_of(&[NODES, SERVICES]), None, &MapSizes::default()).unwrap();
         let fewer = SERVICES.replacen("- {addresses: [10.244.1.2], nodeName: node-1}\n", "", 1);
         assert_ne!(fewer, SERVICES);
         let new = layout(
             &view_of(&[NODES, &fewer]),
             Some(&old.ids),
-            DEFAULT_MAX_ENTRIES,
+            &MapSizes::default(),
         )
         .unwrap();
         let (wo, wn) = (Wanted::from_layouts(&[&old]), Wanted::from_layouts(&[&new]));
@@ -596,7 +599,7 @@ mod plan {
         assert_eq!(c[&vec![1, 0, 0, 0]], vec![0x0a, 0xf4]);
         assert_eq!(c.len(), 2);
         assert!(parse_dump("[{\"key\": 1}]").is_err());
-        let l = layout(&view_of(&[NODES, SERVICES]), None, 4).unwrap();
+        let l = layout(&view_of(&[NODES, SERVICES]), None, &MapSizes::default()).unwrap();
         let w = Wanted::from_layouts(&[&l]);
         let mut shapes = shapes_of(&w);
         assert_eq!(fits(&w, &shapes, None), None);
@@ -610,7 +613,7 @@ mod plan {
         shapes.remove("cilium_lb4_backends_v3");
         assert!(fits(&w, &shapes, None).is_some());
         // A family without a document is wanted empty, so a leftover is deleted.
-        let all = w.clone().complete(16);
+        let all = w.clone().complete(&MapSizes::all(16));
         assert_eq!(all.maps.len(), 9);
         assert!(all.maps["cilium_lb6_services_v2"].entries.is_empty());
         let mut stale = BTreeMap::new();
@@ -628,9 +631,10 @@ mod plan {
     }
 }
 
-/// Under the terminating fallback (no active backend) the master counts the terminating
-/// ones, so affinity must be able to pin them: each gets its affinity match. With an
-/// active backend, only that one does. (Found by the differential test.)
+/// Cilium writes affinity matches for active backends only (`bpf_reconciler.go`,
+/// `updateFrontend`: `svc.SessionAffinity && be.State == BackendStateActive`), even under
+/// the terminating fallback, where the master counts the terminating ones: a pin to one
+/// of them does not hold (the datapath's match lookup fails and it picks again).
 #[test]
 fn affinity_matches_the_backends_the_master_counts() {
     let svc = |cond: &str| {
@@ -656,7 +660,7 @@ endpoints:
         )
     };
     let matches = |cond: &str| {
-        let l = layout(&view_of(&[NODES, &svc(cond)]), None, DEFAULT_MAX_ENTRIES).unwrap();
+        let l = layout(&view_of(&[NODES, &svc(cond)]), None, &MapSizes::default()).unwrap();
         l.entries
             .iter()
             .filter(|e| e.map() == MapId::AffinityMatch)
@@ -664,7 +668,150 @@ endpoints:
     };
     assert_eq!(
         matches("{ready: false, serving: true, terminating: true}"),
-        2
+        0
     );
     assert_eq!(matches("{ready: true}"), 1);
+}
+
+/// Every map holds exactly what [`occupancy`] counted for it, for the fixtures here and
+/// a generated cluster: the capacity check and the layout agree.
+#[test]
+fn occupancy_counts_what_the_layout_writes() {
+    let generated = svc_compiler::synth::generate(
+        &svc_compiler::synth::Shape {
+            services: 60,
+            endpoints: 4,
+            nodes: 3,
+            seed: 7,
+        },
+        svc_compiler::synth::Format::YamlStream,
+    );
+    let wild = "
+apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: shop}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.30
+  ports: [{name: a, port: 80, nodePort: 30090}, {name: b, port: 443, nodePort: 30091}]
+status: {loadBalancer: {ingress: [{ip: 203.0.113.30}]}}
+";
+    for docs in [&[NODES, SERVICES][..], &[NODES, wild]] {
+        let v = view_of(docs);
+        let l = layout(&v, None, &MapSizes::default()).unwrap();
+        for (id, n) in occupancy(&v) {
+            assert_eq!(
+                n,
+                l.entries.iter().filter(|e| e.map() == id).count(),
+                "{id:?}"
+            );
+        }
+    }
+    let mut sources = SourceMap::default();
+    let f = sources.add("g.yaml", generated);
+    let comp = svc_compiler::compile(&sources, &[f], &svc_compiler::Options::default());
+    let sel = NodeSelection {
+        name: comp.module.nodes[0].name.clone(),
+        ips: vec![],
+    };
+    let v = node_view(&comp.module, &sel, IpFamily::IPv4).unwrap();
+    let l = layout(&v, None, &MapSizes::default()).unwrap();
+    for (id, n) in occupancy(&v) {
+        assert_eq!(
+            n,
+            l.entries.iter().filter(|e| e.map() == id).count(),
+            "{id:?}"
+        );
+    }
+}
+
+/// Maps are Cilium's size, never grown: a node that needs more is refused, one
+/// diagnostic per map, naming the numbers and the options that give room.
+#[test]
+fn a_node_that_overflows_a_map_is_refused() {
+    let v = view_of(&[NODES, SERVICES]);
+    let services = occupancy(&v)[0].1;
+    let fits = MapSizes::all(services as u32);
+    assert!(layout(&v, None, &fits).is_ok());
+    assert!(map_full(&v, &fits).is_empty());
+    let small = MapSizes(svc_compiler::ir::EbpfMapSizes {
+        services: Some(services as u32 - 1),
+        ..Default::default()
+    });
+    match layout(&v, None, &small) {
+        Err(Error::Overflow(o)) => {
+            assert_eq!(o, [(MapId::Services, services, services as u32 - 1)])
+        }
+        other => panic!("{other:?}"),
+    }
+    let d = map_full(&v, &small);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].code, MAP_FULL_CODE);
+    assert!(
+        d[0].message.contains(&format!(
+            "{services} entries for Cilium's cilium_lb4_services_v2 map, which holds {}",
+            services - 1
+        )),
+        "{}",
+        d[0].message
+    );
+    let hint = d[0].hint.as_deref().unwrap();
+    assert!(hint.contains("--map-sizes services=N") && hint.contains("--bpf-lb-service-map-max"));
+    // `all` sizes every map without its own size; a map's own wins.
+    let s = MapSizes(svc_compiler::ir::EbpfMapSizes {
+        all: Some(10),
+        affinity: Some(3),
+        ..Default::default()
+    });
+    assert_eq!(s.of(MapId::Backends), 10);
+    assert_eq!(s.of(MapId::AffinityMatch), 3);
+    assert_eq!(MapSizes::default().of(MapId::RevNat), DEFAULT_MAX_ENTRIES);
+}
+
+/// The code is listed with the others (compiler/src/codes.rs).
+#[test]
+fn the_map_full_code_is_documented() {
+    let codes = include_str!("../../../compiler/src/codes.rs");
+    assert!(codes.contains(&format!("//! - {MAP_FULL_CODE}, error:")));
+}
+
+/// No wildcard entry for an address of the node (`updateFrontend`: `isLocalAddr`), nor
+/// for a load-balancer class Cilium does not own, nor for a cluster IP.
+#[test]
+fn wildcards_only_for_cilium_owned_load_balancer_ips() {
+    let lb = |name: &str, n: u8, ip: &str, class: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.{n}\n{class}  ports: [{{port: 80, nodePort: 3010{n}}}]\nstatus: {{loadBalancer: {{ingress: [{{ip: {ip}}}]}}}}\n"
+        )
+    };
+    let docs = [
+        lb("own", 1, "203.0.113.1", ""),
+        lb(
+            "bgp",
+            2,
+            "203.0.113.2",
+            "  loadBalancerClass: io.cilium/bgp-control-plane\n",
+        ),
+        lb(
+            "nodeipam",
+            3,
+            "203.0.113.3",
+            "  loadBalancerClass: io.cilium/node\n",
+        ),
+        lb("on-node", 4, "192.0.2.10", ""),
+    ]
+    .concat();
+    let l = layout(&view_of(&[NODES, &docs]), None, &MapSizes::default()).unwrap();
+    let wild: Vec<String> = l
+        .entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Wildcard { addr, flags } => {
+                assert_eq!(*flags, super::layout::F_LOADBALANCER);
+                Some(addr.to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(wild, ["203.0.113.2", "203.0.113.1"]);
 }

@@ -99,9 +99,19 @@ fn the_shared_affinity_match_map_holds_both_families() {
         AFF,
         &["fd00:244::2", "fd00:244::3", "fd00:244::4"],
     );
-    let l4 = layout(&view(&[NODES, &v4], IpFamily::IPv4), None, 1).unwrap();
-    let l6 = layout(&view(&[NODES, &a6, &v6], IpFamily::IPv6), None, 1).unwrap();
-    let w = Wanted::from_layouts(&[&l4, &l6]).complete(1);
+    let l4 = layout(
+        &view(&[NODES, &v4], IpFamily::IPv4),
+        None,
+        &MapSizes::default(),
+    )
+    .unwrap();
+    let l6 = layout(
+        &view(&[NODES, &a6, &v6], IpFamily::IPv6),
+        None,
+        &MapSizes::default(),
+    )
+    .unwrap();
+    let w = Wanted::from_layouts(&[&l4, &l6]).complete(&MapSizes::default());
     let m = &w.maps["cilium_lb_affinity_match"];
     assert!(
         m.entries.len() <= m.max_entries as usize,
@@ -141,11 +151,13 @@ fn fits_counts_the_moment_old_and_new_keys_are_both_there() {
         "",
         &["10.244.1.2", "10.244.1.3", "10.244.1.4"],
     );
-    let lo = layout(&view(&[NODES, &old], IpFamily::IPv4), None, 1).unwrap();
-    let ln = layout(&view(&[NODES, &new], IpFamily::IPv4), Some(&lo.ids), 1).unwrap();
+    // Maps just big enough for one service's four service entries.
+    let sizes = MapSizes::all(4);
+    let lo = layout(&view(&[NODES, &old], IpFamily::IPv4), None, &sizes).unwrap();
+    let ln = layout(&view(&[NODES, &new], IpFamily::IPv4), Some(&lo.ids), &sizes).unwrap();
     let (wo, wn) = (
-        Wanted::from_layouts(&[&lo]).complete(1),
-        Wanted::from_layouts(&[&ln]).complete(1),
+        Wanted::from_layouts(&[&lo]).complete(&sizes),
+        Wanted::from_layouts(&[&ln]).complete(&sizes),
     );
     let shapes = shapes_of(&wo);
     let now = contents(&wo);
@@ -196,8 +208,8 @@ endpoints:
         )
     };
     let v = |etp: &str| view(&[NODES, &np(etp)], IpFamily::IPv4);
-    let lo = layout(&v("Cluster"), None, DEFAULT_MAX_ENTRIES).unwrap();
-    let ln = layout(&v("Local"), Some(&lo.ids), DEFAULT_MAX_ENTRIES).unwrap();
+    let lo = layout(&v("Cluster"), None, &MapSizes::default()).unwrap();
+    let ln = layout(&v("Local"), Some(&lo.ids), &MapSizes::default()).unwrap();
     let (wo, wn) = (Wanted::from_layouts(&[&lo]), Wanted::from_layouts(&[&ln]));
     let mut now = contents(&wo);
     let mut bad = Vec::new();
@@ -237,14 +249,14 @@ fn a_slot_never_resolves_to_another_services_backend() {
     let lo = layout(
         &v(&[NODES, &dns(&["10.244.1.3", "10.244.1.5"])]),
         None,
-        DEFAULT_MAX_ENTRIES,
+        &MapSizes::default(),
     )
     .unwrap();
     let api = svc("zapi", "10.96.0.77", "", &["10.244.1.4"]);
     let ln = layout(
         &v(&[NODES, &dns(&["10.244.1.5"]), &api]),
         Some(&lo.ids),
-        DEFAULT_MAX_ENTRIES,
+        &MapSizes::default(),
     )
     .unwrap();
     let (wo, wn) = (Wanted::from_layouts(&[&lo]), Wanted::from_layouts(&[&ln]));
@@ -289,7 +301,7 @@ fn two_services_on_one_frontend_read_back_as_written() {
     let l = layout(
         &view(&[NODES, &a, &b], IpFamily::IPv4),
         None,
-        DEFAULT_MAX_ENTRIES,
+        &MapSizes::default(),
     )
     .unwrap();
     let w = Wanted::from_layouts(&[&l]);
@@ -315,13 +327,13 @@ fn affinity_matches_of_the_two_families_never_share_a_key() {
     let l4 = layout(
         &view(&[NODES, &v4], IpFamily::IPv4),
         None,
-        DEFAULT_MAX_ENTRIES,
+        &MapSizes::default(),
     )
     .unwrap();
     let l6 = layout(
         &view(&[NODES, &v6], IpFamily::IPv6),
         None,
-        DEFAULT_MAX_ENTRIES,
+        &MapSizes::default(),
     )
     .unwrap();
     assert!(l4.ids.backends.values().all(|&id| id < V6_BACKEND_BASE));
@@ -331,17 +343,17 @@ fn affinity_matches_of_the_two_families_never_share_a_key() {
     let l4b = layout(
         &view(&[NODES, &v4b], IpFamily::IPv4),
         Some(&l4.ids),
-        DEFAULT_MAX_ENTRIES,
+        &MapSizes::default(),
     )
     .unwrap();
     let other = svc("zz", "10.96.0.99", "", &["10.244.1.9"]);
     let l4c = layout(
         &view(&[NODES, &v4b, &other], IpFamily::IPv4),
         Some(&l4b.ids),
-        DEFAULT_MAX_ENTRIES,
+        &MapSizes::default(),
     )
     .unwrap();
-    let w = Wanted::from_layouts(&[&l4c, &l6]).complete(DEFAULT_MAX_ENTRIES);
+    let w = Wanted::from_layouts(&[&l4c, &l6]).complete(&MapSizes::default());
     let aff_rev = l4c
         .ids
         .services

@@ -13,15 +13,22 @@
 //! there), node ports on local addresses that are not the Node object's, and the
 //! intended differences between iptables and nftables.
 //!
-//! Where Cilium's semantics are not kube-proxy's, the expectation is Cilium's (see
-//! [`expectation`]): in-node traffic to an external address follows the internal
-//! traffic policy, and source ranges apply to traffic from outside only.
+//! The expectation is the compiled maps' (see [`expectation`]): the socket LB must reach
+//! exactly the backends the master counts. Where that is not the IR's kube-proxy answer
+//! (Cilium's semantics: in-node traffic to an external address follows the internal
+//! traffic policy, topology is not read, an endpoint without a node is local, every
+//! address of an endpoint is a backend, affinity pins active backends only, source
+//! ranges apply to traffic from outside only), the flow is counted in
+//! [`Side::policy_differs`]; the layout itself is checked by the golden snapshots.
 
 use super::super::ebpf::{cgroup2_mount, probes, Cgroup, Seen};
 use super::super::lab::skip;
-use super::{names, Expect, Flow, Manifest, PortInfo, View};
+use super::{Expect, Flow, Manifest, View};
 use crate::support::{root, svc, TempDir};
+use serde_json::Value;
+use std::collections::BTreeMap;
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -101,44 +108,108 @@ impl Drop for Side {
 /// The backends a flow must reach and whether it is sticky; `None`: no answer.
 type Want = Option<(BTreeSet<String>, bool)>;
 
-/// What the socket LB must do with a flow: `Some((backends, sticky))` or `None` (no
-/// answer); skipped (outer `None`) when the IR does not decide it or a backend has no
-/// lab server. A cluster IP: the IR's expectation. An external address (node port,
-/// external or load-balancer IP) from inside the node: the *internal* policy's
-/// endpoints, as Cilium's scope switch picks them, where kube-proxy short-circuits to
-/// the cluster endpoints (the two differ only under internalTrafficPolicy Local; such
-/// flows are counted in [`Side::policy_differs`]); source ranges are not checked for
-/// in-cluster traffic.
-fn expectation(f: &Flow, view: &View) -> Option<Want> {
-    if f.kind == "cluster IP" {
-        return match &f.expect[0] {
-            Expect::Answer {
-                backends, sticky, ..
-            } => Some(Some((backends.clone(), *sticky))),
-            Expect::Refused | Expect::Timeout | Expect::NoAnswer => Some(None),
-            Expect::Unknown => None,
+/// What the compiled maps say a socket LB does, read from the target's JSON (its
+/// `decoded` entries): per frontend key (`ip:port/PROTO[/i]`) the master's count, flags
+/// and rev-NAT id, the slots' backends, and the affinity matches.
+struct Maps {
+    masters: BTreeMap<String, (u64, u64, u64)>,
+    slots: BTreeMap<(String, u64), (String, u64)>,
+    matches: BTreeSet<(u64, u64)>,
+}
+
+impl Maps {
+    fn of(json: &str) -> Maps {
+        let v: Value = serde_json::from_str(json).expect("ebpf JSON");
+        let mut m = Maps {
+            masters: BTreeMap::new(),
+            slots: BTreeMap::new(),
+            matches: BTreeSet::new(),
         };
+        for map in v["maps"].as_array().unwrap() {
+            for e in map["entries"].as_array().unwrap() {
+                let d = &e["decoded"];
+                let num = |f: &str| d[f].as_u64().unwrap_or(0);
+                let flags = || {
+                    u64::from_str_radix(d["flags"].as_str().unwrap().trim_start_matches("0x"), 16)
+                        .unwrap()
+                };
+                match map["name"].as_str().unwrap() {
+                    "cilium_lb4_services_v2" if d["wildcard"] != true => {
+                        let fe = d["frontend"].as_str().unwrap().to_string();
+                        if num("slot") == 0 {
+                            m.masters.insert(fe, (num("count"), flags(), num("revNat")));
+                        } else {
+                            let be = d["backend"].as_str().unwrap().to_string();
+                            m.slots.insert((fe, num("slot")), (be, num("backendId")));
+                        }
+                    }
+                    "cilium_lb_affinity_match" => {
+                        m.matches.insert((num("backendId"), num("revNat")));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        m
     }
-    let p: &PortInfo = view
-        .ports
-        .iter()
-        .find(|p| f.what.starts_with(&format!("{} ", p.spn)))?;
-    let set = if p.internal_local {
-        &p.local
-    } else {
-        &p.cluster
+}
+
+/// What the socket LB must do with a flow by the compiled maps (the datapath's lookup:
+/// the exact key, then the internal scope of a two-scope service): the active slots'
+/// backends, sticky when the master asks for affinity and every one of them has its
+/// affinity match; `Some(None)` (no answer) for a master that counts nothing. Skipped
+/// (outer `None`) when no master answers the key or a backend has no lab server.
+fn expectation(f: &Flow, maps: &Maps) -> Option<Want> {
+    let proto = match f.proto {
+        super::Proto::Tcp => "TCP",
+        super::Proto::Udp => "UDP",
     };
-    let backends = names(p, set)?;
-    Some((p.has_endpoints && !backends.is_empty()).then_some((backends, p.affinity)))
+    let mut key = format!("{}/{proto}", f.dst);
+    let &(mut count, flags, mut rev_nat) = maps.masters.get(&key)?;
+    if flags & TWO_SCOPES != 0 {
+        key += "/i";
+        (count, _, rev_nat) = *maps.masters.get(&key)?;
+    }
+    if count == 0 {
+        return Some(None);
+    }
+    let mut backends = BTreeSet::new();
+    let mut matched = true;
+    for slot in 1..=count {
+        let (be, id) = maps.slots.get(&(key.clone(), slot))?;
+        let addr: SocketAddr = be.split('/').next()?.parse().ok()?;
+        backends.insert(lab_name(addr)?);
+        matched &= maps.matches.contains(&(*id, rev_nat));
+    }
+    Some(Some((backends, flags & AFFINITY != 0 && matched)))
+}
+
+/// `SVC_FLAG_TWO_SCOPES` (flags2 bit 5) and `SVC_FLAG_AFFINITY` in the decoded flags.
+const TWO_SCOPES: u64 = 1 << 13;
+const AFFINITY: u64 = 1 << 4;
+
+/// The lab's server at a backend address (`pod:port`), if there is one.
+fn lab_name(addr: SocketAddr) -> Option<String> {
+    let spec = super::LabSpec::default();
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) => ip,
+        _ => return None,
+    };
+    super::SERVED_PORTS.contains(&addr.port()).then_some(())?;
+    spec.local_pods
+        .iter()
+        .chain(&spec.remote_pods)
+        .find(|h| h.ip == ip)
+        .map(|h| format!("{}:{}", h.name, addr.port()))
 }
 
 /// The flows of one manifest a socket LB serves, with what it must do.
-fn served<'a>(flows: &'a [Flow], view: &View) -> Vec<(&'a Flow, Want)> {
+fn served<'a>(flows: &'a [Flow], maps: &Maps) -> Vec<(&'a Flow, Want)> {
     flows
         .iter()
         .filter(|f| f.intended.is_none() && !f.dst.ip().is_loopback())
         .filter(|f| SENDERS.contains(&f.from.as_str()) && KINDS.contains(&f.kind.as_str()))
-        .filter_map(|f| Some((f, expectation(f, view)?)))
+        .filter_map(|f| Some((f, expectation(f, maps)?)))
         .collect()
 }
 
@@ -152,7 +223,7 @@ fn differs(f: &Flow, want: &Want) -> bool {
 }
 
 /// Applies `m`'s eBPF maps and probes its flows; the failures, one line each.
-pub(super) fn check(side: &mut Side, m: &Manifest, flows: &[Flow], view: &View) -> Vec<String> {
+pub(super) fn check(side: &mut Side, m: &Manifest, flows: &[Flow], _view: &View) -> Vec<String> {
     if side.cg.is_none() {
         return Vec::new();
     }
@@ -189,7 +260,7 @@ pub(super) fn check(side: &mut Side, m: &Manifest, flows: &[Flow], view: &View) 
         )];
     }
     side.applied += 1;
-    let todo = served(flows, view);
+    let todo = served(flows, &Maps::of(&json));
     side.flows += todo.len();
     side.policy_differs += todo.iter().filter(|(f, w)| differs(f, w)).count();
     let failures = Mutex::new(Vec::new());

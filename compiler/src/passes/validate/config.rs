@@ -350,4 +350,24 @@ fn cluster(cx: &mut Cx, c: &ClusterConfigDoc) {
             );
         }
     }
+    if let Some(r) = &c.dns_records {
+        if crate::ir::DnsRecords::parse(&r.v).is_none() {
+            cx.push(
+                Diagnostic::error("SVC323", format!("unknown dnsRecords `{}`", r.v))
+                    .at(r.span)
+                    .path("dnsRecords")
+                    .hint("write spec (the default: the Kubernetes DNS specification's records) or coredns (what CoreDNS's kubernetes plugin answers)"),
+            );
+        }
+    }
+    if let Some(m) = &c.ebpf_map_sizes {
+        if let Err(e) = crate::ir::EbpfMapSizes::parse(&m.v) {
+            cx.push(
+                Diagnostic::error("SVC324", format!("invalid ebpfMapSizes: {e}"))
+                    .at(m.span)
+                    .path("ebpfMapSizes")
+                    .hint("write KEY=N,... with keys all, services, backends, rev-nat, affinity, source-ranges, maglev, sock-rev (Cilium's --bpf-lb-*-map-max options)"),
+            );
+        }
+    }
 }

@@ -963,6 +963,9 @@ fn cluster_config() {
     assert_eq!(codes(&cc("topologyKeys: honor\n")), ["SVC322"]);
     assert!(codes(&cc("topologyKeys: ignore\n")).is_empty());
     assert!(codes(&cc("topologyKeys: honour\n")).is_empty());
+    assert_eq!(codes(&cc("dnsRecords: CoreDNS\n")), ["SVC323"]);
+    assert!(codes(&cc("dnsRecords: coredns\n")).is_empty());
+    assert!(codes(&cc("dnsRecords: spec\n")).is_empty());
 }
 
 // ---- many problems at once ----
