@@ -47,6 +47,11 @@ fn exit_codes(sub: Option<&str>) -> String {
         Some("drift") => ("no drift", "drift (the report is printed)", DIFFERS),
         Some("trace") => ("traced", ERRORS, USAGE),
         Some("diff") => ("no change", "changes (the report is printed)", DIFFERS),
+        Some("migrate") => (
+            "no difference",
+            "differences (the report is printed)",
+            DIFFERS,
+        ),
         Some(_) => ("written", "-", USAGE),
         None => (
             "success (warnings may have been printed)",
@@ -153,6 +158,15 @@ enum Sub {
     Man,
     /// What changes between two revisions of the manifests; exit 1 on changes
     Diff(DiffFlags),
+    /// What changes for each packet when a node moves between proxy modes; exit 1 on differences
+    Migrate {
+        #[command(flatten)]
+        inputs: InputFlags,
+        #[command(flatten)]
+        node: NodeFlags,
+        #[command(flatten)]
+        migrate: MigrateFlags,
+    },
 }
 
 /// The subcommands in help order (and the words that are not paths of the default command).
@@ -168,6 +182,7 @@ const SUBCOMMANDS: &[&str] = &[
     "completions",
     "man",
     "diff",
+    "migrate",
     "help",
 ];
 
@@ -516,6 +531,7 @@ pub enum Run {
     Trace(Box<TraceCmd>),
     Diff(DiffCmd),
     Gen(GenCmd),
+    Migrate(Box<MigrateCmd>),
 }
 
 /// How diagnostics are printed.
@@ -838,6 +854,7 @@ fn command(targets: &[&'static Target]) -> clap::Command {
                 a.value_parser(PossibleValuesParser::new(diff_targets))
             })
         })
+        .mut_subcommand("migrate", migrate_command)
 }
 
 pub fn parse(args: &[String]) -> Result<Run, String> {
@@ -930,6 +947,11 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
         }
         Sub::Man => man_page(command(targets)).map(Run::Print),
         Sub::Diff(d) => diff_cmd(d, targets),
+        Sub::Migrate {
+            inputs,
+            node,
+            migrate,
+        } => migrate_cmd(inputs, node, migrate),
     }
 }
 
@@ -1052,8 +1074,10 @@ fn message(e: &clap::Error, sub: &str, targets: &[&'static Target]) -> String {
 /// An unknown flag of `sub`: whose it is, if another subcommand's, or the flag meant.
 fn unknown_flag(flag: &str, sub: &str, targets: &[&'static Target]) -> String {
     let cmd = command(targets);
+    // A hidden flag is refused by its command (migrate's `--target`): not its.
     let flags_of = |c: &clap::Command| -> Vec<String> {
         c.get_arguments()
+            .filter(|a| !a.is_hide_set())
             .flat_map(|a| {
                 let long = a.get_long().map(|l| format!("--{l}"));
                 let short = a.get_short().map(|s| format!("-{s}"));
@@ -1713,6 +1737,111 @@ fn diff_cmd(d: DiffFlags, targets: &[&'static Target]) -> Result<Run, String> {
         color: color(&d.color),
         config: config_choice(d.config),
     }))
+}
+
+// ---------------------------------------------------------------------------------------
+// `svc-compile migrate`: its flags, its command and its checks, kept together.
+
+#[derive(Args)]
+#[command(next_help_heading = "Migrate options")]
+struct MigrateFlags {
+    /// The proxy mode the node runs now
+    #[arg(long, value_name = "MODE", value_parser = MODES)]
+    from: Option<String>,
+    /// The proxy mode it moves to
+    #[arg(long, value_name = "MODE", value_parser = MODES)]
+    to: Option<String>,
+    /// Compare every Node manifest
+    #[arg(long)]
+    all_nodes: bool,
+    /// Another address local to the node (repeatable): node ports are compared there too
+    #[arg(long, value_name = "IP")]
+    local_ip: Vec<String>,
+    /// Write the report to FILE instead of stdout
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<String>,
+}
+
+const MODES: [&str; 4] = ["iptables", "ipvs", "nftables", "ebpf"];
+
+/// `svc-compile migrate`'s report formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrateFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+/// `svc-compile migrate`.
+pub struct MigrateCmd {
+    pub opts: CompileOpts,
+    /// `--node` or `--all-nodes`.
+    pub nodes: Nodes,
+    pub from: svc_compiler::trace::Mode,
+    pub to: svc_compiler::trace::Mode,
+    pub format: MigrateFormat,
+    pub output: Option<String>,
+    pub local_ips: Vec<IpAddr>,
+}
+
+/// Its own `--format` (the report's; diagnostics are text with markdown) and no `--target`.
+fn migrate_command(c: clap::Command) -> clap::Command {
+    let codes = exit_codes(Some("migrate"));
+    c.mut_arg("format", |a| {
+        a.value_parser(["text", "markdown", "json"])
+            .help("How the report is printed (json: diagnostics too)")
+    })
+    .mut_arg("target", |a| a.hide(true))
+    .after_help(format!(
+        "Modes: {}
+
+{codes}",
+        MODES.join(", ")
+    ))
+}
+
+fn migrate_cmd(inputs: InputFlags, n: NodeFlags, m: MigrateFlags) -> Result<Run, String> {
+    if n.target.is_some() {
+        return Err(
+            "migrate compares proxy modes: give --from MODE and --to MODE, not --target".into(),
+        );
+    }
+    let format = match inputs.format.as_str() {
+        "json" => MigrateFormat::Json,
+        "markdown" => MigrateFormat::Markdown,
+        _ => MigrateFormat::Text,
+    };
+    let nodes = nodes(&n, m.all_nodes)?;
+    let opts = compile_opts(inputs, Some(&n))?;
+    if opts.paths.is_empty() {
+        return Err(NO_INPUT.into());
+    }
+    if nodes.node.is_none() && !nodes.all_nodes {
+        return Err("migrate needs --node NAME or --all-nodes".into());
+    }
+    let mode = |flag: &str, v: Option<String>| {
+        v.as_deref()
+            .and_then(svc_compiler::trace::Mode::parse)
+            .ok_or_else(|| format!("migrate needs {flag} MODE ({})", MODES.join(", ")))
+    };
+    let (from, to) = (mode("--from", m.from)?, mode("--to", m.to)?);
+    let local_ips = m
+        .local_ip
+        .iter()
+        .map(|s| {
+            s.parse::<IpAddr>()
+                .map_err(|_| format!("--local-ip `{s}` is not an IP address"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Run::Migrate(Box::new(MigrateCmd {
+        opts,
+        nodes,
+        from,
+        to,
+        format,
+        output: m.output,
+        local_ips,
+    })))
 }
 
 #[cfg(test)]

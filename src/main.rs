@@ -4,7 +4,7 @@
 //!
 //! Modules, each importing only those after it (no cycle): `main` → the commands (`run`:
 //! check, compile, gen; `node`: apply, agent, cleanup,
-//! drift; `trace`; `diff`) → `compile` →
+//! drift; `trace`; `diff`; `migrate`) → `compile` →
 //! `config` → `inputs` → `report` → `cli` (plain data: imports nothing of the crate);
 //! `alloc` stands alone.
 
@@ -14,6 +14,7 @@ mod compile;
 mod config;
 mod diff;
 mod inputs;
+mod migrate;
 mod node;
 mod report;
 mod run;
@@ -42,8 +43,8 @@ fn run(args: &[String]) -> u8 {
         // A usage error: one line, exit 2.
         Err(e) => return exit_code(Err(Fail(e)), false),
     };
-    // drift and diff: 1 means differences, so input errors are 2.
-    let differences = matches!(run, Run::Drift(_) | Run::Diff(_));
+    // drift, diff and migrate: 1 means differences, so input errors are 2.
+    let differences = matches!(run, Run::Drift(_) | Run::Diff(_) | Run::Migrate(_));
     let r = match run {
         Run::Print(text) => report::print(&text).map(|()| report::Outcome::Done),
         Run::Check(cmd) => run::check(cmd),
@@ -55,6 +56,7 @@ fn run(args: &[String]) -> u8 {
         Run::Drift(cmd) => node::drift(&cmd),
         Run::Trace(cmd) => trace::run(*cmd),
         Run::Diff(cmd) => diff::run(&cmd),
+        Run::Migrate(cmd) => migrate::run(&cmd),
     };
     exit_code(r, differences)
 }

@@ -95,6 +95,7 @@ pub fn run(cmd: TraceCmd) -> Result<Outcome, Fail> {
             port: q.to.port(),
             proto: q.proto,
             local_ips: local_ips.clone(),
+            on_node: None,
         };
         let t = trace(view, &packet, mode);
         let rules = doc

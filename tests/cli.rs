@@ -1026,7 +1026,7 @@ fn drift_usage_errors_exit_2() {
                 "--out",
                 "d",
             ],
-            "--all-nodes belongs to `svc-compile compile` and `diff`, not `drift`",
+            "--all-nodes belongs to `svc-compile compile`, `diff` and `migrate`, not `drift`",
         ),
     ];
     for (args, msg) in cases {
@@ -1500,7 +1500,7 @@ fn cleanup_command_line() {
     );
     one_line(
         &["cleanup", "--target", "iptables", "--node", "node-a"],
-        "--node belongs to `svc-compile compile`, `apply`, `agent`, `drift`, `trace` and `diff`, not `cleanup`",
+        "--node belongs to `svc-compile compile`, `apply`, `agent`, `drift`, `trace`, `diff` and `migrate`, not `cleanup`",
     );
     // SAFETY: geteuid cannot fail.
     let want = match unsafe { svc_node::sys::libc::geteuid() } {
@@ -1530,7 +1530,7 @@ fn flags_belong_to_their_subcommand_and_typos_are_named() {
     };
     one_line(
         &["check", "examples/", "--node", "x"],
-        "--node belongs to `svc-compile compile`, `apply`, `agent`, `drift`, `trace` and `diff`, not `check`",
+        "--node belongs to `svc-compile compile`, `apply`, `agent`, `drift`, `trace`, `diff` and `migrate`, not `check`",
     );
     one_line(
         &["check", "examples/", "--out", "x"],
@@ -1832,6 +1832,174 @@ fn the_agents_unit_and_daemonset_run_as_written() {
         !said.contains("svc-compile-agent.service"),
         "systemd-analyze verify has something to say about the unit: {said}"
     );
+}
+
+/// `svc-compile migrate`: exit 1 with differences, 0 without, 2 for usage errors and for
+/// input errors (as diff and drift: 1 must mean differences); the three formats carry the
+/// same differences; `-o FILE` writes the report there.
+#[test]
+fn migrate_exit_codes_and_formats() {
+    let base = [
+        "migrate",
+        "golden/migrate/inputs/mixed.yaml",
+        "golden/common/nodes.yaml",
+        "golden/common/kube-proxy.yaml",
+        "--node",
+        "node-1",
+    ];
+    let with = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        svc(&a, None, &root())
+    };
+    // Differences: exit 1, in every format.
+    let text = with(&["--from", "iptables", "--to", "nftables"]);
+    text.expect(1);
+    assert!(
+        text.stdout
+            .starts_with("svc-compile migrate: iptables -> nftables\n"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout.contains("why (localhost-node-port):"),
+        "{}",
+        text.stdout
+    );
+    let json = with(&["--from", "iptables", "--to", "nftables", "--format", "json"]);
+    json.expect(1);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(v["from"], "iptables");
+    assert_eq!(v["to"], "nftables");
+    let diffs = v["nodes"][0]["differences"]
+        .as_array()
+        .expect("differences");
+    assert!(!diffs.is_empty());
+    for d in diffs {
+        assert!(!d["why"].as_array().unwrap().is_empty(), "{d}");
+        assert_ne!(d["before"], d["after"], "{d}");
+    }
+    let md = with(&[
+        "--from", "iptables", "--to", "nftables", "--format", "markdown",
+    ]);
+    md.expect(1);
+    assert!(
+        md.stdout
+            .starts_with("### svc-compile migrate: `iptables` → `nftables`"),
+        "{}",
+        md.stdout
+    );
+    // One table row per difference.
+    assert_eq!(
+        md.stdout.lines().filter(|l| l.starts_with("| `")).count(),
+        diffs.len()
+    );
+    // No difference: exit 0.
+    let same = with(&["--from", "ipvs", "--to", "ipvs"]);
+    same.expect(0);
+    assert!(same.stdout.contains("no difference in"), "{}", same.stdout);
+    // -o FILE: the report there, nothing on stdout.
+    let t = TempDir::new("migrate-o");
+    let out = t.path().join("report.md");
+    let r = with(&[
+        "--from",
+        "iptables",
+        "--to",
+        "ipvs",
+        "--format",
+        "markdown",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    r.expect(1);
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
+    let written = std::fs::read_to_string(&out).unwrap();
+    assert!(written.contains("local-fallback"), "{written}");
+    // Usage errors: 2.
+    for (args, msg) in [
+        (vec!["--to", "nftables"], "needs --from"),
+        (vec!["--from", "iptables"], "needs --to"),
+        (
+            vec!["--from", "userspace", "--to", "nftables"],
+            "--from `userspace`",
+        ),
+        (
+            vec!["--from", "iptables", "--to", "nftables", "--target", "ipvs"],
+            "not --target",
+        ),
+        (
+            vec![
+                "--from", "iptables", "--to", "nftables", "--format", "sarif",
+            ],
+            "--format `sarif`",
+        ),
+        (
+            vec!["--from", "iptables", "--to", "nftables", "--local-ip", "x"],
+            "--local-ip `x`",
+        ),
+    ] {
+        let r = with(&args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains(msg), "{args:?}: {}", r.stderr);
+    }
+    let r = svc(
+        &[
+            "migrate",
+            "golden/migrate/inputs/mixed.yaml",
+            "--from",
+            "iptables",
+            "--to",
+            "ipvs",
+        ],
+        None,
+        &root(),
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--node NAME or --all-nodes"),
+        "{}",
+        r.stderr
+    );
+    let r = svc(
+        &[
+            "migrate", "-", "--node", "node-1", "--from", "iptables", "--to", "ipvs",
+        ],
+        Some("apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {ports: [{port: 0}]}\n"),
+        &root(),
+    );
+    assert_eq!(
+        r.code, 2,
+        "input errors are 2 where 1 means differences: {}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("error["), "{}", r.stderr);
+    // --all-nodes: one section per node.
+    let all = svc(
+        &[
+            "migrate",
+            "golden/migrate/inputs/mixed.yaml",
+            "golden/common/nodes.yaml",
+            "golden/common/kube-proxy.yaml",
+            "--all-nodes",
+            "--from",
+            "nftables",
+            "--to",
+            "ebpf",
+            "--format",
+            "json",
+        ],
+        None,
+        &root(),
+    );
+    all.expect(1);
+    let v: serde_json::Value = serde_json::from_str(&all.stdout).expect("JSON");
+    let nodes: Vec<&str> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["node-1", "node-2"]);
 }
 
 /// action.yml's step (`action/run.sh`) in a git repository of two, then three commits:

@@ -3,7 +3,8 @@
 //!   `--node node-a`) → snapshots of every target of the registry
 //!   (`svc_targets::TARGETS`), `golden/snapshots/NAME.TARGET.snap`;
 //! - `golden/errors/NAME.yaml` → the diagnostics exactly as `svc-compile check` prints
-//!   them, with the exit code.
+//!   them, with the exit code;
+//! - `golden/migrate/NAME/args` → `svc-compile migrate`'s report and exit code.
 //!
 //! Every case is checked even when an earlier one fails; the test then fails once, naming
 //! each failing case (insta has written a `.snap.new` for each mismatch).
@@ -323,5 +324,56 @@ fn golden_traces() {
                 };
                 (name, Box::new(check) as Box<dyn FnOnce() + '_>)
             })
+    }));
+}
+
+/// `golden/migrate/CASE/args` (the arguments after `svc-compile migrate`, inputs under
+/// `golden/migrate/inputs/` or `golden/cases/`) → the exit code and the report:
+/// `golden/snapshots/migrate.CASE.snap`. Adding a case is adding a directory with `args`.
+#[test]
+fn golden_migrations() {
+    let s = settings();
+    let dir = root().join("golden/migrate");
+    let cases: Vec<String> = subdirs(&dir)
+        .into_iter()
+        .filter(|c| dir.join(c).join("args").exists())
+        .collect();
+    assert!(cases.len() >= 2, "{cases:?}");
+    check_each(cases.iter().map(|case| {
+        let s = &s;
+        let name = format!("migrate.{case}");
+        let check = move || {
+            let text =
+                std::fs::read_to_string(root().join("golden/migrate").join(case).join("args"))
+                    .expect("args");
+            let mut a = vec!["migrate"];
+            a.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .flat_map(str::split_whitespace),
+            );
+            let r = svc(&a, None, &root());
+            assert!(
+                r.code == 0 || r.code == 1,
+                "`{}` exited {}: {}",
+                r.cmdline,
+                r.code,
+                r.stderr
+            );
+            // Exit 1 exactly when some node view differs.
+            let differs = r
+                .stdout
+                .lines()
+                .any(|l| l.contains("flows compared") && !l.contains("no difference in"));
+            assert_eq!(
+                r.code,
+                i32::from(differs),
+                "{case}: exit code and report disagree"
+            );
+            let out = format!("exit code: {}\n{}", r.code, r.stdout);
+            s.bind(|| insta::assert_snapshot!(format!("migrate.{case}"), out));
+        };
+        (name, Box::new(check) as Box<dyn FnOnce() + '_>)
     }));
 }

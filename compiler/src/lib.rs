@@ -14,6 +14,7 @@ pub mod diff;
 pub mod ir;
 pub mod k8s;
 pub mod kustomize;
+pub mod migrate;
 pub mod net;
 pub mod passes;
 pub mod project;

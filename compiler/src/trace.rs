@@ -4,8 +4,17 @@
 //! order kube-proxy's rules take them, and the [`Verdict`]). Every decision is read from
 //! the view (which endpoint set, masquerade settings, REJECT/DROP, which chains exist);
 //! nothing here looks at Kubernetes objects. What the modes do differently is decided by
-//! `mode` (the view's [`crate::ir::ByMode`] fields and the few differences that live in
-//! the rules themselves, each commented where it is decided).
+//! `mode` (the view's [`crate::ir::ByMode`] fields and the differences that live in the
+//! rules or the datapath themselves, each commented where it is decided, with the
+//! upstream file and function). Every such decision point a packet meets is recorded in
+//! [`Trace::mode_rules`] (whatever the mode), which is how `svc-compile migrate`
+//! (`crate::migrate`) says why two modes treat a packet differently.
+//!
+//! Modes: kube-proxy's iptables, nftables and IPVS proxiers, and `Ebpf`: Cilium's socket
+//! load balancer as the ebpf target lays it out (connect-time translation of sockets on
+//! the node: the node itself and its pods). Traffic that reaches the node from elsewhere
+//! is served by Cilium's tc/XDP NodePort programs, which the ebpf target does not model:
+//! such a packet's verdict is [`Verdict::NotModelled`].
 //!
 //! Invariant: the trace is deterministic; backends are listed in the view's endpoint
 //! order (sorted by `ip:port`).
@@ -17,11 +26,96 @@ use serde::Serialize;
 use std::net::IpAddr;
 
 /// The proxy mode whose rules are traced (they differ in a few places).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Iptables,
     Nftables,
+    /// kube-proxy's IPVS mode (virtual servers, its ipsets and iptables rules).
+    Ipvs,
+    /// Cilium's socket load balancer, as the ebpf target lays out its maps.
+    Ebpf,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 4] = [Mode::Iptables, Mode::Nftables, Mode::Ipvs, Mode::Ebpf];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Iptables => "iptables",
+            Mode::Nftables => "nftables",
+            Mode::Ipvs => "ipvs",
+            Mode::Ebpf => "ebpf",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|m| m.name() == s)
+    }
+
+    /// One of kube-proxy's modes (not a socket load balancer).
+    fn kube_proxy(self) -> bool {
+        self != Mode::Ebpf
+    }
+}
+
+/// A place where the modes' rules differ, met by a packet (recorded in every mode, so that
+/// two traces of one packet name the same places). `crate::migrate` says what each mode
+/// does there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeRule {
+    /// A service address (cluster IP; in IPVS mode any address on kube-ipvs0) on a port
+    /// no service port has.
+    OtherPort,
+    /// An address of a service CIDR that no service has.
+    UnallocatedServiceIp,
+    /// A node port on 127.0.0.1 / ::1.
+    LocalhostNodePort,
+    /// A node port on a local address that does not take node ports
+    /// (nodePortAddresses), whose service has no endpoint for external traffic.
+    NodePortOtherAddress,
+    /// loadBalancerSourceRanges of a service without endpoints.
+    FirewallWithoutEndpoints,
+    /// loadBalancerSourceRanges and traffic from inside the node.
+    SourceRangesInNode,
+    /// The node's own packet to an external or load-balancer IP of a service without
+    /// endpoints.
+    NoEndpointsFromNode,
+    /// A pod's or the node's packet to an external destination (node port, external IP,
+    /// load-balancer IP): which endpoints, masqueraded or not.
+    ExternalFromInside,
+    /// A Local traffic policy with no local endpoint on this node.
+    LocalFallback,
+    /// A service port without an endpoint to send this traffic to.
+    NoBackends,
+    /// Whether the source is rewritten.
+    Masquerade,
+    /// The node's own packet to a VIP on kube-ipvs0 leaves from that VIP.
+    NodeSourceVip,
+    /// A pod reaching itself through the service, not known to be local.
+    HairpinNotLocal,
+}
+
+impl ModeRule {
+    /// The kebab-case name (as serialised).
+    pub fn name(self) -> &'static str {
+        match self {
+            ModeRule::OtherPort => "other-port",
+            ModeRule::UnallocatedServiceIp => "unallocated-service-ip",
+            ModeRule::LocalhostNodePort => "localhost-node-port",
+            ModeRule::NodePortOtherAddress => "node-port-other-address",
+            ModeRule::FirewallWithoutEndpoints => "firewall-without-endpoints",
+            ModeRule::SourceRangesInNode => "source-ranges-in-node",
+            ModeRule::NoEndpointsFromNode => "no-endpoints-from-node",
+            ModeRule::ExternalFromInside => "external-from-inside",
+            ModeRule::LocalFallback => "local-fallback",
+            ModeRule::NoBackends => "no-backends",
+            ModeRule::Masquerade => "masquerade",
+            ModeRule::NodeSourceVip => "node-source-vip",
+            ModeRule::HairpinNotLocal => "hairpin-not-local",
+        }
+    }
 }
 
 /// One packet as it reaches the node's rules.
@@ -34,6 +128,10 @@ pub struct Packet {
     /// Addresses local to the node besides the view's node IPs and loopback (e.g. a pod
     /// gateway address): where node ports may also be reached.
     pub local_ips: Vec<IpAddr>,
+    /// Whether the sender is a socket on this node (the node itself, or one of its pods),
+    /// when the caller knows: what a socket load balancer ([`Mode::Ebpf`]) serves. `None`:
+    /// only the node's own packets are taken as on the node.
+    pub on_node: Option<bool>,
 }
 
 /// Where the packet comes from, as the rules see it.
@@ -81,9 +179,18 @@ pub enum Verdict {
         masquerade: bool,
         /// ClientIP affinity: the first packet picks, later ones stick for this many seconds.
         affinity_seconds: Option<u32>,
+        /// The source address the node's own packet leaves with, when it is not a node
+        /// address (IPVS: a VIP on kube-ipvs0 is its own local route's preferred source).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        source: Option<IpAddr>,
     },
     /// Refused (TCP reset / ICMP port unreachable).
     Reject,
+    /// The socket load balancer refuses the connection itself: `connect()` fails with
+    /// EHOSTUNREACH (a service without backends).
+    Unreachable,
+    /// What this mode does with the packet is not modelled (said why).
+    NotModelled { why: String },
     /// Dropped silently.
     Drop,
     /// No service rule touches it. `local`: the destination is a node address, so the
@@ -141,6 +248,18 @@ pub struct Trace {
     pub port_index: Option<usize>,
     pub steps: Vec<Step>,
     pub verdict: Verdict,
+    /// The places where the modes differ that the packet met, in order, without repeats
+    /// (not serialised: `migrate` reads them).
+    #[serde(skip)]
+    pub mode_rules: Vec<ModeRule>,
+}
+
+impl Trace {
+    fn met(&mut self, r: ModeRule) {
+        if !self.mode_rules.contains(&r) {
+            self.mode_rules.push(r);
+        }
+    }
 }
 
 fn is_local_addr(view: &NodeView, p: &Packet, ip: &IpAddr) -> bool {
@@ -157,6 +276,7 @@ pub fn trace(view: &NodeView, p: &Packet, mode: Mode) -> Trace {
         port_index: None,
         steps: Vec::new(),
         verdict: Verdict::NoMatch { local: false },
+        mode_rules: Vec::new(),
     };
     let step = |t: &mut Trace, rule: Rule, text: String| t.steps.push(Step { rule, text });
 
@@ -184,6 +304,17 @@ pub fn trace(view: &NodeView, p: &Packet, mode: Mode) -> Trace {
     };
     step(&mut t, Rule::Source, format!("source {}: {why}", p.src));
 
+    // Cilium's socket LB translates at connect() in the sockets of the node's cgroup: the
+    // node's own and its pods'. A packet from elsewhere meets tc/XDP programs instead.
+    if mode == Mode::Ebpf && t.origin != Origin::Node && p.on_node != Some(true) {
+        not_modelled(
+            &mut t,
+            "a packet from outside the node meets Cilium's tc/XDP NodePort programs, which \
+             the ebpf target does not model (it models the socket load balancer)",
+        );
+        return t;
+    }
+
     // Which service port matches: cluster IP, external IP, LB IP, then node port.
     let same = |pv: &PortView| pv.protocol == p.proto;
     let found = view.ports.iter().enumerate().find_map(|(i, pv)| {
@@ -201,10 +332,28 @@ pub fn trace(view: &NodeView, p: &Packet, mode: Mode) -> Trace {
         }
         None
     });
+    let node_port = |pv: &PortView| same(pv) && pv.node_port == Some(p.port);
+    if p.dst.is_loopback() && found.is_none() && view.ports.iter().any(node_port) {
+        t.met(ModeRule::LocalhostNodePort);
+    }
+    if mode == Mode::Ebpf
+        && found.is_none()
+        && view.node_port_addresses == NodePortAddresses::All
+        && !p.dst.is_loopback()
+        && !view.node_ips.contains(&p.dst)
+        && p.local_ips.contains(&p.dst)
+        && view.ports.iter().any(node_port)
+    {
+        not_modelled(
+            &mut t,
+            "a node port on a local address the Node object does not list: Cilium finds \
+             it through its device detection, which the ebpf target does not model",
+        );
+        return t;
+    }
     let found = found.or_else(|| {
         view.ports.iter().enumerate().find_map(|(i, pv)| {
-            (same(pv) && pv.node_port == Some(p.port) && node_port_addr(view, p, mode))
-                .then_some((i, Match::NodePort))
+            (node_port(pv) && node_port_addr(view, p, mode)).then_some((i, Match::NodePort))
         })
     });
     let Some((i, how)) = found else {
@@ -228,32 +377,77 @@ pub fn trace(view: &NodeView, p: &Packet, mode: Mode) -> Trace {
             how.describe()
         ),
     );
-    if how == Match::ClusterIp {
-        internal(view, p, pv, &mut t);
-    } else {
-        external(view, p, pv, how, mode, &mut t);
+    match (mode, how) {
+        (Mode::Ebpf, _) => socket_lb(p, pv, how, &mut t),
+        (_, Match::ClusterIp) => internal(view, p, pv, mode, &mut t),
+        (Mode::Ipvs, _) => ipvs_external(view, p, pv, how, &mut t),
+        _ => external(view, p, pv, how, mode, &mut t),
     }
     t
+}
+
+fn not_modelled(t: &mut Trace, why: &str) {
+    t.steps.push(Step {
+        rule: Rule::NoMatch,
+        text: format!("not modelled: {why}"),
+    });
+    t.verdict = Verdict::NotModelled { why: why.into() };
 }
 
 /// Whether `p.dst` accepts node ports in `mode`.
 fn node_port_addr(view: &NodeView, p: &Packet, mode: Mode) -> bool {
     if p.dst.is_loopback() {
-        // Only iptables mode has localhost node ports (nftables never accepts them).
-        return mode == Mode::Iptables && view.localhost_node_ports;
+        return match mode {
+            // Only iptables mode has localhost node ports (route_localnet); nftables never
+            // accepts them; IPVS mode makes node-port virtual servers on the node's IPs
+            // only and returns loopback sources early (`syncProxyRules` and
+            // `writeIptablesRules` in pkg/proxy/ipvs/proxier.go).
+            Mode::Iptables => view.localhost_node_ports,
+            Mode::Nftables | Mode::Ipvs => false,
+            // The socket LB finds 127.0.0.1:nodePort through the 0.0.0.0 / :: surrogate
+            // entry (`sock4_wildcard_lookup_full` in Cilium's bpf/bpf_sock.c), which the
+            // target writes when node ports take every address.
+            Mode::Ebpf => view.node_port_addresses == NodePortAddresses::All,
+        };
     }
-    match &view.node_port_addresses {
-        NodePortAddresses::All => is_local_addr(view, p, &p.dst),
-        NodePortAddresses::Ips(ips) => ips.contains(&p.dst),
+    match (&view.node_port_addresses, mode) {
+        (NodePortAddresses::All, Mode::Ebpf) => view.node_ips.contains(&p.dst),
+        (NodePortAddresses::All, _) => is_local_addr(view, p, &p.dst),
+        (NodePortAddresses::Ips(ips), _) => ips.contains(&p.dst),
     }
+}
+
+/// The addresses IPVS mode binds to kube-ipvs0: every service port's cluster IP, external
+/// and load-balancer IPs that no other interface has (`syncProxyRules`, `shouldBind`).
+fn ipvs_bound(view: &NodeView, ip: &IpAddr) -> bool {
+    view.ports
+        .iter()
+        .filter(|pv| pv.cluster_ip.is_some())
+        .any(|pv| {
+            pv.cluster_ip == Some(*ip)
+                || ((pv.external_ips.contains(ip) || pv.load_balancer_ips.contains(ip))
+                    && !view.node_ips.contains(ip))
+        })
 }
 
 fn no_match(view: &NodeView, p: &Packet, mode: Mode, t: &mut Trace) {
     let local = is_local_addr(view, p, &p.dst);
+    let is_cluster_ip = view.ports.iter().any(|pv| pv.cluster_ip == Some(p.dst));
+    if is_cluster_ip || (mode == Mode::Ipvs && ipvs_bound(view, &p.dst)) {
+        t.met(ModeRule::OtherPort);
+    }
+    let unallocated = if is_cluster_ip {
+        None
+    } else {
+        view.service_cidrs.iter().find(|c| c.contains(&p.dst))
+    };
+    if unallocated.is_some() {
+        t.met(ModeRule::UnallocatedServiceIp);
+    }
     if mode == Mode::Nftables {
         // nftables mode rejects a known cluster IP's other ports and drops unallocated
         // addresses of the service CIDRs.
-        if view.ports.iter().any(|pv| pv.cluster_ip == Some(p.dst)) {
+        if is_cluster_ip {
             t.steps.push(Step {
                 rule: Rule::NoMatch,
                 text: format!("{} is a cluster IP without this port: rejected", p.dst),
@@ -261,7 +455,7 @@ fn no_match(view: &NodeView, p: &Packet, mode: Mode, t: &mut Trace) {
             t.verdict = Verdict::Reject;
             return;
         }
-        if let Some(c) = view.service_cidrs.iter().find(|c| c.contains(&p.dst)) {
+        if let Some(c) = unallocated {
             t.steps.push(Step {
                 rule: Rule::NoMatch,
                 text: format!(
@@ -273,13 +467,32 @@ fn no_match(view: &NodeView, p: &Packet, mode: Mode, t: &mut Trace) {
             return;
         }
     }
+    if mode == Mode::Ipvs && ipvs_bound(view, &p.dst) {
+        // Every service address is on kube-ipvs0, so the packet is local, and
+        // KUBE-IPVS-FILTER rejects new connections to KUBE-IPVS-IPS that no virtual
+        // server took (`writeIptablesRules` in pkg/proxy/ipvs/proxier.go).
+        t.steps.push(Step {
+            rule: Rule::NoMatch,
+            text: format!(
+                "{} is on kube-ipvs0 without a virtual server for this port: KUBE-IPVS-FILTER \
+                 rejects it",
+                p.dst
+            ),
+        });
+        t.verdict = Verdict::Reject;
+        return;
+    }
+    let np = view.ports.iter().find(|pv| {
+        pv.protocol == p.proto && pv.node_port == Some(p.port) && !pv.has_external_endpoints
+    });
+    if local && np.is_some() {
+        t.met(ModeRule::NodePortOtherAddress);
+    }
     if mode == Mode::Iptables && local {
         // iptables mode's no-endpoint rules for node ports match every local address
         // (`-m addrtype --dst-type LOCAL`), whatever nodePortAddresses says; they are
         // in INPUT, which the node's own packets to itself also take.
-        if let Some(pv) = view.ports.iter().find(|pv| {
-            pv.protocol == p.proto && pv.node_port == Some(p.port) && !pv.has_external_endpoints
-        }) {
+        if let Some(pv) = np {
             t.steps.push(Step {
                 rule: Rule::NoEndpoints,
                 text: format!(
@@ -331,10 +544,48 @@ fn no_endpoints(pv: &PortView) -> Verdict {
     }
 }
 
+/// IPVS mode's real servers for a virtual server (`syncEndpoint` in
+/// pkg/proxy/ipvs/proxier.go): with a Local policy the local endpoints or, when there is
+/// none, the cluster endpoints (kubernetes#97081); otherwise the cluster endpoints.
+fn ipvs_reals<'a>(pv: &'a PortView, local_policy: bool, t: &mut Trace) -> &'a [u32] {
+    if !local_policy {
+        return &pv.cluster_endpoints;
+    }
+    if !pv.local_endpoints.is_empty() {
+        return &pv.local_endpoints;
+    }
+    t.met(ModeRule::LocalFallback);
+    if !pv.cluster_endpoints.is_empty() {
+        t.steps.push(Step {
+            rule: Rule::LocalPolicy,
+            text: "a Local policy without a local endpoint: IPVS mode's virtual server takes \
+                   the cluster endpoints (kubernetes#97081)"
+                .into(),
+        });
+    }
+    &pv.cluster_endpoints
+}
+
+/// A virtual server without real servers: IPVS answers ICMP port unreachable.
+fn ipvs_no_reals(t: &mut Trace) {
+    t.met(ModeRule::NoBackends);
+    t.steps.push(Step {
+        rule: Rule::NoEndpoints,
+        text: "the virtual server has no real server: IPVS refuses the packet (ICMP port \
+               unreachable)"
+            .into(),
+    });
+    t.verdict = Verdict::Reject;
+}
+
 /// Cluster-IP traffic: the internal policy's endpoint set; masquerade by masqueradeAll
 /// or the detector.
-fn internal(view: &NodeView, p: &Packet, pv: &PortView, t: &mut Trace) {
-    if !pv.has_internal_endpoints {
+fn internal(view: &NodeView, p: &Packet, pv: &PortView, mode: Mode, t: &mut Trace) {
+    if pv.internal_local && pv.local_endpoints.is_empty() && pv.has_endpoints {
+        t.met(ModeRule::LocalFallback);
+    }
+    if mode != Mode::Ipvs && !pv.has_internal_endpoints {
+        t.met(ModeRule::NoBackends);
         t.steps.push(Step {
             rule: Rule::NoEndpoints,
             text: format!(
@@ -350,23 +601,31 @@ fn internal(view: &NodeView, p: &Packet, pv: &PortView, t: &mut Trace) {
         t.verdict = no_endpoints(pv);
         return;
     }
-    let (set, rule, what) = if pv.internal_local {
-        (
-            &pv.local_endpoints,
-            Rule::LocalPolicy,
-            "internalTrafficPolicy: Local: the local endpoints",
-        )
+    t.steps.push(if pv.internal_local {
+        Step {
+            rule: Rule::LocalPolicy,
+            text: "internalTrafficPolicy: Local: the local endpoints".into(),
+        }
     } else {
-        (
-            &pv.cluster_endpoints,
-            Rule::ClusterPolicy,
-            "internalTrafficPolicy: Cluster: the cluster endpoints",
-        )
-    };
-    t.steps.push(Step {
-        rule,
-        text: what.to_string(),
+        Step {
+            rule: Rule::ClusterPolicy,
+            text: "internalTrafficPolicy: Cluster: the cluster endpoints".into(),
+        }
     });
+    let set: &[u32] = match mode {
+        Mode::Ipvs => {
+            let reals = ipvs_reals(pv, pv.internal_local, t);
+            if reals.is_empty() {
+                ipvs_no_reals(t);
+                return;
+            }
+            reals
+        }
+        _ if pv.internal_local => &pv.local_endpoints,
+        _ => &pv.cluster_endpoints,
+    };
+    // IPVS mode's KUBE-CLUSTER-IP rules decide as iptables mode's KUBE-SVC ones:
+    // masqueradeAll, else the detector's "not local" (`writeIptablesRules`).
     let (masq, why) = if view.masquerade_all {
         (true, "masqueradeAll".to_string())
     } else {
@@ -382,20 +641,26 @@ fn internal(view: &NodeView, p: &Packet, pv: &PortView, t: &mut Trace) {
             None => (false, "no local-traffic detector".to_string()),
         }
     };
-    forward(p, pv, set, masq, &why, t);
+    forward(p, pv, set, masq, &why, mode, t);
 }
 
 /// Traffic to an external IP, load-balancer IP or node port.
 fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, t: &mut Trace) {
     let step = |t: &mut Trace, rule: Rule, text: String| t.steps.push(Step { rule, text });
+    if how == Match::LoadBalancerIp && !pv.source_ranges.is_empty() && !pv.has_endpoints {
+        t.met(ModeRule::FirewallWithoutEndpoints);
+    }
     // Firewall (loadBalancerSourceRanges), before anything else where its chain exists.
     let firewall = how == Match::LoadBalancerIp
         && !pv.source_ranges.is_empty()
         && match mode {
-            Mode::Iptables => pv.uses_firewall_chain.iptables,
             Mode::Nftables => pv.uses_firewall_chain.nftables,
+            _ => pv.uses_firewall_chain.iptables,
         };
     if firewall {
+        if t.origin == Origin::Node {
+            t.met(ModeRule::SourceRangesInNode);
+        }
         let allowed = pv.source_ranges.iter().find(|c| c.contains(&p.src));
         let own = pv.source_ranges_include_node && p.src == p.dst;
         if allowed.is_none() && !own {
@@ -423,6 +688,10 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
     }
     if !pv.uses_external_chain {
         // No endpoint anywhere (the external chain exists whenever there are some).
+        t.met(ModeRule::NoBackends);
+        if t.origin == Origin::Node && how != Match::NodePort {
+            t.met(ModeRule::NoEndpointsFromNode);
+        }
         if mode == Mode::Iptables && t.origin == Origin::Node && how != Match::NodePort {
             // iptables mode's REJECT is in KUBE-EXTERNAL-SERVICES, reached from INPUT
             // and FORWARD only: the node's own packet to an external address leaves.
@@ -445,6 +714,9 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
         return;
     }
     // The external chain: short-circuits for pods and the node, then the policy.
+    if t.origin != Origin::Outside {
+        t.met(ModeRule::ExternalFromInside);
+    }
     if t.origin == Origin::Pod && pv.external_local {
         step(
             t,
@@ -459,6 +731,7 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
             &pv.cluster_endpoints,
             false,
             "pod traffic, ETP Local",
+            mode,
             t,
         );
     }
@@ -469,7 +742,15 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
             "the node's own traffic (source type LOCAL): masqueraded, to the cluster endpoints"
                 .into(),
         );
-        return forward(p, pv, &pv.cluster_endpoints, true, "source is the node", t);
+        return forward(
+            p,
+            pv,
+            &pv.cluster_endpoints,
+            true,
+            "source is the node",
+            mode,
+            t,
+        );
     }
     if !pv.external_local {
         step(
@@ -483,10 +764,13 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
             &pv.cluster_endpoints,
             true,
             "external traffic with externalTrafficPolicy Cluster",
+            mode,
             t,
         );
     }
     if !pv.has_external_endpoints || pv.local_endpoints.is_empty() {
+        t.met(ModeRule::LocalFallback);
+        t.met(ModeRule::NoBackends);
         step(
             t,
             Rule::NoEndpoints,
@@ -509,19 +793,230 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
         &pv.local_endpoints,
         false,
         "externalTrafficPolicy Local keeps the client's address",
+        mode,
         t,
     )
 }
 
-fn forward(p: &Packet, pv: &PortView, set: &[u32], masq: bool, why: &str, t: &mut Trace) {
+/// IPVS mode's external destinations: one virtual server per address, the same for every
+/// sender (no short-circuit for pods or the node), its real servers by the external
+/// policy (`syncProxyRules` passes `ExternalPolicyLocal()` to `syncEndpoint` for external
+/// IPs, load-balancer IPs and node ports); masquerade by the ipset rules: KUBE-EXTERNAL-IP,
+/// KUBE-LOAD-BALANCER and KUBE-NODE-PORT-* mark, their -LOCAL twins do not
+/// (`writeIptablesRules`, `ipsetWithIptablesChain`).
+fn ipvs_external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, t: &mut Trace) {
+    let step = |t: &mut Trace, rule: Rule, text: String| t.steps.push(Step { rule, text });
+    let ranges = how == Match::LoadBalancerIp && !pv.source_ranges.is_empty();
+    if ranges && !pv.has_endpoints {
+        t.met(ModeRule::FirewallWithoutEndpoints);
+    }
+    if ranges && t.origin != Origin::Node {
+        // KUBE-LOAD-BALANCER-FW is filled whatever the endpoints; its filter INPUT rules
+        // run before IPVS (LOCAL_IN) for every packet that arrives, pods' included.
+        let allowed = pv.source_ranges.iter().find(|c| c.contains(&p.src));
+        let own = pv.source_ranges_include_node && p.src == p.dst;
+        if allowed.is_none() && !own {
+            step(
+                t,
+                Rule::Firewall,
+                format!(
+                    "source {} is in no range of KUBE-LOAD-BALANCER-SOURCE-CIDR: \
+                     KUBE-SOURCE-RANGES-FIREWALL drops it",
+                    p.src
+                ),
+            );
+            t.verdict = Verdict::Drop;
+            return;
+        }
+        step(
+            t,
+            Rule::Firewall,
+            match allowed {
+                Some(c) => format!("loadBalancerSourceRanges: source allowed by {c}"),
+                None => "loadBalancerSourceRanges: the node's own traffic to its LB IP".into(),
+            },
+        );
+    }
+    let set = ipvs_reals(pv, pv.external_local, t);
+    if set.is_empty() {
+        if t.origin == Origin::Node && how != Match::NodePort {
+            t.met(ModeRule::NoEndpointsFromNode);
+        }
+        ipvs_no_reals(t);
+        return;
+    }
+    if t.origin != Origin::Outside {
+        t.met(ModeRule::ExternalFromInside);
+    }
+    if ranges && t.origin == Origin::Node {
+        // The node's own packet is scheduled in LOCAL_OUT, before filter OUTPUT, where
+        // KUBE-IPVS-OUT-FILTER drops it unless a source range holds a node IP.
+        t.met(ModeRule::SourceRangesInNode);
+        if !pv.source_ranges_include_node {
+            step(
+                t,
+                Rule::Firewall,
+                "the node's own packet: KUBE-IPVS-OUT-FILTER drops it (no source range \
+                 holds a node IP)"
+                    .into(),
+            );
+            t.verdict = Verdict::Drop;
+            return;
+        }
+    }
+    let masq = !pv.external_local;
+    step(
+        t,
+        Rule::ExternalPolicy,
+        if pv.external_local {
+            "externalTrafficPolicy: Local: the virtual server's real servers for every sender, \
+             source kept (the -LOCAL sets skip KUBE-MARK-MASQ)"
+                .into()
+        } else {
+            "externalTrafficPolicy: Cluster: the cluster endpoints, marked for masquerade".into()
+        },
+    );
+    let set = set.to_vec();
+    forward(
+        p,
+        pv,
+        &set,
+        masq,
+        if masq {
+            "the ipset rule marks it"
+        } else {
+            "externalTrafficPolicy Local"
+        },
+        Mode::Ipvs,
+        t,
+    );
+    // The node's own packet to a VIP on kube-ipvs0 leaves from the VIP (the local route's
+    // preferred source), and nothing rewrites it.
+    if t.origin == Origin::Node && !masq && ipvs_bound(view, &p.dst) {
+        t.met(ModeRule::NodeSourceVip);
+        if let Verdict::Forward { source, .. } = &mut t.verdict {
+            *source = Some(p.dst);
+        }
+        step(
+            t,
+            Rule::Masquerade,
+            format!(
+                "the node's own packet leaves from {} (kube-ipvs0): the backend sees the VIP",
+                p.dst
+            ),
+        );
+    }
+    if t.origin == Origin::Outside && pv.external_local && pv.local_endpoints.is_empty() {
+        step(
+            t,
+            Rule::LocalPolicy,
+            "not masqueraded: the remote endpoint answers from its own address, which the \
+             client does not expect unless the reply comes back through this node"
+                .into(),
+        );
+    }
+}
+
+/// Cilium's socket LB (`__sock4_xlate_fwd` in bpf/bpf_sock.c, as bpf/sock_lb.c serves the
+/// target's maps): the service at the address (for a two-scope service its internal
+/// scope, `lb4_lookup_service` with the scope switch: a socket is in-cluster traffic), a
+/// backend from its slots, the destination rewritten and nothing else; EHOSTUNREACH when
+/// it has no backend. The maps carry loadBalancerSourceRanges, but only tc checks them:
+/// sockets are not filtered.
+fn socket_lb(p: &Packet, pv: &PortView, how: Match, t: &mut Trace) {
+    if how != Match::ClusterIp {
+        t.met(ModeRule::ExternalFromInside);
+        if how == Match::LoadBalancerIp && !pv.source_ranges.is_empty() {
+            t.met(ModeRule::SourceRangesInNode);
+            if !pv.has_endpoints {
+                t.met(ModeRule::FirewallWithoutEndpoints);
+            }
+        }
+    }
+    // Every frontend of a port serves in-cluster sockets the internal policy's endpoints
+    // (a single-scope external frontend has both policies alike).
+    let set = if pv.internal_local {
+        &pv.local_endpoints
+    } else {
+        &pv.cluster_endpoints
+    };
+    if pv.internal_local && pv.local_endpoints.is_empty() && pv.has_endpoints {
+        t.met(ModeRule::LocalFallback);
+    }
+    if how != Match::ClusterIp && pv.external_local && pv.local_endpoints.is_empty() {
+        t.met(ModeRule::LocalFallback);
+    }
+    if set.is_empty() {
+        t.met(ModeRule::NoBackends);
+        if t.origin == Origin::Node && !matches!(how, Match::NodePort | Match::ClusterIp) {
+            t.met(ModeRule::NoEndpointsFromNode);
+        }
+        t.steps.push(Step {
+            rule: Rule::NoEndpoints,
+            text: "no backend for in-cluster traffic: connect() fails with EHOSTUNREACH".into(),
+        });
+        t.verdict = Verdict::Unreachable;
+        return;
+    }
+    t.steps.push(Step {
+        rule: if pv.internal_local {
+            Rule::LocalPolicy
+        } else {
+            Rule::ClusterPolicy
+        },
+        text: format!(
+            "socket LB: internalTrafficPolicy {}: the {} endpoints{}",
+            if pv.internal_local {
+                "Local"
+            } else {
+                "Cluster"
+            },
+            if pv.internal_local {
+                "local"
+            } else {
+                "cluster"
+            },
+            if how == Match::ClusterIp {
+                ""
+            } else {
+                " (the internal scope: in-cluster traffic)"
+            }
+        ),
+    });
+    let set = set.clone();
+    forward(
+        p,
+        pv,
+        &set,
+        false,
+        "the socket LB rewrites the destination only",
+        Mode::Ebpf,
+        t,
+    );
+}
+
+fn forward(
+    p: &Packet,
+    pv: &PortView,
+    set: &[u32],
+    masq: bool,
+    why: &str,
+    mode: Mode,
+    t: &mut Trace,
+) {
+    if masq || !mode.kube_proxy() {
+        t.met(ModeRule::Masquerade);
+    }
     t.steps.push(Step {
         rule: Rule::Masquerade,
         text: if masq {
             format!("masquerade: yes ({why})")
-        } else {
+        } else if mode.kube_proxy() {
             format!(
                 "masquerade: no ({why}; a backend that is the sender is still hairpin-masqueraded)"
             )
+        } else {
+            format!("masquerade: no ({why})")
         },
     });
     if let Some(s) = pv.affinity_timeout {
@@ -531,18 +1026,35 @@ fn forward(p: &Packet, pv: &PortView, set: &[u32], masq: bool, why: &str, t: &mu
         });
     }
     let n = set.len().max(1) as f64;
+    let mut not_local_self = false;
     let backends: Vec<Backend> = set
         .iter()
         .map(|&i| {
             let e = &pv.endpoints[i as usize];
+            let own = e.ip == p.src;
+            // Hairpin: iptables and nftables masquerade a sender reaching itself by the
+            // endpoint's own `-s EP` rule; IPVS only through KUBE-LOOP-BACK, which holds
+            // the endpoints it knows are local (`syncProxyRules`, `IsLocal()`); the socket
+            // LB connects a pod to itself directly.
+            let hairpin = match mode {
+                Mode::Iptables | Mode::Nftables => own,
+                Mode::Ipvs => own && e.is_local,
+                Mode::Ebpf => false,
+            };
+            if own && !e.is_local {
+                not_local_self = true;
+            }
             Backend {
                 addr: e.addr.to_string(),
                 probability: 1.0 / n,
-                masquerade: masq || e.ip == p.src,
+                masquerade: masq || hairpin,
                 local: e.is_local,
             }
         })
         .collect();
+    if not_local_self {
+        t.met(ModeRule::HairpinNotLocal);
+    }
     let list: Vec<String> = backends
         .iter()
         .map(|b| {
@@ -558,12 +1070,21 @@ fn forward(p: &Packet, pv: &PortView, set: &[u32], masq: bool, why: &str, t: &mu
         .collect();
     t.steps.push(Step {
         rule: Rule::Endpoints,
-        text: format!("DNAT to one of: {}", list.join(", ")),
+        text: format!(
+            "{} to one of: {}",
+            if mode.kube_proxy() {
+                "DNAT"
+            } else {
+                "connect() rewritten"
+            },
+            list.join(", ")
+        ),
     });
     t.verdict = Verdict::Forward {
         backends,
         masquerade: masq,
         affinity_seconds: pv.affinity_timeout,
+        source: None,
     };
 }
 
@@ -580,6 +1101,8 @@ impl Trace {
                 format!("forwarded to {} backend(s)", backends.len())
             }
             Verdict::Reject => "rejected".to_string(),
+            Verdict::Unreachable => "connect() fails: host unreachable".to_string(),
+            Verdict::NotModelled { .. } => "not modelled".to_string(),
             Verdict::Drop => "dropped".to_string(),
             Verdict::NoMatch { local: true } => "not a service: the node's own stack".to_string(),
             Verdict::NoMatch { local: false } => "not a service: routed on".to_string(),
@@ -603,6 +1126,7 @@ mod tests {
             port,
             proto: Protocol::TCP,
             local_ips: vec![],
+            on_node: None,
         }
     }
 

@@ -35,6 +35,8 @@ pub trait Tracer: Sync {
         match self.mode() {
             Mode::Iptables => "iptables rules",
             Mode::Nftables => "nftables rules",
+            Mode::Ipvs => "ipvs rules",
+            Mode::Ebpf => "ebpf maps",
         }
     }
     /// Whether [`Tracer::rules`] gives a step of `rule` its lines (it then always does:
@@ -272,6 +274,7 @@ mod tests {
                 port,
                 proto: pv.protocol,
                 local_ips: Vec::new(),
+                on_node: None,
             })
             .collect()
     }

@@ -57,6 +57,9 @@ use std::time::{Duration, Instant};
 /// The eBPF side: the socket load balancer on the flows it serves.
 mod ebpf;
 
+/// `svc-compile migrate`'s claims against the two labs.
+mod migrate;
+
 /// Generated manifests when `SVC_DIFF_CASES` is unset (sized for about two minutes).
 pub const DEFAULT_CASES: u64 = 150;
 
@@ -359,6 +362,8 @@ struct PortInfo {
     endpoints: Vec<Option<String>>,
     cluster: Vec<usize>,
     local: Vec<usize>,
+    /// The addresses of the endpoints on this node (`isLocal`).
+    local_endpoint_ips: Vec<Ipv4Addr>,
 }
 
 fn ips(v: &Value) -> Vec<Ipv4Addr> {
@@ -442,6 +447,13 @@ fn parse_view(ir: &str, spec: &LabSpec) -> Option<View> {
                 .collect(),
             cluster: indices(&p["clusterEndpoints"]),
             local: indices(&p["localEndpoints"]),
+            local_endpoint_ips: p["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["isLocal"] == true)
+                .filter_map(|e| e["ip"].as_str()?.parse().ok())
+                .collect(),
         })
         .collect();
     Some(View {
@@ -1223,6 +1235,8 @@ struct Stats {
     signatures: BTreeMap<String, (usize, String)>,
     /// Its lab, made on first use.
     ebpf: Option<ebpf::Side>,
+    /// `svc-compile migrate`'s claims checked.
+    migrate: migrate::Counts,
 }
 
 /// What a target did with a flow, in a word or two: `answered`, `refused`, `timeout`.
@@ -1264,6 +1278,7 @@ fn check_manifest(
     let rules = TARGETS.map(|t| m.compile_with(t, if t == "nftables" { nft } else { &[] }));
     let mut flows = derive_flows(&view);
     stats.traced += trace_flows(m, &mut flows, &spec);
+    let claims = migrate::claims(m);
     let t1 = Instant::now();
     thread::scope(|s| {
         for t in 0..2 {
@@ -1353,6 +1368,13 @@ fn check_manifest(
             ));
         }
     }
+    failures.extend(migrate::check(
+        &claims,
+        &flows,
+        &seen,
+        &view,
+        &mut stats.migrate,
+    ));
     // The socket load balancer does not depend on the nftables layout: one run checks it.
     if nft.is_empty() {
         let side = stats.ebpf.get_or_insert_with(ebpf::Side::new);
@@ -1500,6 +1522,11 @@ pub fn agree(nft: &[&str], tags: [&str; 2]) {
         stats.phases[1].as_secs_f64(),
         stats.phases[2].as_secs_f64(),
         stats.phases[3].as_secs_f64(),
+    );
+    println!(
+        "differential migrate: {} flows matched to `svc-compile migrate`'s, {} reported and seen \
+         differing, reported but not observable in the lab (by reason): {:?}",
+        stats.migrate.checked, stats.migrate.differing, stats.migrate.unobservable
     );
     if let Some(e) = &stats.ebpf {
         println!(

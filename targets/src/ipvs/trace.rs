@@ -1,7 +1,9 @@
 //! IPVS' side of `svc-compile trace`: the virtual server at the service-match step and its
 //! real servers at the endpoints step, from the `ipvsadm-save` part, spelt as
-//! [`super::ipvsadm`] writes them. Its iptables part is not traced, and its verdicts are
-//! the iptables mode's (not checked against IPVS).
+//! [`super::ipvsadm`] writes them. Its iptables part is not shown; the verdicts are IPVS
+//! mode's as `svc_compiler::trace` models them (`Mode::Ipvs`: virtual servers for every
+//! sender, the Local policies' fallback, kube-ipvs0's addresses), which the IPVS kernel
+//! differential checks from the compiled parts, not from the trace.
 
 use super::ipvsadm::service;
 use crate::trace::{backends, Tracer};
@@ -14,10 +16,10 @@ pub(crate) struct Ipvs;
 
 impl Tracer for Ipvs {
     fn mode(&self) -> Mode {
-        Mode::Iptables
+        Mode::Ipvs
     }
     fn heading(&self) -> &'static str {
-        "ipvs rules; the verdict is iptables mode's, not checked against IPVS"
+        "ipvs rules"
     }
     fn shows(&self, rule: Rule) -> bool {
         matches!(rule, Rule::ServiceMatch | Rule::Endpoints)
