@@ -1064,6 +1064,7 @@ impl Ctx<'_> {
                         by_words(by)
                     );
                     times.mark("compare with the record");
+                    times.notes.insert(0, Mode::Unchanged.to_string());
                     times.print(&what);
                     return Ok(Some(at));
                 }
@@ -1095,6 +1096,7 @@ impl Ctx<'_> {
                         p.summary,
                         by_words(by)
                     );
+                    times.notes.insert(0, format!("{}: {}", p.mode, p.summary));
                     times.print(&what);
                     return Ok(Some(at));
                 }

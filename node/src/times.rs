@@ -29,7 +29,8 @@ impl Times {
                     .iter()
                     .map(|(p, d)| format!("{p} {:.1} ms", d.as_secs_f64() * 1e3))
                     .collect();
-                kept.push(format!("{what}: {}", phases.join(", ")));
+                let notes: String = self.notes.iter().map(|n| format!(" ({n})")).collect();
+                kept.push(format!("{what}{notes}: {}", phases.join(", ")));
             }
         }
         if std::env::var_os("SVC_COMPILE_APPLY_TIMES").is_none() {
