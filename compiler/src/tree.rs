@@ -813,6 +813,10 @@ fn parse_yaml_strict(
     let mut docs = Vec::new();
     let mut nodes_made: usize = 0;
     let mut anchors: HashMap<usize, Node> = HashMap::new();
+    // Anchors of the documents before this one. saphyr's event stream keeps them across
+    // `---`; kubectl's go-yaml does not (its `parser.document` starts an empty anchor map),
+    // and kubectl splits the stream into documents before parsing anyway.
+    let mut earlier: HashMap<usize, Span> = HashMap::new();
     let mut stack: Vec<Frame> = Vec::new();
     let mut doc_index = 0u32;
     let mut root: Option<Node> = None;
@@ -881,6 +885,7 @@ fn parse_yaml_strict(
             Event::DocumentStart(_) => {
                 root = None;
                 stack.clear();
+                earlier.extend(anchors.drain().map(|(id, n)| (id, n.span)));
             }
             Event::DocumentEnd => {
                 // Empty documents (a trailing `---`) are common and carry nothing.
@@ -966,6 +971,19 @@ fn parse_yaml_strict(
                 );
             }
             Event::Alias(id) => {
+                if let Some(&defined) = earlier.get(&id) {
+                    let name = alias_name(text, &sp);
+                    diags.push(
+                        Diagnostic::error(
+                            "SVC001",
+                            format!("invalid YAML: alias `*{name}` names an anchor defined in an earlier document; anchors belong to the document that defines them"),
+                        )
+                        .at(span)
+                        .related(defined, format!("`&{name}` is defined here, in an earlier document"))
+                        .hint(format!("kubectl parses each document on its own and refuses this one (unknown anchor '{name}' referenced); define `&{name}` again in this document or write the value out; nothing after this point in the file was read")),
+                    );
+                    return (docs, diags);
+                }
                 let Some(target) = anchors.get(&id).cloned() else {
                     diags.push(Diagnostic::error("SVC001", "alias to an unknown anchor").at(span));
                     continue;
@@ -990,6 +1008,16 @@ fn parse_yaml_strict(
         }
     }
     (docs, diags)
+}
+
+/// The name an alias event's span (`*name`) writes, for messages.
+fn alias_name(text: &str, sp: &saphyr_parser::Span) -> String {
+    text.chars()
+        .skip(sp.start.index())
+        .take(sp.len())
+        .collect::<String>()
+        .trim_start_matches('*')
+        .to_string()
 }
 
 /// Whether a plain scalar is YAML's null (both YAML paths read it so).
@@ -1604,6 +1632,32 @@ mod tests {
         // A block mapping written left of its place is still an error.
         let (_, d) = parse_yaml_piece(FileId(0), "a:\n    b: 1\n  c: 2\n", 0, usize::MAX);
         assert_eq!(d.items.len(), 1, "{d:?}");
+    }
+
+    /// kubectl parses each document on its own: an anchor of one document is unknown in
+    /// the next (go-yaml's `parser.document` starts an empty anchor map).
+    #[test]
+    fn anchors_belong_to_their_document() {
+        let (docs, d) = parse_file(
+            FileId(0),
+            "a: &x 1\nb: *x\n---\nc: &y 2\n---\nd: *y\ne: 3\n",
+        );
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0].root.get("b").unwrap().as_str(), Some("1"));
+        assert_eq!(d.items.len(), 1, "{d:?}");
+        let e = &d.items[0];
+        assert_eq!(e.code, "SVC001");
+        assert!(
+            e.message.contains("`*y`") && e.message.contains("earlier document"),
+            "{e:?}"
+        );
+        let at = e.span.unwrap();
+        assert_eq!((at.line, at.col), (6, 4));
+        assert_eq!(e.related[0].span.line, 4);
+        // An anchor defined again in the later document is that document's.
+        let (docs, d) = parse_file(FileId(0), "a: &x 1\n---\nb: &x 2\nc: *x\n");
+        assert!(d.items.is_empty(), "{d:?}");
+        assert_eq!(docs[1].root.get("c").unwrap().as_str(), Some("2"));
     }
 
     #[test]
