@@ -655,10 +655,17 @@ enum Frame {
     Map(Span, Vec<Entry>, Option<(String, Span)>, usize),
 }
 
-/// Parse a piece of YAML; where saphyr stops at a flow collection's line written at or
-/// left of its block's indentation (a closing `]` under its key: PyYAML and kubectl's
-/// go-yaml accept it, YAML 1.2 does not), indent that line and parse again. The nodes and
-/// diagnostics on re-indented lines get their written columns back.
+/// Parse a piece of YAML. Where saphyr stops at an indentation kubectl's go-yaml does not
+/// check, indent the lines it refused and parse again:
+/// - a flow collection's line written at or left of its block's indentation (a closing
+///   `]` under its key: PyYAML and go-yaml accept it, YAML 1.2 does not);
+/// - a quoted scalar's continuation lines at or left of its key's indentation (go-yaml's
+///   `yaml_parser_scan_flow_scalar` checks no indentation inside a quoted scalar, only for
+///   a document marker at column 0 and the end of the input).
+///
+/// Leading blanks of a quoted scalar's continuation line are folded away, so indenting
+/// them leaves its value as written. Nodes and diagnostics on re-indented lines get their
+/// written columns back, and a re-indented quoted scalar its written length.
 fn parse_yaml_piece(
     file: FileId,
     text: &str,
@@ -668,54 +675,334 @@ fn parse_yaml_piece(
     if let Some(docs) = fast_yaml::parse(file, text, line0) {
         return (docs, Diagnostics::default());
     }
-    let mut out = parse_yaml_strict(file, text, line0, budget);
+    let out = parse_yaml_strict(file, text, line0, budget);
+    if indentation_stop(&out.1, line0).is_none() {
+        return out;
+    }
+    // A release bundle's CRDs can hold hundreds of such scalars: all that a rough scan
+    // finds are mended at once, which stands only if each turns out to be a quoted scalar
+    // in the parse; otherwise one at a time, as saphyr reports them.
+    if let Some(out) = mend(file, text, line0, budget, out, true) {
+        return out;
+    }
+    let out = parse_yaml_strict(file, text, line0, budget);
+    mend(file, text, line0, budget, out, false)
+        .unwrap_or_else(|| parse_yaml_strict(file, text, line0, budget))
+}
+
+/// The re-parses of [`parse_yaml_piece`], from its first parse `out`. With `batch`, the
+/// first quoted scalar saphyr refuses has every quoted scalar of the rough scan mended with
+/// it. Every scalar mended that saphyr did not report itself (those of the batch, and
+/// the one around a tab) must be a quoted scalar of the result, else the answer is `None`.
+fn mend(
+    file: FileId,
+    text: &str,
+    line0: u32,
+    budget: usize,
+    mut out: (Vec<Document>, Diagnostics),
+    mut batch: bool,
+) -> Option<(Vec<Document>, Diagnostics)> {
     let mut fixed: Option<String> = None;
+    // Spaces added at the start of a line (its 1-based line in the file).
     let mut shifts: HashMap<u32, u32> = HashMap::new();
+    // Quoted scalars mended: their start as written (1-based line and column) and the
+    // 1-based line of their closing quote.
+    let mut scalars: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut batched: Vec<(u32, u32)> = Vec::new();
     for _ in 0..MAX_REINDENTS {
-        let Some(line) = indentation_error(&out.1, line0) else {
+        let Some(stop) = indentation_stop(&out.1, line0) else {
             break;
         };
         let current = fixed.as_deref().unwrap_or(text);
-        let Some((at, add)) = flow_reindent(current, line) else {
-            break;
-        };
-        let mut next = String::with_capacity(current.len() + add);
-        next.push_str(&current[..at]);
-        next.extend(std::iter::repeat_n(' ', add));
-        next.push_str(&current[at..]);
-        *shifts.entry(line0 + line + 1).or_default() += add as u32;
+        // (0-based line of the piece, spaces to add at its start)
+        let mut add: std::collections::BTreeMap<u32, usize> = Default::default();
+        match stop {
+            Stop::Flow(line) => {
+                let Some((_, n)) = flow_reindent(current, line) else {
+                    break;
+                };
+                add.insert(line, n);
+            }
+            Stop::Quoted(..) | Stop::QuotedTab(_) => {
+                let all: Vec<&str> = current.split_inclusive('\n').collect();
+                // Where saphyr stopped: a scalar's start, or a tab inside one, whose start
+                // the rough scan gives (and the parse must then confirm).
+                let reported = match stop {
+                    Stop::Quoted(line, col) => Some((line, col)),
+                    _ => None,
+                };
+                let mut starts: Vec<(u32, u32)> = reported.into_iter().collect();
+                if batch || reported.is_none() {
+                    let rough = quoted_starts(current).into_iter();
+                    starts.extend(rough.filter(|&s| Some(s) != reported).filter(|&(l, c)| {
+                        let Stop::QuotedTab(tab) = stop else {
+                            return true;
+                        };
+                        l < tab && quoted_padding(&all, l, c).is_some_and(|(_, end)| end >= tab)
+                    }));
+                    batch = false;
+                }
+                for (l, c) in starts {
+                    let Some((lines, end)) = quoted_padding(&all, l, c) else {
+                        continue;
+                    };
+                    if lines.is_empty() {
+                        continue;
+                    }
+                    let file_line = line0 + l + 1;
+                    let shift = shifts.get(&file_line).copied().unwrap_or(0);
+                    let written = (file_line, (c + 1).saturating_sub(shift));
+                    scalars.insert(written, line0 + end + 1);
+                    if Some((l, c)) != reported {
+                        batched.push(written);
+                    }
+                    for (pl, n) in lines {
+                        let e = add.entry(pl).or_default();
+                        *e = (*e).max(n);
+                    }
+                }
+                if add.is_empty() {
+                    break;
+                }
+            }
+        }
+        let mut next = String::with_capacity(current.len() + add.values().sum::<usize>());
+        let mut lines = current.split_inclusive('\n').enumerate();
+        for (i, l) in lines.by_ref() {
+            if let Some(&n) = add.get(&(i as u32)) {
+                next.extend(std::iter::repeat_n(' ', n));
+                *shifts.entry(line0 + i as u32 + 1).or_default() += n as u32;
+            }
+            next.push_str(l);
+        }
         out = parse_yaml_strict(file, &next, line0, budget);
         fixed = Some(next);
     }
-    if !shifts.is_empty() {
-        let back = |s: &mut Span| {
-            if let Some(&add) = shifts.get(&s.line) {
-                s.col = s.col.saturating_sub(add).max(1);
-            }
-        };
-        for d in &mut out.0 {
-            unshift(&mut d.root, &back);
+    if shifts.is_empty() {
+        return Some(out);
+    }
+    let back = |s: &mut Span| {
+        if let Some(&add) = shifts.get(&s.line) {
+            s.col = s.col.saturating_sub(add).max(1);
         }
-        for d in &mut out.1.items {
-            d.span.as_mut().map(back);
-            d.related.iter_mut().for_each(|r| back(&mut r.span));
+    };
+    for d in &mut out.0 {
+        unshift(&mut d.root, &back);
+    }
+    for d in &mut out.1.items {
+        d.span.as_mut().map(back);
+        d.related.iter_mut().for_each(|r| back(&mut r.span));
+    }
+    // Each mended scalar: its length as written; those of the batch must all be found.
+    let mut found: std::collections::HashSet<(u32, u32)> = Default::default();
+    let inserted = |from: u32, to: u32| -> u32 {
+        (from + 1..=to)
+            .map(|l| shifts.get(&l).copied().unwrap_or(0))
+            .sum()
+    };
+    let mut fix = |n: &mut Node| {
+        if let Value::Scalar { plain: false, .. } = n.value {
+            if let Some(&end) = scalars.get(&(n.span.line, n.span.col)) {
+                n.span.len = n.span.len.saturating_sub(inserted(n.span.line, end));
+                found.insert((n.span.line, n.span.col));
+            }
+        }
+    };
+    for d in &mut out.0 {
+        each_node(&mut d.root, &mut fix);
+    }
+    batched.iter().all(|s| found.contains(s)).then_some(out)
+}
+
+fn each_node(n: &mut Node, f: &mut impl FnMut(&mut Node)) {
+    f(n);
+    match &mut n.value {
+        Value::Seq(items) => items.iter_mut().for_each(|i| each_node(i, f)),
+        Value::Map(es) => es.iter_mut().for_each(|e| each_node(&mut e.value, f)),
+        _ => {}
+    }
+}
+
+/// At most this many re-parses of one piece.
+const MAX_REINDENTS: usize = 64;
+
+/// Where saphyr stopped at an indentation: a flow collection's line, the start of a
+/// quoted scalar, or the line of a tab a quoted scalar's continuation line starts with
+/// (0-based, in the piece; the column in characters).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stop {
+    Flow(u32),
+    Quoted(u32, u32),
+    QuotedTab(u32),
+}
+
+/// How the parse ended, if at an indentation [`parse_yaml_piece`] may mend.
+fn indentation_stop(diags: &Diagnostics, line0: u32) -> Option<Stop> {
+    // saphyr says "tab cannot be used as indentation" inside a quoted scalar only.
+    let d = diags.items.iter().find(|d| {
+        d.code == "SVC001"
+            && (d.message.starts_with("invalid YAML: invalid indentation")
+                || d.message == "invalid YAML: tab cannot be used as indentation")
+    })?;
+    let s = d.span?;
+    let line = s.line - 1 - line0;
+    Some(match d.message.as_str() {
+        "invalid YAML: invalid indentation in quoted scalar" => Stop::Quoted(line, s.col - 1),
+        "invalid YAML: tab cannot be used as indentation" => Stop::QuotedTab(line),
+        _ => Stop::Flow(line),
+    })
+}
+
+/// The quoted scalar whose opening quote is at 0-based `line` and character `col` of
+/// `text`: the continuation lines to indent (0-based line, spaces) so that each starts
+/// right of the opening quote (saphyr asks for more than its key's indentation; the quote
+/// is further right than any indentation saphyr asks for), and the line of its closing
+/// quote. A line of blanks only is left as it is (saphyr does not check it); a document
+/// marker at column 0 ends the scan (go-yaml refuses it, and so does saphyr). `None` when
+/// no quoted scalar starts there or it does not end.
+fn quoted_padding(lines: &[&str], line: u32, col: u32) -> Option<(Vec<(u32, usize)>, u32)> {
+    let mut lines = lines.iter().enumerate().skip(line as usize);
+    let (_, first) = lines.next()?;
+    let at = first.char_indices().nth(col as usize)?.0;
+    let quote = first[at..]
+        .chars()
+        .next()
+        .filter(|&q| q == '\'' || q == '"')?;
+    let target = col as usize;
+    // The rest of a line after the opening quote or a line's leading blanks: whether the
+    // scalar ends on it. An escaped line break (`\` last) continues on the next line.
+    let closes = |rest: &str| -> bool {
+        let mut chars = rest.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\'' if quote == '\'' => {
+                    if chars.peek() == Some(&'\'') {
+                        chars.next();
+                    } else {
+                        return true;
+                    }
+                }
+                '"' if quote == '"' => return true,
+                '\\' if quote == '"' => {
+                    chars.next();
+                }
+                _ => {}
+            }
+        }
+        false
+    };
+    if closes(&first[at + 1..]) {
+        return Some((Vec::new(), line));
+    }
+    let mut pad = Vec::new();
+    for (i, l) in lines {
+        let body = l.trim_end_matches(['\n', '\r']);
+        let content = body.trim_start_matches([' ', '\t']);
+        if content.is_empty() {
+            continue;
+        }
+        if is_document_marker(body)
+            || body.starts_with("...") && body[3..].chars().next().is_none_or(char::is_whitespace)
+        {
+            // Where saphyr then stops, as go-yaml does.
+            return Some((pad, i as u32));
+        }
+        let leading = &body[..body.len() - content.len()];
+        let indent = leading.chars().count();
+        if leading.contains('\t') {
+            pad.push((i as u32, target));
+        } else if indent < target {
+            pad.push((i as u32, target - indent));
+        }
+        if closes(content) {
+            return Some((pad, i as u32));
+        }
+    }
+    None
+}
+
+/// The quoted scalars of `text` that go on past their line, by a rough scan: 0-based line
+/// and character column of each opening quote. A quote counts where a node starts: after
+/// `key: `, a sequence's `- `, `[`, `{` or `,`; not inside words or plain scalars (`a
+/// "b` in a description), comments or block scalars. A line that starts with a quote
+/// (a quoted key, or a plain or flow scalar going on) starts none that goes on. Rough all
+/// the same, which is why [`mend`] checks each against the parse.
+fn quoted_starts(text: &str) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let all: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut block_scalar: Option<usize> = None;
+    let mut i = 0;
+    'lines: while i < all.len() {
+        let l = all[i];
+        let line = i as u32;
+        i += 1;
+        let indent = l.len() - l.trim_start_matches(' ').len();
+        let content = l.trim();
+        if let Some(b) = block_scalar {
+            if content.is_empty() || indent > b {
+                continue;
+            }
+            block_scalar = None;
+        }
+        if is_document_marker(l) {
+            continue;
+        }
+        let chars: Vec<char> = l.trim_end_matches(['\n', '\r']).chars().collect();
+        let blank_after = |k: usize| chars.get(k + 1).is_none_or(|c| *c == ' ' || *c == '\t');
+        // Whether a node may start here; `None` at the line's start.
+        let mut node: Option<bool> = None;
+        let mut k = 0;
+        while k < chars.len() {
+            let c = chars[k];
+            match c {
+                ' ' | '\t' => {}
+                '#' if k == 0 || matches!(chars[k - 1], ' ' | '\t') => break,
+                '\'' | '"' if node != Some(false) => {
+                    let Some((_, end)) = quoted_padding(&all, line, k as u32) else {
+                        // It does not end: saphyr's error stands.
+                        return out;
+                    };
+                    if end != line {
+                        if node == Some(true) {
+                            out.push((line, k as u32));
+                            i = end as usize + 1;
+                        }
+                        continue 'lines;
+                    }
+                    // Past its closing quote.
+                    k += 1;
+                    while k < chars.len() {
+                        match chars[k] {
+                            '\\' if c == '"' => k += 1,
+                            '\'' if c == '\'' && chars.get(k + 1) == Some(&'\'') => k += 1,
+                            q if q == c => break,
+                            _ => {}
+                        }
+                        k += 1;
+                    }
+                    node = Some(false);
+                }
+                '-' | '?' if node != Some(false) && blank_after(k) => node = Some(true),
+                ':' if blank_after(k) => node = Some(true),
+                '[' | '{' | ',' => node = Some(true),
+                _ => node = Some(false),
+            }
+            k += 1;
+        }
+        let value = content
+            .rsplit_once(": ")
+            .map(|(_, v)| v)
+            .or_else(|| content.strip_prefix("- "))
+            .unwrap_or(content);
+        if (value.starts_with('|') || value.starts_with('>'))
+            && value[1..]
+                .chars()
+                .all(|c| matches!(c, '+' | '-' | '0'..='9'))
+        {
+            block_scalar = Some(indent);
         }
     }
     out
-}
-
-/// At most this many lines of one piece are re-indented.
-const MAX_REINDENTS: usize = 64;
-
-/// The 0-based line (in the piece) of an "invalid indentation" stop, if that is how the
-/// parse ended.
-fn indentation_error(diags: &Diagnostics, line0: u32) -> Option<u32> {
-    diags
-        .items
-        .iter()
-        .find(|d| d.code == "SVC001" && d.message.starts_with("invalid YAML: invalid indentation"))
-        .and_then(|d| d.span)
-        .map(|s| s.line - 1 - line0)
 }
 
 /// If 0-based `line` of `text` lies inside a flow collection (`[`/`{` still open), the
@@ -813,6 +1100,10 @@ fn parse_yaml_strict(
     let mut docs = Vec::new();
     let mut nodes_made: usize = 0;
     let mut anchors: HashMap<usize, Node> = HashMap::new();
+    // Anchors of the documents before this one. saphyr's event stream keeps them across
+    // `---`; kubectl's go-yaml does not (its `parser.document` starts an empty anchor map),
+    // and kubectl splits the stream into documents before parsing anyway.
+    let mut earlier: HashMap<usize, Span> = HashMap::new();
     let mut stack: Vec<Frame> = Vec::new();
     let mut doc_index = 0u32;
     let mut root: Option<Node> = None;
@@ -881,6 +1172,7 @@ fn parse_yaml_strict(
             Event::DocumentStart(_) => {
                 root = None;
                 stack.clear();
+                earlier.extend(anchors.drain().map(|(id, n)| (id, n.span)));
             }
             Event::DocumentEnd => {
                 // Empty documents (a trailing `---`) are common and carry nothing.
@@ -966,6 +1258,19 @@ fn parse_yaml_strict(
                 );
             }
             Event::Alias(id) => {
+                if let Some(&defined) = earlier.get(&id) {
+                    let name = alias_name(text, &sp);
+                    diags.push(
+                        Diagnostic::error(
+                            "SVC001",
+                            format!("invalid YAML: alias `*{name}` names an anchor defined in an earlier document; anchors belong to the document that defines them"),
+                        )
+                        .at(span)
+                        .related(defined, format!("`&{name}` is defined here, in an earlier document"))
+                        .hint(format!("kubectl parses each document on its own and refuses this one (unknown anchor '{name}' referenced); define `&{name}` again in this document or write the value out; nothing after this point in the file was read")),
+                    );
+                    return (docs, diags);
+                }
                 let Some(target) = anchors.get(&id).cloned() else {
                     diags.push(Diagnostic::error("SVC001", "alias to an unknown anchor").at(span));
                     continue;
@@ -990,6 +1295,16 @@ fn parse_yaml_strict(
         }
     }
     (docs, diags)
+}
+
+/// The name an alias event's span (`*name`) writes, for messages.
+fn alias_name(text: &str, sp: &saphyr_parser::Span) -> String {
+    text.chars()
+        .skip(sp.start.index())
+        .take(sp.len())
+        .collect::<String>()
+        .trim_start_matches('*')
+        .to_string()
 }
 
 /// Whether a plain scalar is YAML's null (both YAML paths read it so).
@@ -1606,6 +1921,125 @@ mod tests {
         assert_eq!(d.items.len(), 1, "{d:?}");
     }
 
+    /// go-yaml's scanner checks no indentation inside a quoted scalar (only a document
+    /// marker at column 0), so kubectl reads continuation lines at, or left of, their key's
+    /// indentation; saphyr refuses them. Read as kubectl reads them: the same values as
+    /// with the lines indented further, at the columns and lengths written.
+    #[test]
+    fn quoted_scalars_continued_left_of_their_place_are_read_as_kubectl_does() {
+        let text = "a:\n  d: 'one\n  two'\n  e: \"three\n  \\\"four\"\n  f: 'x\n\n left'\n  g:\n  - 'p\n  q'\n  h: \"\\\n    tab\n\t r\"\n  i: 1\n";
+        let (docs, d) = parse_yaml_piece(FileId(0), text, 0, usize::MAX);
+        assert!(d.items.is_empty(), "{d:?}");
+        let a = docs[0].root.get("a").unwrap();
+        let value = |k: &str| a.get(k).unwrap().as_str().unwrap().to_string();
+        assert_eq!(value("d"), "one two");
+        assert_eq!(value("e"), "three \"four");
+        assert_eq!(value("f"), "x\nleft");
+        assert_eq!(value("h"), "tab r");
+        assert_eq!(value("i"), "1");
+        match &a.get("g").unwrap().value {
+            Value::Seq(items) => assert_eq!(items[0].as_str(), Some("p q")),
+            g => panic!("{g:?}"),
+        }
+        // Where and how long each is written: `'one` + line break + `  two'`.
+        let d_span = a.get("d").unwrap().span;
+        assert_eq!((d_span.line, d_span.col, d_span.len), (2, 6, 11));
+        let f_span = a.get("f").unwrap().span;
+        assert_eq!((f_span.line, f_span.col, f_span.len), (6, 6, 10));
+        // Mended one at a time, as saphyr reports them (a tab at the start of a line
+        // included), it is the same tree.
+        let first = parse_yaml_strict(FileId(0), text, 0, usize::MAX);
+        let (one_by_one, d) = mend(FileId(0), text, 0, usize::MAX, first, false).unwrap();
+        assert!(d.items.is_empty(), "{d:?}");
+        assert_eq!(diff(&one_by_one[0].root, &docs[0].root, ""), None);
+        // The same text with every continuation line indented further (as YAML 1.2 asks)
+        // gives the same values.
+        let deeper = "a:\n  d: 'one\n     two'\n  e: \"three\n     \\\"four\"\n  f: 'x\n\n     left'\n  g:\n  - 'p\n     q'\n  h: \"\\\n    tab\n     r\"\n  i: 1\n";
+        let (same, d) = parse_yaml_piece(FileId(0), deeper, 0, usize::MAX);
+        assert!(d.items.is_empty(), "{d:?}");
+        let b = same[0].root.get("a").unwrap();
+        for k in ["d", "e", "f", "h", "i"] {
+            assert_eq!(b.get(k).unwrap().value, a.get(k).unwrap().value, "{k}");
+        }
+        // A document marker at column 0 ends the scalar for go-yaml and saphyr alike.
+        let text = "a:\n  d: 'one\n  two\n---\n  three'\n";
+        let (_, d) = parse_yaml_piece(FileId(0), text, 0, usize::MAX);
+        assert_eq!(d.items.len(), 1, "{d:?}");
+        assert!(d.items[0].message.contains("document indicator"), "{d:?}");
+    }
+
+    /// The rough scan can take a quote inside a plain scalar for a quoted scalar; mending
+    /// all at once then gives a tree without it, and the scalars are mended one at a time
+    /// as saphyr reports them.
+    #[test]
+    fn a_quote_inside_a_plain_scalar_is_not_mended() {
+        // `b` is a plain scalar going on over two lines, one starting with `- "`; indenting
+        // the line after it as if a quoted scalar went on would join `c` to it.
+        let text = "a:\n  b: see\n    - \"this\n  c: x\"\n  d: 'one\n  two'\n";
+        assert_eq!(quoted_starts(text), [(2, 6), (4, 5)]);
+        let first = parse_yaml_strict(FileId(0), text, 0, usize::MAX);
+        assert!(mend(FileId(0), text, 0, usize::MAX, first, true).is_none());
+        let (docs, d) = parse_yaml_piece(FileId(0), text, 0, usize::MAX);
+        assert!(d.items.is_empty(), "{d:?}");
+        let a = docs[0].root.get("a").unwrap();
+        assert_eq!(a.get("b").unwrap().as_str(), Some("see - \"this"));
+        assert_eq!(a.get("c").unwrap().as_str(), Some("x\""));
+        assert_eq!(a.get("d").unwrap().as_str(), Some("one two"));
+    }
+
+    /// A release bundle's CRD holds hundreds of such scalars: more than one re-parse per
+    /// scalar would allow. They are mended at once, in every piece of a split file.
+    #[test]
+    fn many_quoted_scalars_are_mended_at_once() {
+        let mut text = String::from("kind: List\nitems:\n");
+        for i in 0..20_000 {
+            text.push_str(&format!(
+                "- name: item-{i}\n  description: 'the {i}th\n  item, \"quoted\" here'\n"
+            ));
+        }
+        assert!(text.len() > SPLIT_ABOVE);
+        let (serial, d0) = parse_yaml_piece(FileId(0), &text, 0, usize::MAX);
+        assert!(d0.items.is_empty(), "{:?}", d0.items.first());
+        let (parallel, d1) = parse_file(FileId(0), &text);
+        assert!(d1.items.is_empty(), "{:?}", d1.items.first());
+        assert_eq!(diff(&serial[0].root, &parallel[0].root, ""), None);
+        let items = serial[0].root.get("items").unwrap();
+        let Value::Seq(items) = &items.value else {
+            panic!()
+        };
+        assert_eq!(items.len(), 20_000);
+        assert_eq!(
+            items[19_999].get("description").unwrap().as_str(),
+            Some("the 19999th item, \"quoted\" here")
+        );
+    }
+
+    /// kubectl parses each document on its own: an anchor of one document is unknown in
+    /// the next (go-yaml's `parser.document` starts an empty anchor map).
+    #[test]
+    fn anchors_belong_to_their_document() {
+        let (docs, d) = parse_file(
+            FileId(0),
+            "a: &x 1\nb: *x\n---\nc: &y 2\n---\nd: *y\ne: 3\n",
+        );
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0].root.get("b").unwrap().as_str(), Some("1"));
+        assert_eq!(d.items.len(), 1, "{d:?}");
+        let e = &d.items[0];
+        assert_eq!(e.code, "SVC001");
+        assert!(
+            e.message.contains("`*y`") && e.message.contains("earlier document"),
+            "{e:?}"
+        );
+        let at = e.span.unwrap();
+        assert_eq!((at.line, at.col), (6, 4));
+        assert_eq!(e.related[0].span.line, 4);
+        // An anchor defined again in the later document is that document's.
+        let (docs, d) = parse_file(FileId(0), "a: &x 1\n---\nb: &x 2\nc: *x\n");
+        assert!(d.items.is_empty(), "{d:?}");
+        assert_eq!(docs[1].root.get("c").unwrap().as_str(), Some("2"));
+    }
+
     #[test]
     fn alias_bomb_is_a_diagnostic() {
         let mut s = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
@@ -1684,15 +2118,16 @@ mod tests {
         assert_eq!(diff(&serial[1].root, &parallel[1].root, ""), None);
     }
 
-    /// A split that cuts through something (here a multi-line quoted scalar) falls back to
-    /// the serial parse: same tree, same diagnostics.
+    /// A split that cuts through something (here a multi-line quoted scalar, with content
+    /// after it that neither saphyr nor go-yaml accepts) falls back to the serial parse:
+    /// same tree, same diagnostics.
     #[test]
     fn list_split_falls_back_when_a_piece_fails() {
         let mut s = String::from("apiVersion: v1\nkind: List\nitems:\n");
         for i in 0..8000 {
             s.push_str(&format!("- name: item-{i}\n  note: 'x{i}'\n"));
             if i == 4000 {
-                s.push_str("- note: \"multi\n- line\"\n");
+                s.push_str("- note: \"multi\n- line\" x\n");
             }
         }
         s.push_str("metadata: {}\n");

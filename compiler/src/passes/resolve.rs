@@ -43,7 +43,7 @@ pub fn protocol_of(s: Option<&str>) -> Protocol {
 }
 
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
+pub const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
 
 pub fn resolve(objects: &Objects) -> Resolved {
     // Index slices, Endpoints and pods by namespace/name once: linear in the input.

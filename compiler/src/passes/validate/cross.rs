@@ -1,6 +1,7 @@
 //! Cross-object rules: duplicate objects, node ports and cluster IPs the allocators would
-//! refuse because another Service holds them, endpoints pointing at cluster IPs, and
-//! endpoints naming a Service that is not there.
+//! refuse because another Service holds them, endpoints pointing at cluster IPs,
+//! endpoints naming a Service that is not there, and Service ports no port of their
+//! endpoints matches by name.
 //!
 //! Each rule sorts (key, span) pairs once and walks runs of equal keys, so the result does
 //! not depend on input order and the cost is n·log n. The "first" of a run is the one
@@ -9,9 +10,12 @@
 use super::endpoints::SERVICE_NAME_LABEL;
 use super::service::{service_type, Type};
 use super::{ident, written_cluster_ips, Cx};
+use crate::decode::{closest, IntOrString, Sp};
 use crate::diag::Diagnostic;
-use crate::k8s::{Meta, Objects, Service};
+use crate::ir::Protocol;
+use crate::k8s::{Meta, Objects, Service, SlicePort};
 use crate::net::parse_ip;
+use crate::passes::resolve::{protocol_of, SKIP_MIRROR_LABEL};
 use crate::source::Span;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -26,6 +30,7 @@ pub(super) fn check(cx: &mut Cx, o: &Objects) {
     let by_ip = cluster_ips(cx, &o.services);
     endpoint_ips(cx, o, &by_ip);
     references(cx, o);
+    port_names(cx, o);
 }
 
 /// Call `f(first, later)` for every later element of each run of equal keys in sorted `v`.
@@ -296,4 +301,241 @@ fn references(cx: &mut Cx, o: &Objects) {
             );
         }
     }
+}
+
+/// Where a Service's endpoints come from, as kube-proxy sees them: one EndpointSlice, or
+/// one subset of the Endpoints the mirroring controller copies into slices.
+struct Source<'a> {
+    /// ``EndpointSlice `ns/name` `` or ``Endpoints `ns/name` ``, for messages.
+    what: String,
+    /// The path of its ports (`ports`, `subsets[0].ports`).
+    path: String,
+    ports: &'a [SlicePort],
+    /// Where to point when it has no port for the Service's.
+    name_span: Span,
+}
+
+/// One port of a [`Source`], with the (name, protocol) kube-proxy keys it by.
+struct Listed<'a> {
+    source: &'a Source<'a>,
+    index: usize,
+    port: &'a SlicePort,
+    key: (&'a str, Protocol),
+}
+
+/// kube-proxy matches a slice's ports to a Service's ports by name and protocol
+/// (`EndpointSliceCache.endpointInfoByServicePort` keys endpoints by `ServicePortName`: the
+/// slice port's name and protocol; pkg/proxy/endpointslicecache.go) and never reads
+/// `targetPort`. The EndpointSlice controller names slice ports after the Service's ports
+/// (`getEndpointPorts`), the mirroring controller copies an Endpoints subset's ports as
+/// they are (`epPortsToEpsPorts`). A Service port whose name and protocol no port of its
+/// slices (with endpoints) has gets no endpoints: kube-proxy rejects its traffic. Warned
+/// where the endpoints are in the input as resolve reads them (slices; Endpoints of a
+/// Service without a selector); endpoints the controller would make from Pods match by
+/// construction. Headless and ExternalName Services are not kube-proxy's.
+fn port_names(cx: &mut Cx, o: &Objects) {
+    let mut slices: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+    for (i, s) in o.slices.iter().enumerate() {
+        let ip = s
+            .address_type
+            .as_ref()
+            .is_some_and(|t| t.v == "IPv4" || t.v == "IPv6");
+        // The controller's placeholder slice has no endpoints (and no ports).
+        let has_endpoints = s.endpoints.iter().any(|e| !e.addresses.is_empty());
+        if let (true, true, Some(svc)) = (ip, has_endpoints, s.meta.label(SERVICE_NAME_LABEL)) {
+            slices
+                .entry((&s.meta.namespace.v, svc))
+                .or_default()
+                .push(i);
+        }
+    }
+    let mut endpoints: HashMap<(&str, &str), usize> = HashMap::new();
+    for (i, e) in o.endpoints.iter().enumerate() {
+        endpoints
+            .entry((&e.meta.namespace.v, &e.meta.name.v))
+            .or_insert(i);
+    }
+    for svc in &o.services {
+        if svc.ports.is_empty()
+            || super::service::is_headless(svc)
+            || matches!(service_type(svc), Type::ExternalName | Type::Unknown)
+        {
+            continue;
+        }
+        let key = (svc.meta.namespace.v.as_str(), svc.meta.name.v.as_str());
+        let mut sources: Vec<Source> = Vec::new();
+        for &i in slices.get(&key).into_iter().flatten() {
+            let s = &o.slices[i];
+            sources.push(Source {
+                what: format!("EndpointSlice `{}`", ident(&s.meta)),
+                path: "ports".into(),
+                ports: &s.ports,
+                name_span: s.meta.name.span,
+            });
+        }
+        let has_selector = svc.selector.as_ref().is_some_and(|s| !s.is_empty());
+        let mirrored = endpoints
+            .get(&key)
+            .map(|&i| &o.endpoints[i])
+            .filter(|e| !has_selector && e.meta.label(SKIP_MIRROR_LABEL) != Some("true"));
+        if let Some(e) = mirrored {
+            for (i, ss) in e.subsets.iter().enumerate() {
+                if ss.addresses.is_empty() && ss.not_ready.is_empty() {
+                    continue;
+                }
+                sources.push(Source {
+                    what: format!("Endpoints `{}`", ident(&e.meta)),
+                    path: format!("subsets[{i}].ports"),
+                    ports: &ss.ports,
+                    name_span: e.meta.name.span,
+                });
+            }
+        }
+        if sources.is_empty() {
+            continue;
+        }
+        let wanted: Vec<(&str, Protocol)> = svc
+            .ports
+            .iter()
+            .map(|p| key_of(p.name.as_ref(), p.protocol.as_ref()))
+            .collect();
+        let listed: Vec<Listed> = sources
+            .iter()
+            .flat_map(|source| {
+                source
+                    .ports
+                    .iter()
+                    .enumerate()
+                    .map(move |(index, port)| Listed {
+                        source,
+                        index,
+                        port,
+                        key: key_of(port.name.as_ref(), port.protocol.as_ref()),
+                    })
+            })
+            .collect();
+        for (pi, (port, &want)) in svc.ports.iter().zip(&wanted).enumerate() {
+            if !listed.iter().any(|l| l.key == want) {
+                let orphans: Vec<&Listed> =
+                    listed.iter().filter(|l| !wanted.contains(&l.key)).collect();
+                let meant = meant_for(port, want, &orphans);
+                cx.push(unmatched(svc, pi, want, &listed, meant, &sources[0]));
+            }
+        }
+    }
+}
+
+/// The port of the endpoints meant for Service port `port` (keyed `want`), of those that
+/// serve no Service port: by its number (the target port) and protocol, by its name (then
+/// only the protocol differs), by a name a typo away, by its protocol, or the first.
+fn meant_for<'a>(
+    port: &crate::k8s::Port,
+    want: (&str, Protocol),
+    orphans: &[&'a Listed<'a>],
+) -> Option<&'a Listed<'a>> {
+    let target = match port.target_port.as_ref().map(|t| &t.v) {
+        None | Some(IntOrString::Int(0)) => port.port.as_ref().map(|p| p.v),
+        Some(IntOrString::Int(n)) => Some(*n),
+        Some(IntOrString::Str(_)) => None,
+    };
+    let names: Vec<&str> = orphans.iter().map(|l| l.key.0).collect();
+    let near = closest(want.0, &names).filter(|n| !n.is_empty() && !want.0.is_empty());
+    let number = |l: &Listed| target.is_some() && l.port.port.as_ref().map(|p| p.v) == target;
+    let find = |f: &dyn Fn(&Listed) -> bool| orphans.iter().copied().find(|l| f(l));
+    find(&|l| l.key.1 == want.1 && number(l))
+        .or_else(|| find(&|l| l.key.0 == want.0))
+        .or_else(|| find(&|l| Some(l.key.0) == near && l.key.1 == want.1))
+        .or_else(|| find(&|l| Some(l.key.0) == near))
+        .or_else(|| find(&|l| l.key.1 == want.1))
+        .or_else(|| orphans.first().copied())
+}
+
+/// SVC325 for port `pi` of `svc`: at the port `meant` for it, else at the Service port.
+fn unmatched(
+    svc: &Service,
+    pi: usize,
+    want: (&str, Protocol),
+    listed: &[Listed],
+    meant: Option<&Listed>,
+    first: &Source,
+) -> Diagnostic {
+    let port = &svc.ports[pi];
+    let number = |p: &Option<Sp<i64>>| p.as_ref().map(|p| p.v);
+    let mine = port_desc(want.0, want.1, number(&port.port));
+    let mut theirs: Vec<String> = listed
+        .iter()
+        .map(|l| port_desc(l.key.0, l.key.1, number(&l.port.port)))
+        .collect();
+    theirs.sort();
+    theirs.dedup();
+    let list = match theirs.len() {
+        0 => "no ports".to_string(),
+        n if n > 6 => format!("{} and {} more", theirs[..6].join(", "), n - 6),
+        _ => theirs.join(", "),
+    };
+    let message = format!(
+        "Service `{}` port {mine}: no port of its endpoints has its name and protocol (they list {list}), so kube-proxy finds no endpoint for it and rejects its traffic",
+        ident(&svc.meta)
+    );
+    let svc_path = format!("spec.ports[{pi}]");
+    let svc_span = port.name.as_ref().map_or(port.span, |n| n.span);
+    let Some(l) = meant else {
+        return Diagnostic::warning("SVC325", message)
+            .at(svc_span)
+            .path(match port.name {
+                Some(_) => format!("{svc_path}.name"),
+                None => svc_path,
+            })
+            .related(first.name_span, format!("{} lists no port {mine}", first.what))
+            .hint(format!("add the port to {}, with the Service port's name and protocol: kube-proxy pairs them by name and protocol (the EndpointSlice controller leaves a port out where no Pod has the container port a named targetPort names)", first.what));
+    };
+    let (name, proto) = l.key;
+    let theirs = port_desc(name, proto, number(&l.port.port));
+    let what = &l.source.what;
+    let fix = if proto != want.1 && name == want.0 {
+        format!(
+            "set the protocol of port {theirs} of {what} to {}, the Service port's",
+            want.1.as_str()
+        )
+    } else if proto != want.1 {
+        let name = match want.0 {
+            "" => "none".to_string(),
+            n => format!("`{n}`"),
+        };
+        format!(
+            "give port {theirs} of {what} the Service port's name ({name}) and protocol ({})",
+            want.1.as_str()
+        )
+    } else if want.0.is_empty() {
+        format!("the Service port has no name: remove the name of port {theirs} of {what}, or name the Service port `{name}`")
+    } else {
+        format!(
+            "rename port {theirs} of {what} to `{}`, the Service port's name",
+            want.0
+        )
+    };
+    let field = if l.port.name.is_some() { ".name" } else { "" };
+    Diagnostic::warning("SVC325", message)
+        .at(l.port.name.as_ref().map_or(l.port.span, |n| n.span))
+        .path(format!("{}[{}]{field}", l.source.path, l.index))
+        .related(svc_span, format!("the Service port ({svc_path})"))
+        .hint(format!("kube-proxy pairs a slice's ports with the Service's by name and protocol, never by number; {fix}"))
+}
+
+/// `` `http` (80/TCP) ``, or `80/TCP (unnamed)`.
+fn port_desc(name: &str, proto: Protocol, port: Option<i64>) -> String {
+    let number = port.map_or(String::new(), |p| format!("{p}/"));
+    if name.is_empty() {
+        format!("{number}{} (unnamed)", proto.as_str())
+    } else {
+        format!("`{name}` ({number}{})", proto.as_str())
+    }
+}
+
+/// A port's (name, protocol) as kube-proxy keys it: no name is `""`, no protocol TCP.
+fn key_of<'a>(name: Option<&'a Sp<String>>, proto: Option<&Sp<String>>) -> (&'a str, Protocol) {
+    (
+        name.map_or("", |n| n.v.as_str()),
+        protocol_of(proto.map(|p| p.v.as_str())),
+    )
 }

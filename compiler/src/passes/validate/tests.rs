@@ -142,6 +142,7 @@ endpoints:
   zone: zone-a
 ports:
 - {name: http, port: 8080, protocol: TCP}
+- {name: https, port: 8443}
 - {name: dns, port: 53, protocol: UDP}
 ---
 apiVersion: v1
@@ -605,9 +606,16 @@ fn traffic_distribution() {
 
 // ---- Endpoints, EndpointSlice, Node, Pod ----
 
+/// An EndpointSlice of the Service of [`svc_port`]; it serves that Service's port unless
+/// `body` writes `ports` of its own (else its endpoints would serve no port: SVC325).
 fn slice(body: &str) -> String {
+    let ports = if body.contains("ports:") {
+        ""
+    } else {
+        "ports: [{port: 80}]\n"
+    };
     format!(
-        "{}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels: {{kubernetes.io/service-name: web}}\n{body}",
+        "{}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels: {{kubernetes.io/service-name: web}}\n{ports}{body}",
         svc_port("")
     )
 }
@@ -847,6 +855,167 @@ fn missing_service_references() {
         d[0].path.as_deref(),
         Some("metadata.labels[kubernetes.io/service-name]")
     );
+}
+
+/// kube-proxy pairs slice ports with Service ports by (name, protocol): a Service port
+/// no port of its endpoints matches gets none (SVC325, a warning); wherever kube-proxy
+/// finds endpoints, nothing.
+#[test]
+fn service_ports_match_their_endpoints_by_name() {
+    let service = |spec: &str| svc_named("web", spec);
+    let slice_of = |name: &str, body: &str| {
+        format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\n{body}")
+    };
+    let eps = "endpoints: [{addresses: [10.244.1.5]}]\n";
+    let http = "ports:\n- {name: http, port: 80, targetPort: 8080}\n";
+    // A typo: located at the slice's port, the Service port related.
+    let y = format!(
+        "{}{}",
+        service(http),
+        slice_of(
+            "web-1",
+            &format!("ports: [{{name: htp, port: 8080}}]\n{eps}")
+        )
+    );
+    let d = run(&y);
+    assert_eq!(codes_of(&d), ["SVC325"]);
+    assert_eq!(d[0].severity, Severity::Warning);
+    assert!(
+        d[0].message.contains("`http` (80/TCP)") && d[0].message.contains("`htp` (8080/TCP)"),
+        "{}",
+        d[0].message
+    );
+    assert_eq!(d[0].span.map(|s| (s.line, s.col)), Some((15, 16)));
+    assert_eq!(d[0].path.as_deref(), Some("ports[0].name"));
+    assert_eq!(d[0].related[0].span.line, 7);
+    assert!(d[0].hint.as_deref().unwrap().contains("to `http`"));
+    // The number does not matter (kube-proxy never reads targetPort), the name does.
+    let other_number = format!("ports: [{{name: http, port: 9090}}]\n{eps}");
+    assert!(codes(&format!(
+        "{}{}",
+        service(http),
+        slice_of("web-1", &other_number)
+    ))
+    .is_empty());
+    // One unnamed port: "" on both sides.
+    let unnamed = "ports: [{port: 80, targetPort: 8080}]\n";
+    let y = format!(
+        "{}{}",
+        service(unnamed),
+        slice_of("web-1", &format!("ports: [{{port: 8080}}]\n{eps}"))
+    );
+    assert!(codes(&y).is_empty());
+    let y = format!(
+        "{}{}",
+        service(unnamed),
+        slice_of(
+            "web-1",
+            &format!("ports: [{{name: \"\", port: 8080}}]\n{eps}")
+        )
+    );
+    assert!(codes(&y).is_empty());
+    let y = format!(
+        "{}{}",
+        service(unnamed),
+        slice_of(
+            "web-1",
+            &format!("ports: [{{name: http, port: 8080}}]\n{eps}")
+        )
+    );
+    assert_eq!(codes(&y), ["SVC325"]);
+    // The protocol is part of the pair.
+    let y = format!(
+        "{}{}",
+        service("ports: [{name: dns, port: 53, protocol: UDP}]\n"),
+        slice_of("web-1", &format!("ports: [{{name: dns, port: 53}}]\n{eps}"))
+    );
+    let d = run(&y);
+    assert_eq!(codes_of(&d), ["SVC325"]);
+    assert!(
+        d[0].hint.as_deref().unwrap().contains("to UDP"),
+        "{:?}",
+        d[0].hint
+    );
+    // Several ports, several slices: each port is looked for in all of them.
+    let two = "ports:\n- {name: http, port: 80}\n- {name: grpc, port: 81}\n";
+    let both = format!(
+        "{}{}{}",
+        service(two),
+        slice_of(
+            "web-1",
+            &format!("ports: [{{name: http, port: 80}}]\n{eps}")
+        ),
+        slice_of(
+            "web-2",
+            &format!("ports: [{{name: grpc, port: 81}}]\n{eps}")
+        )
+    );
+    assert!(codes(&both).is_empty());
+    let d = run(&format!(
+        "{}{}",
+        service(two),
+        slice_of(
+            "web-1",
+            &format!("ports: [{{name: http, port: 80}}]\n{eps}")
+        )
+    ));
+    assert_eq!(codes_of(&d), ["SVC325"]);
+    assert_eq!(d.len(), 1);
+    assert!(d[0].message.contains("`grpc`"));
+    // A slice with endpoints but no ports: located at the Service port.
+    let d = run(&format!("{}{}", service(http), slice_of("web-1", eps)));
+    assert_eq!(codes_of(&d), ["SVC325"]);
+    assert_eq!(d[0].path.as_deref(), Some("spec.ports[0].name"));
+    // No endpoints (the controller's placeholder), an FQDN slice, a headless or an
+    // ExternalName Service: not kube-proxy's endpoints, nothing to say.
+    let typo = "ports: [{name: htp, port: 8080}]\n";
+    assert!(codes(&format!("{}{}", service(http), slice_of("web-1", typo))).is_empty());
+    let fqdn = format!(
+        "{}{}",
+        service(http),
+        slice_of(
+            "web-1",
+            &format!("{typo}endpoints: [{{addresses: [db.example.com]}}]\n")
+        )
+        .replace("IPv4", "FQDN")
+    );
+    assert!(codes(&fqdn).is_empty());
+    let headless = format!("clusterIP: None\n{http}");
+    assert!(codes(&format!(
+        "{}{}",
+        service(&headless),
+        slice_of("web-1", &format!("{typo}{eps}"))
+    ))
+    .is_empty());
+    // Endpoints: mirrored (and so read) only for a Service without a selector.
+    let endpoints = |port: &str| {
+        format!("---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: web}}\nsubsets:\n- addresses: [{{ip: 10.244.1.5}}]\n  ports: [{port}]\n")
+    };
+    let d = run(&format!(
+        "{}{}",
+        service(http),
+        endpoints("{name: htp, port: 8080}")
+    ));
+    assert_eq!(codes_of(&d), ["SVC325"]);
+    assert_eq!(d[0].path.as_deref(), Some("subsets[0].ports[0].name"));
+    assert!(codes(&format!(
+        "{}{}",
+        service(http),
+        endpoints("{name: http, port: 8080}")
+    ))
+    .is_empty());
+    let selected = format!("selector: {{app: web}}\n{http}");
+    assert!(codes(&format!(
+        "{}{}",
+        service(&selected),
+        endpoints("{name: htp, port: 8080}")
+    ))
+    .is_empty());
+    let skip = endpoints("{name: htp, port: 8080}").replace(
+        "metadata: {name: web}",
+        "metadata: {name: web, labels: {endpointslice.kubernetes.io/skip-mirror: \"true\"}}",
+    );
+    assert!(codes(&format!("{}{}", service(http), skip)).is_empty());
 }
 
 // ---- configuration documents ----
