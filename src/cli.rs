@@ -1351,15 +1351,19 @@ fn target_args(
     Ok(TargetArgs { target, params })
 }
 
-fn nodes(n: &NodeFlags, all_nodes: bool) -> Result<Nodes, String> {
-    let node_ips = n
-        .node_ip
+/// A repeatable IP flag's values (`--node-ip`, `--local-ip`).
+fn ip_list(flag: &str, given: &[String]) -> Result<Vec<IpAddr>, String> {
+    given
         .iter()
         .map(|s| {
             s.parse()
-                .map_err(|_| format!("--node-ip `{s}` is not an IP address"))
+                .map_err(|_| format!("{flag} `{s}` is not an IP address"))
         })
-        .collect::<Result<_, _>>()?;
+        .collect()
+}
+
+fn nodes(n: &NodeFlags, all_nodes: bool) -> Result<Nodes, String> {
+    let node_ips = ip_list("--node-ip", &n.node_ip)?;
     let family = match n.family.as_deref().map(str::to_ascii_lowercase).as_deref() {
         None => None,
         Some("ipv4" | "4") => Some(IpFamily::IPv4),
@@ -1661,14 +1665,7 @@ fn trace_cmd(
             return Err("trace needs --from IP[:PORT] and --to IP:PORT (or --flows FILE)".into())
         }
     };
-    let local_ips = t
-        .local_ip
-        .iter()
-        .map(|s| {
-            s.parse::<IpAddr>()
-                .map_err(|_| format!("--local-ip `{s}` is not an IP address"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let local_ips = ip_list("--local-ip", &t.local_ip)?;
     Ok(Run::Trace(Box::new(TraceCmd {
         opts,
         target,
@@ -1825,14 +1822,7 @@ fn migrate_cmd(inputs: InputFlags, n: NodeFlags, m: MigrateFlags) -> Result<Run,
             .ok_or_else(|| format!("migrate needs {flag} MODE ({})", MODES.join(", ")))
     };
     let (from, to) = (mode("--from", m.from)?, mode("--to", m.to)?);
-    let local_ips = m
-        .local_ip
-        .iter()
-        .map(|s| {
-            s.parse::<IpAddr>()
-                .map_err(|_| format!("--local-ip `{s}` is not an IP address"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let local_ips = ip_list("--local-ip", &m.local_ip)?;
     Ok(Run::Migrate(Box::new(MigrateCmd {
         opts,
         nodes,

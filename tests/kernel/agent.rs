@@ -37,6 +37,24 @@ struct Agent {
 }
 
 impl Agent {
+    /// [`Agent::start`], then waits for its first sync and requires it applied.
+    fn started(
+        lab: &Lab,
+        target: &str,
+        (dir, state, logs): (&TempDir, &TempDir, &TempDir),
+        extra: &[&str],
+    ) -> Agent {
+        let agent = Agent::start(lab, target, dir.path(), state.path(), logs.path(), extra);
+        let s = agent.sync(1);
+        assert_eq!(
+            result(&s),
+            "applied",
+            "[{target}] first sync: {}",
+            agent.said()
+        );
+        agent
+    }
+
     /// `svc-compile agent DIR --target T --node node-1 --netns NODE --state-dir STATE
     /// --log-format json EXTRA...`, logging into `logs`.
     fn start(
@@ -262,16 +280,12 @@ fn the_agent_follows_edits_keeps_the_last_good_state_and_leaves_the_rules_on_exi
         let svc_yaml = dir.path().join("svc.yaml");
         // A period of 2 s: long enough that the edits below are what wakes each sync, short
         // enough to see the periodic check mend a foreign change.
-        let mut agent = Agent::start(
+        let mut agent = Agent::started(
             &lab,
             target,
-            dir.path(),
-            state.path(),
-            logs.path(),
+            (&dir, &state, &logs),
             &["--sync-period", "2s"],
         );
-        let s = agent.sync(1);
-        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
         flows(&lab, target, FLOWS_V1, "v1");
 
         // Renamed into place.
@@ -414,16 +428,12 @@ fn the_agent_follows_edits_keeps_the_last_good_state_and_leaves_the_rules_on_exi
 
         // A restart (same command line) with the node as it was left: compiled once (for
         // the health checks), nothing loaded.
-        let agent = Agent::start(
+        let agent = Agent::started(
             &lab,
             target,
-            dir.path(),
-            state.path(),
-            logs.path(),
+            (&dir, &state, &logs),
             &["--sync-period", "2s"],
         );
-        let s = agent.sync(1);
-        assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
         let out = std::fs::read_to_string(&agent.out).unwrap();
         assert!(
             out.lines().count() == 1 && out.contains(" unchanged in "),
@@ -482,24 +492,16 @@ fn a_udp_client_follows_its_service_when_the_agent_moves_the_endpoint() {
             &svc_yaml,
             &super::conntrack::manifests(Ipv4Addr::new(10, 244, 1, 2)),
         );
-        let agent = Agent::start(
+        let agent = Agent::started(
             &lab,
             target,
-            dir.path(),
-            state.path(),
-            logs.path(),
+            (&dir, &state, &logs),
             &[
                 "--sync-period",
                 "1h",
                 "--service-cluster-ip-range",
                 "10.96.0.0/12,fd00:10:96::/112",
             ],
-        );
-        assert_eq!(
-            result(&agent.sync(1)),
-            "applied",
-            "[{target}] {}",
-            agent.said()
         );
         let vip = SocketAddr::new(Ipv4Addr::new(10, 96, 0, 53).into(), 53);
         let c = client(&lab, "pod-b", 40153, vip);
@@ -542,19 +544,12 @@ fn sigkill_during_syncs_and_a_restart_carries_on() {
         let mut rng = Rng::new(seed);
         let mut current = 0;
         for run in 0..RUNS {
-            let agent = Agent::start(
+            println!("[{target}] run {run} (seed {seed:#x})");
+            let agent = Agent::started(
                 &lab,
                 target,
-                dir.path(),
-                state.path(),
-                logs.path(),
+                (&dir, &state, &logs),
                 &["--sync-period", "1h"],
-            );
-            assert_eq!(
-                result(&agent.sync(1)),
-                "applied",
-                "[{target}] run {run}: {}",
-                agent.said()
             );
             current = 1 - current;
             replace(&svc_yaml, &versions[current]);
@@ -562,19 +557,12 @@ fn sigkill_during_syncs_and_a_restart_carries_on() {
             thread::sleep(Duration::from_micros(rng.next() % 150_000));
             drop(agent); // SIGKILL
         }
-        let agent = Agent::start(
+        // Kept running (it is killed on drop) while the node is checked.
+        let _agent = Agent::started(
             &lab,
             target,
-            dir.path(),
-            state.path(),
-            logs.path(),
+            (&dir, &state, &logs),
             &["--sync-period", "1h"],
-        );
-        assert_eq!(
-            result(&agent.sync(1)),
-            "applied",
-            "[{target}] {}",
-            agent.said()
         );
         let want = [FLOWS_V1, FLOWS_V2][current];
         flows(
@@ -643,19 +631,11 @@ fn the_agent_serves_health_checks_healthz_and_metrics() {
         };
         inputs(dir.path(), &lb("10.244.1.2", "node-1"));
         let svc_yaml = dir.path().join("svc.yaml");
-        let agent = Agent::start(
+        let agent = Agent::started(
             &lab,
             target,
-            dir.path(),
-            state.path(),
-            logs.path(),
+            (&dir, &state, &logs),
             &["--sync-period", "1h"],
-        );
-        assert_eq!(
-            result(&agent.sync(1)),
-            "applied",
-            "[{target}] {}",
-            agent.said()
         );
         let node: std::net::IpAddr = "192.0.2.10".parse().unwrap();
         let hc = SocketAddr::new(node, 32100);
