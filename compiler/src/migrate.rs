@@ -856,6 +856,15 @@ fn flow_line(f: &Flow) -> String {
     )
 }
 
+/// `no difference`, `1 difference`, `N differences`.
+fn count_differences(n: usize) -> String {
+    match n {
+        0 => "no difference".to_string(),
+        1 => "1 difference".to_string(),
+        k => format!("{k} differences"),
+    }
+}
+
 /// The text report.
 pub fn render_text(r: &Report) -> String {
     let (a, b) = (r.from.name(), r.to.name());
@@ -866,11 +875,7 @@ pub fn render_text(r: &Report) -> String {
             "\nnode {} ({}): {} in {} flows compared",
             n.node,
             n.family,
-            match n.differences.len() {
-                0 => "no difference".to_string(),
-                1 => "1 difference".to_string(),
-                k => format!("{k} differences"),
-            },
+            count_differences(n.differences.len()),
             n.compared
         );
         let mut last = String::new();
@@ -924,11 +929,7 @@ pub fn render_markdown(r: &Report) -> String {
             "\n#### Node `{}` ({}): {} in {} flows compared\n",
             n.node,
             n.family,
-            match n.differences.len() {
-                0 => "no difference".to_string(),
-                1 => "1 difference".to_string(),
-                k => format!("{k} differences"),
-            },
+            count_differences(n.differences.len()),
             n.compared
         );
         if !n.differences.is_empty() {

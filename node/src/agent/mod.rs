@@ -95,7 +95,7 @@ impl Reason {
 }
 
 /// What a sync did.
-enum Result_ {
+enum Synced {
     Applied,
     Rejected,
     Failed(String),
@@ -210,15 +210,15 @@ impl Agent<'_> {
         let full = matches!(reason, Reason::Start | Reason::Rescan(_));
         let mut seen: Option<Seen> = None;
         let result = match source.input() {
-            Err(Fail(e)) => Result_::Failed(e),
+            Err(Fail(e)) => Synced::Failed(e),
             Ok(input) => {
                 // The first sync always compiles: the health checks come from the views.
                 let first = self.checks.is_none();
                 let input = watch_compile(input, first, &mut seen);
                 match apply::apply(self.target, &self.opts.apply, self.params, input) {
-                    Ok(0) => Result_::Applied,
-                    Ok(_) => Result_::Rejected,
-                    Err(Fail(e)) => Result_::Failed(e),
+                    Ok(0) => Synced::Applied,
+                    Ok(_) => Synced::Rejected,
+                    Err(Fail(e)) => Synced::Failed(e),
                 }
             }
         };
@@ -228,7 +228,7 @@ impl Agent<'_> {
             metrics.observe_compile(s.compile_secs);
         }
         match (&result, seen) {
-            (Result_::Applied, Some(s)) => {
+            (Synced::Applied, Some(s)) => {
                 self.families = s.families;
                 self.servers.set_node_eligible(s.node_known);
                 for (service, e) in self.servers.set_health_checks(s.checks.clone()) {
@@ -236,10 +236,10 @@ impl Agent<'_> {
                 }
                 self.checks = Some(s.checks);
             }
-            (Result_::Rejected, _) => metrics.sync_rejected(),
+            (Synced::Rejected, _) => metrics.sync_rejected(),
             _ => {}
         }
-        if matches!(result, Result_::Applied) {
+        if matches!(result, Synced::Applied) {
             for f in &self.families {
                 metrics.observe_sync(*f, secs, full);
                 self.servers.updated(*f);
@@ -252,11 +252,11 @@ impl Agent<'_> {
             ("reason", reason.text()),
         ];
         match &result {
-            Result_::Applied => {
+            Synced::Applied => {
                 self.counts.applied += 1;
                 fields.push(("result", "applied".into()));
             }
-            Result_::Rejected => {
+            Synced::Rejected => {
                 self.counts.rejected += 1;
                 fields.push(("result", "rejected".into()));
                 fields.push((
@@ -265,7 +265,7 @@ impl Agent<'_> {
                         .into(),
                 ));
             }
-            Result_::Failed(e) => {
+            Synced::Failed(e) => {
                 self.counts.failed += 1;
                 fields.push(("result", "failed".into()));
                 fields.push(("error", e.clone()));
