@@ -14,6 +14,9 @@
 //! Environment: `SVC_BENCH_SIZES` (default `10000x10`), `SVC_BENCH_TARGETS` (default
 //! `nftables:fast,nftables,iptables`), `SVC_BENCH_CHANGES` (default 100: the series for the
 //! RSS and descriptor check), `SVC_BENCH_BIN`. Needs root; otherwise says so and exits 0.
+mod support;
+
+use support::Netns;
 use svc_node::sys::libc;
 
 use std::path::{Path, PathBuf};
@@ -30,21 +33,9 @@ fn main() {
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let bin = std::env::var("SVC_BENCH_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_svc-compile").to_string());
-    let sizes: Vec<(usize, usize)> = std::env::var("SVC_BENCH_SIZES")
-        .unwrap_or_else(|_| "10000x10".into())
-        .split(',')
-        .filter_map(|s| {
-            let (a, b) = s.trim().split_once('x')?;
-            Some((a.parse().ok()?, b.parse().ok()?))
-        })
-        .collect();
-    let targets: Vec<String> = std::env::var("SVC_BENCH_TARGETS")
-        .unwrap_or_else(|_| "nftables:fast,nftables,iptables".into())
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .collect();
+    let bin = support::bin();
+    let sizes = support::sizes("10000x10");
+    let targets = support::targets("nftables:fast,nftables,iptables");
     let changes: usize = std::env::var("SVC_BENCH_CHANGES")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -417,25 +408,5 @@ impl Drop for Agent {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-}
-
-/// A network namespace, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(name: &str) -> Netns {
-        let ok = Command::new("ip")
-            .args(["netns", "add", name])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "ip netns add {name} failed");
-        Netns(name.to_string())
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
     }
 }

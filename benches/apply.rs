@@ -17,6 +17,9 @@
 //! `--nft-layout fast`), `SVC_BENCH_BIN` (another svc-compile binary). A size with 50
 //! endpoints runs for nftables only (the 5k × 50). Needs root and iproute2;
 //! otherwise it says so and exits 0.
+mod support;
+
+use support::Netns;
 use svc_node::sys::libc;
 
 use std::path::{Path, PathBuf};
@@ -30,21 +33,9 @@ fn main() {
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let bin = std::env::var("SVC_BENCH_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_svc-compile").to_string());
-    let sizes: Vec<(usize, usize)> = std::env::var("SVC_BENCH_SIZES")
-        .unwrap_or_else(|_| "1000x10".into())
-        .split(',')
-        .filter_map(|s| {
-            let (a, b) = s.trim().split_once('x')?;
-            Some((a.parse().ok()?, b.parse().ok()?))
-        })
-        .collect();
-    let targets: Vec<String> = std::env::var("SVC_BENCH_TARGETS")
-        .unwrap_or_else(|_| "iptables,nftables".into())
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .collect();
+    let bin = support::bin();
+    let sizes = support::sizes("1000x10");
+    let targets = support::targets("iptables,nftables");
     let work = std::env::temp_dir().join(format!("svc-compile-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     let mut verdicts: Vec<String> = Vec::new();
@@ -432,24 +423,4 @@ fn manifest(services: usize, endpoints: usize, change: Change) -> String {
         out += "---\n";
     }
     out
-}
-
-/// A network namespace, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(name: &str) -> Netns {
-        let ok = Command::new("ip")
-            .args(["netns", "add", name])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "ip netns add {name} failed");
-        Netns(name.to_string())
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
 }
