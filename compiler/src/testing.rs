@@ -51,6 +51,7 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             topology_keys: Default::default(),
             dns_records: Default::default(),
             ebpf_map_sizes: Default::default(),
+            ebpf_agent: Default::default(),
         },
         proxy: ProxyConfig {
             mode: "iptables".into(),

@@ -216,6 +216,7 @@ pub fn lower(
             topology_keys: settings.topology_keys,
             dns_records: settings.dns_records,
             ebpf_map_sizes: settings.ebpf_map_sizes,
+            ebpf_agent: settings.ebpf_agent.clone(),
         },
         proxy: proxy_config(objects.proxy_configs.first()),
         services,

@@ -34,6 +34,8 @@ pub struct Settings {
     pub dns_records: crate::ir::DnsRecords,
     /// `ebpfMapSizes` (the ebpf target's `--map-sizes` overrides it key by key).
     pub ebpf_map_sizes: crate::ir::EbpfMapSizes,
+    /// `ebpfLbAlgorithm`, ... (the ebpf target's flags override each one).
+    pub ebpf_agent: crate::ir::EbpfAgent,
 }
 
 impl Default for Settings {
@@ -48,6 +50,7 @@ impl Default for Settings {
             topology_keys: Default::default(),
             dns_records: Default::default(),
             ebpf_map_sizes: Default::default(),
+            ebpf_agent: Default::default(),
         }
     }
 }

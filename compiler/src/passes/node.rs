@@ -110,6 +110,7 @@ pub fn node_view(
         nfacct: module.cluster.nfacct,
         nft_layout: module.cluster.nft_layout,
         ebpf_map_sizes: module.cluster.ebpf_map_sizes,
+        ebpf_agent: module.cluster.ebpf_agent.clone(),
         node_name: sel.name.clone(),
         family,
         masquerade_mark: 1u32.checked_shl(proxy.masquerade_bit.into()).unwrap_or(0),
@@ -479,6 +480,13 @@ const CILIUM_LB_CLASSES: [&str; 2] = ["io.cilium/bgp-control-plane", "io.cilium/
 /// `service.cilium.io/src-ranges-policy` (`pkg/annotation/k8s.go`).
 const SRC_RANGES_POLICY: &str = "service.cilium.io/src-ranges-policy";
 
+/// `service.cilium.io/lb-algorithm` (`pkg/annotation/k8s.go`,
+/// `ServiceLoadBalancingAlgorithm`).
+const LB_ALGORITHM: &str = "service.cilium.io/lb-algorithm";
+
+/// `loadbalancer.DefaultBackendWeight`: every Kubernetes endpoint's Maglev weight.
+const DEFAULT_BACKEND_WEIGHT: u16 = 100;
+
 /// [`CiliumPort`] of one port: `endpoints` are this family's, each the copy this node
 /// serves (as for kube-proxy).
 fn cilium_port(
@@ -501,6 +509,7 @@ fn cilium_port(
                     ip: *ip,
                     port: e.port,
                     state,
+                    weight: DEFAULT_BACKEND_WEIGHT,
                 };
                 backends.push((b, local));
             }
@@ -531,6 +540,11 @@ fn cilium_port(
             None => true,
             Some(c) => CILIUM_LB_CLASSES.contains(&c.as_str()),
         },
+        // `GetLBAlgorithmAnnotation` / `ToSVCLoadBalancingAlgorithm`: case matters.
+        lb_algorithm: svc
+            .cilium_annotations
+            .get(LB_ALGORITHM)
+            .and_then(|a| crate::ir::LbAlgorithm::parse(a)),
     }
 }
 
