@@ -89,6 +89,10 @@ pub struct ClusterConfig {
     /// target; left out of the IR's JSON when unset.
     #[serde(skip_serializing_if = "EbpfAgent::is_default")]
     pub ebpf_agent: EbpfAgent,
+    /// Cilium's `--enable-service-topology` (`ebpfServiceTopology`, off by default): the
+    /// node pass narrows [`CiliumPort`]'s backends by Cilium's topology rules.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ebpf_service_topology: bool,
 }
 
 /// Cilium's backend selection algorithm (`--bpf-lb-algorithm`, and the per-service
@@ -589,6 +593,12 @@ pub struct Service {
     pub topology_keys: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traffic_distribution: Option<String>,
+    /// The annotation `service.kubernetes.io/topology-aware-hints`, else
+    /// `service.kubernetes.io/topology-mode` (the deprecated one wins, as in Cilium's
+    /// `getAnnotationTopologyAwareHints`), as written. kube-proxy reads the slices' hints,
+    /// never this; the ebpf target's Cilium view does ([`CiliumPort`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology_mode: Option<String>,
     /// The label `service.kubernetes.io/service-proxy-name`: the service belongs to another
     /// proxy, and kube-proxy's informers do not see it (its DNS names stay).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -914,8 +924,9 @@ pub struct PortView {
 ///   its conditions, and there is no terminating fallback here (the reconciler counts);
 /// - which backends each traffic policy selects (`pkg/loadbalancer/writer/writer.go`,
 ///   `DefaultSelectBackends`): all of them, or those on this node (an endpoint without a
-///   `nodeName` counts as local); topology hints are not read (Cilium's
-///   `--enable-service-topology` is off by default);
+///   `nodeName` counts as local), narrowed, with `--enable-service-topology`
+///   (`ClusterConfig::ebpf_service_topology`), by Cilium's own topology rules
+///   ([`CiliumTopology`]), not kube-proxy's;
 /// - the per-service settings Cilium reads from the Service (source ranges as written,
 ///   `service.cilium.io/src-ranges-policy`, the load-balancer class).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -927,6 +938,9 @@ pub struct CiliumPort {
     pub cluster: Vec<u32>,
     /// What a frontend with a Local policy selects. Ascending indices.
     pub local: Vec<u32>,
+    /// Cilium's traffic distribution for the service and whether it narrowed the
+    /// selections on this node; `None` when the agent reads no topology.
+    pub topology: Option<CiliumTopology>,
     /// This family's `loadBalancerSourceRanges` as networks, in spec order. Cilium keeps
     /// a zero prefix as an entry (kube-proxy reads it as "no ranges").
     pub source_ranges: Vec<Cidr>,
@@ -940,6 +954,19 @@ pub struct CiliumPort {
     /// exactly `random` or `maglev`; `None` when absent or anything else). The agent
     /// honours it only with `--bpf-lb-algorithm-annotation`.
     pub lb_algorithm: Option<LbAlgorithm>,
+}
+
+/// How Cilium's topology rules (`--enable-service-topology`) treated one port on one node:
+/// `pkg/loadbalancer/writer/writer.go`, `DefaultSelectBackends`, with the service's
+/// `TrafficDistribution` from `reflectors/conversions.go`, `convertService`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CiliumTopology {
+    /// `PreferSameZone` (also `PreferClose` and the topology annotations) or
+    /// `PreferSameNode`.
+    pub distribution: &'static str,
+    /// Why the backends were narrowed or not, for humans (`zone zone-a`, `none for zone
+    /// zone-c: every backend`, ...).
+    pub note: String,
 }
 
 /// One backend of a [`CiliumPort`].

@@ -234,6 +234,8 @@ pub struct ClusterConfigDoc {
     pub ebpf_lb_algorithm_annotation: Option<Sp<bool>>,
     pub ebpf_maglev_table_size: Option<Sp<i64>>,
     pub ebpf_maglev_hash_seed: Option<Sp<String>>,
+    /// `ebpfServiceTopology` (see `ir::ClusterConfig::ebpf_service_topology`).
+    pub ebpf_service_topology: Option<Sp<bool>>,
 }
 
 /// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
@@ -1455,6 +1457,7 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         "ebpfLbAlgorithmAnnotation",
         "ebpfMaglevTableSize",
         "ebpfMaglevHashSeed",
+        "ebpfServiceTopology",
     ];
     let mut out = ClusterConfigDoc {
         span: root.span,
@@ -1487,6 +1490,10 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         );
         out.ebpf_maglev_hash_seed =
             d.str_(f.get("ebpfMaglevHashSeed"), &path.key("ebpfMaglevHashSeed"));
+        out.ebpf_service_topology = d.bool_(
+            f.get("ebpfServiceTopology"),
+            &path.key("ebpfServiceTopology"),
+        );
     }
     out
 }

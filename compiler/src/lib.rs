@@ -408,6 +408,9 @@ pub fn settings(objects: &Objects, opts: &Options) -> Settings {
         if let Some(m) = &doc.ebpf_maglev_table_size {
             agent.maglev_table_size = ir::EbpfAgent::parse_table_size(&m.v.to_string()).ok();
         }
+        if let Some(t) = &doc.ebpf_service_topology {
+            s.ebpf_service_topology = t.v;
+        }
         if let Some(h) = &doc.ebpf_maglev_hash_seed {
             agent.maglev_hash_seed = ir::EbpfAgent::murmur_seed(&h.v).ok().map(|_| h.v.clone());
         }

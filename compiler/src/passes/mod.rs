@@ -36,6 +36,8 @@ pub struct Settings {
     pub ebpf_map_sizes: crate::ir::EbpfMapSizes,
     /// `ebpfLbAlgorithm`, ... (the ebpf target's flags override each one).
     pub ebpf_agent: crate::ir::EbpfAgent,
+    /// `ebpfServiceTopology` (Cilium's `--enable-service-topology`).
+    pub ebpf_service_topology: bool,
 }
 
 impl Default for Settings {
@@ -51,6 +53,7 @@ impl Default for Settings {
             dns_records: Default::default(),
             ebpf_map_sizes: Default::default(),
             ebpf_agent: Default::default(),
+            ebpf_service_topology: false,
         }
     }
 }
