@@ -108,7 +108,7 @@ enum Sub {
         #[command(flatten)]
         lock: WriteLockFlag,
     },
-    /// Compile for this node and load the result here (needs root; see README.md)
+    /// Compile for this node and load the result here (needs root; see docs/apply.md)
     Apply {
         #[command(flatten)]
         inputs: InputFlags,
@@ -288,7 +288,7 @@ struct NodeFlags {
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     nfacct: Option<String>,
     /// The nftables targets' layout: kube-proxy's (diffs against a live node) or fast
-    /// (loads a large node in seconds; see README) [default: ClusterConfig `nftLayout`,
+    /// (loads a large node in seconds; see docs/targets.md) [default: ClusterConfig `nftLayout`,
     /// else kube-proxy]
     #[arg(long, value_name = "LAYOUT", value_parser = ["kube-proxy", "fast"])]
     nft_layout: Option<String>,

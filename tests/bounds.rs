@@ -1,5 +1,5 @@
-//! Resource bounds (README "Limits"), each with an input generated here, never stored: a
-//! 1 GB input, an alias bomb, 10⁶-deep nesting, a 100 MB scalar and a million documents
+//! Resource bounds (docs/input.md "Limits"), each with an input generated here, never stored: a
+//! 1 GB input, an alias bomb, 10⁶-deep nesting, a 64 MiB scalar and a million documents
 //! are refused with a diagnostic or read in memory that the bound below holds. Each runs
 //! `svc-compile check` as a child, and its peak RSS is its `VmHWM` (the high-water mark of
 //! its own address space: `wait4`'s `ru_maxrss` would count the test process's, which the
