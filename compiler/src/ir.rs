@@ -373,7 +373,7 @@ pub enum NftLayout {
     /// kube-proxy's own objects and names, so that the output diffs against a live node.
     #[default]
     KubeProxy,
-    /// Built for the kernel's load costs: no anonymous sets or endpoint chains (README).
+    /// Built for the kernel's load costs: no anonymous sets or endpoint chains (docs/targets.md).
     Fast,
 }
 

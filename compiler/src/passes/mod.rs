@@ -15,8 +15,8 @@ use crate::net::Cidr;
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// `--service-cluster-ip-range`: one CIDR per family, primary first. Default 10.96.0.0/12,
-    /// kubeadm's (kube-apiserver's own is 10.0.0.0/24, deprecated; README "The service
-    /// range"); under `--no-allocate` without a range, inferred from the input.
+    /// kubeadm's (kube-apiserver's own is 10.0.0.0/24, deprecated; docs/config.md,
+    /// "The service range"); under `--no-allocate` without a range, inferred from the input.
     pub service_cidrs: Vec<Cidr>,
     /// `--service-node-port-range`, inclusive. Default 30000-32767.
     pub node_port_range: (u16, u16),
