@@ -1,16 +1,15 @@
 //! Resource bounds (docs/input.md "Limits"), each with an input generated here, never stored: a
 //! 1 GB input, an alias bomb, 10⁶-deep nesting, a 64 MiB scalar and a million documents
 //! are refused with a diagnostic or read in memory that the bound below holds. Each runs
-//! `svc-compile check` as a child, and its peak RSS is its `VmHWM` (the high-water mark of
-//! its own address space: `wait4`'s `ru_maxrss` would count the test process's, which the
-//! child's exec inherits), read every millisecond while it runs.
+//! `svc-compile check` as a child of GNU time (`/usr/bin/time`, Debian package `time`),
+//! which reports its peak RSS from `wait4`: time forks (it does not vfork), so the child's
+//! high-water mark starts from time's few pages, not from this test process's, and it is
+//! taken when the child ends, however soon (a sampler of `/proc/PID/status` can miss a
+//! child that refuses its input at once).
 
 use crate::support::TempDir;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 
 /// What one `svc-compile check` run gave.
 struct Ran {
@@ -21,40 +20,22 @@ struct Ran {
     peak_mib: u64,
 }
 
-/// `VmHWM` of process `pid`, KiB (`None` once it has exited).
-fn hwm_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Run `svc-compile check ARGS`, writing `input` (called with the child's stdin, which it
-/// may leave early) from another thread.
+/// Run `svc-compile check ARGS` under GNU time, writing `input` (called with the child's
+/// stdin, which it may leave early) from another thread.
 fn check(args: &[&str], input: impl FnOnce(&mut dyn Write) + Send + 'static) -> Ran {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_svc-compile"))
+    let dir = TempDir::new("bounds-rss");
+    let report = dir.path().join("rss");
+    let mut child = Command::new("/usr/bin/time")
+        .args(["-f", "%M", "-o"])
+        .arg(&report)
+        .arg(env!("CARGO_BIN_EXE_svc-compile"))
         .arg("check")
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start svc-compile");
-    let pid = child.id();
-    let done = Arc::new(AtomicBool::new(false));
-    let monitor = {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while !done.load(Ordering::SeqCst) {
-                match hwm_kib(pid) {
-                    Some(k) => peak = peak.max(k),
-                    None => break,
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            peak
-        })
-    };
+        .expect("start /usr/bin/time (Debian package `time`)");
     let mut stdin = child.stdin.take().unwrap();
     let writer = std::thread::spawn(move || {
         input(&mut stdin);
@@ -68,16 +49,19 @@ fn check(args: &[&str], input: impl FnOnce(&mut dyn Write) + Send + 'static) -> 
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut err, &mut stderr).ok();
     let stdout = reader.join().unwrap();
-    // Output closed: the child is exiting; its last high-water mark has been read (or is
-    // read now, while it is not yet reaped).
-    let peak_kib = monitor.join().unwrap().max(hwm_kib(pid).unwrap_or(0));
-    // A process that ran has some memory: a peak of 0 means no sample was taken, and the
-    // bound below would hold for nothing.
-    assert!(peak_kib > 0, "no RSS sample of check {args:?}");
     let status = child.wait().expect("wait");
-    eprintln!("bounds: check {args:?}: peak RSS {} MiB", peak_kib / 1024);
-    done.store(true, Ordering::SeqCst);
     writer.join().unwrap();
+    // The last line is the format's (an exit status other than 0 is said on a line
+    // before it).
+    let text = std::fs::read_to_string(&report).expect("GNU time's report");
+    let peak_kib: u64 = text
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("GNU time's report: {text:?}"));
+    // A process that ran has some memory: a peak of 0 would make every bound hold.
+    assert!(peak_kib > 0, "no peak RSS for check {args:?}: {text:?}");
+    eprintln!("bounds: check {args:?}: peak RSS {} MiB", peak_kib / 1024);
     Ran {
         code: status.code().unwrap_or(-1),
         stderr,

@@ -120,14 +120,14 @@ pub fn template_marker(file: FileId, text: &str) -> Option<(Span, &'static str)>
                 .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         });
         // `{SERVICE_IP_PREFIX}`: an upper-case placeholder a script fills in (sed).
+        // (Each `{` looks only as far as its name's characters go: linear in the line.)
         let placeholder = code.match_indices('{').map(|(j, _)| j).find(|&j| {
-            let name: &str = code[j + 1..].split('}').next().unwrap_or("");
-            code[j + 1..].contains('}')
-                && name.len() >= 2
-                && name.starts_with(|c: char| c.is_ascii_uppercase())
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            let rest = &code.as_bytes()[j + 1..];
+            let name = rest
+                .iter()
+                .take_while(|&&b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+                .count();
+            name >= 2 && rest[0].is_ascii_uppercase() && rest.get(name) == Some(&b'}')
         });
         let first = [
             (helm, "Helm"),
