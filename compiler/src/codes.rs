@@ -27,6 +27,7 @@
 //! | SVC020 | error    | two objects glued into one document (`apiVersion`/`kind` written again: a `---` missing) |
 //! | SVC021 | error    | the config file (`.svc-compile.yaml`) is invalid: an unknown key, a wrong type, a bad value or an unknown code |
 //! | SVC022 | warning  | a suppression (`# svc-compile:ignore`, or the config file's `ignore`/`per-path-ignores`) that matched nothing |
+//! | SVC023 | note     | a Helm chart's template (under `templates/`, with `{{` or beside a `Chart.yaml`) was not read as manifests |
 //! | SVC351 | error    | the service IP range is full |
 //! | SVC352 | error    | the node-port range is full (a nodePort or a healthCheckNodePort) |
 //! | SVC360 | error    | the lock file cannot be read |
@@ -71,6 +72,7 @@ mod tests {
         include_str!("decode.rs"),
         include_str!("k8s.rs"),
         include_str!("kustomize.rs"),
+        include_str!("layout.rs"),
         include_str!("lib.rs"),
         include_str!("passes/infer.rs"),
         include_str!("passes/resolve.rs"),
