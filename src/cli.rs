@@ -598,6 +598,10 @@ pub struct CompileOpts {
     pub validate: Option<svc_compiler::Validate>,
     /// `--topology-keys honour|ignore`.
     pub topology_keys: Option<TopologyKeys>,
+    /// Whether the inputs are read as a repository's layout (`check`: each kustomization
+    /// root a cluster, plain files as `Plain` says; svc_compiler::layout), or (`None`) as
+    /// one cluster, as written.
+    pub layout: Option<svc_compiler::layout::Plain>,
 }
 
 /// The target and its own flags, as given (a file flag's value is still the path).
@@ -911,7 +915,8 @@ pub(crate) fn parse_with(args: &[String], targets: &[&'static Target]) -> Result
             lock,
             report,
         } => {
-            let opts = compile_opts(inputs, None)?;
+            let mut opts = compile_opts(inputs, None)?;
+            opts.layout = Some(svc_compiler::layout::Plain::EachFile);
             if lock.write_lock && opts.lock.is_none() {
                 return Err("--write-lock needs --lock FILE".into());
             }
@@ -1288,6 +1293,7 @@ fn compile_opts(c: InputFlags, node: Option<&NodeFlags>) -> Result<CompileOpts, 
         topology_keys: node
             .and_then(|n| n.topology_keys.as_deref())
             .and_then(TopologyKeys::parse),
+        layout: None,
     })
 }
 

@@ -156,6 +156,10 @@ pub(crate) fn compile_read(read: Read, cache: Option<&mut svc_compiler::ReadCach
         nft_layout: opts.nft_layout,
         validate: opts.validate.unwrap_or_default(),
         topology_keys: opts.topology_keys,
+        layout: opts
+            .layout
+            .map(|plain| layout(&inputs, &sources, config.as_ref(), plain))
+            .unwrap_or_default(),
     };
     let mut comp = match cache {
         Some(cache) => svc_compiler::compile_cached(&sources, &inputs.files, &options, cache),
@@ -182,6 +186,46 @@ pub(crate) fn compile_read(read: Read, cache: Option<&mut svc_compiler::ReadCach
         files: inputs.files,
         params,
     }
+}
+
+/// The inputs' layout ([`svc_compiler::layout`]): the kustomization roots, the clusters
+/// the config file names (`clusters:`, globs relative to its directory), the plain files.
+fn layout(
+    inputs: &Inputs,
+    sources: &SourceMap,
+    config: Option<&Config>,
+    plain: svc_compiler::layout::Plain,
+) -> svc_compiler::layout::Layout {
+    let configured: Vec<svc_compiler::layout::Configured> = config
+        .map_or(&[][..], |c| &c.project.clusters[..])
+        .iter()
+        .map(|(name, globs)| svc_compiler::layout::Configured {
+            name: name.v.clone(),
+            files: inputs
+                .files
+                .iter()
+                .copied()
+                .filter(|&f| {
+                    let name = sources.name(f);
+                    let rel = config.map_or_else(|| name.to_string(), |c| c.relative(name));
+                    globs.iter().any(|g| glob_matches(&g.v, &rel))
+                })
+                .collect(),
+        })
+        .collect();
+    let mut layout =
+        svc_compiler::layout::layout(&inputs.paths, &inputs.kustomizations, &configured, plain);
+    // A kustomization root by its directory relative to the working directory (a plain
+    // file's cluster is not named in messages).
+    if let Ok(cwd) = std::env::current_dir() {
+        for c in &mut layout.clusters {
+            if c.origin == svc_compiler::layout::Origin::Kustomization {
+                let rel = crate::inputs::relative_to(&cwd, &c.name);
+                c.name = if rel.is_empty() { ".".into() } else { rel };
+            }
+        }
+    }
+    layout
 }
 
 /// The node views a command asks for, as (node, family) pairs: `--node`, or every Node

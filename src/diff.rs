@@ -188,6 +188,7 @@ fn compile_files(
         topology_keys: p.and_then(|p| p.topology_keys),
         validate: p.and_then(|p| p.validate).unwrap_or_default(),
         lock: None,
+        layout: Default::default(),
     };
     let mut comp = svc_compiler::compile(&sources, &files, &opts);
     let mut resort = !diags.items.is_empty();

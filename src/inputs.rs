@@ -80,6 +80,11 @@ pub(crate) fn relative_to(base: &Path, path: &str) -> String {
 pub struct Inputs {
     pub files: Vec<FileId>,
     pub diags: Diagnostics,
+    /// Each file's absolute path, normalised as written (not standard input).
+    pub paths: Vec<(FileId, String)>,
+    /// The kustomizations among the inputs and in their directories and above, by
+    /// absolute path: [`svc_compiler::layout`] makes clusters of them.
+    pub kustomizations: Vec<(String, svc_compiler::kustomize::Kustomization)>,
 }
 
 /// Files, directories (recursive, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
@@ -120,10 +125,12 @@ pub fn read_inputs(
         }
     }
     found.sort();
-    let patches = kustomize_patches(&found);
+    let kustomizations = kustomizations(&found);
+    let patches = kustomize_patches(&kustomizations);
     let mut seen: HashSet<PathBuf> = HashSet::new();
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
     let mut skipped: Vec<(String, Vec<u8>, String)> = Vec::new();
+    let mut helm: Vec<(String, Vec<u8>, Option<String>)> = Vec::new();
     let mut total = stdin.as_ref().map_or(0, |b| b.len() as u64);
     let mut read_bytes = |name: &str, path: &Path| -> Result<Vec<u8>, Fail> {
         let bytes = read_capped(name, path, MAX_INPUT_BYTES - total)?;
@@ -138,7 +145,13 @@ pub fn read_inputs(
         }
         match patches.iter().find(|(p, _)| *p == real) {
             Some((_, by)) => skipped.push((name.clone(), read_bytes(&name, &path)?, by.clone())),
-            None => files.push((name.clone(), read_bytes(&name, &path)?)),
+            None => {
+                let bytes = read_bytes(&name, &path)?;
+                match helm_chart(&path, &bytes) {
+                    Some(chart) => helm.push((name.clone(), bytes, chart)),
+                    None => files.push((name.clone(), bytes)),
+                }
+            }
         }
     }
     if let Some(bytes) = stdin {
@@ -148,10 +161,19 @@ pub fn read_inputs(
     let mut out = Inputs {
         files: Vec::with_capacity(files.len()),
         diags: Diagnostics::default(),
+        paths: Vec::with_capacity(files.len()),
+        kustomizations: kustomizations
+            .into_iter()
+            .map(|k| (k.path, k.read))
+            .collect(),
     };
     for (name, bytes) in files {
+        let abs = (name != "<stdin>").then(|| absolute(Path::new(&name)));
         match sources.add_bytes(name, bytes) {
-            (id, None) => out.files.push(id),
+            (id, None) => {
+                out.files.push(id);
+                out.paths.extend(abs.map(|a| (id, a)));
+            }
             (_, Some(d)) => out.diags.push(d),
         }
     }
@@ -160,13 +182,43 @@ pub fn read_inputs(
         let (id, _) = sources.add_bytes(name, bytes);
         out.diags.push(svc_compiler::kustomize::patch_note(id, &by));
     }
+    // So are a Helm chart's templates.
+    for (name, bytes, chart) in helm {
+        let (id, _) = sources.add_bytes(name, bytes);
+        out.diags
+            .push(svc_compiler::layout::helm_note(id, chart.as_deref()));
+    }
     Ok(out)
 }
 
-/// The real paths of the files that the kustomizations among `found` name as patches,
-/// each with the kustomization that names it. A kustomization that cannot be read names
-/// nothing (it is reported when it is read as an input).
-fn kustomize_patches(found: &[(String, PathBuf)]) -> Vec<(PathBuf, String)> {
+/// A path made absolute and normalised as written (`.` and `..` taken away, no symlink
+/// resolved), `/`-separated: how [`svc_compiler::layout`] compares paths.
+fn absolute(p: &Path) -> String {
+    let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    svc_compiler::layout::join("/", &abs.display().to_string())
+}
+
+/// Whether the file at `path` is a Helm chart's template, which `helm template` renders
+/// before anything is applied: a file under a `templates/` directory, with `{{` in it
+/// (Helm's actions), or beside a `Chart.yaml` one level up. Returns the chart's
+/// `Chart.yaml` where there is one.
+fn helm_chart(path: &Path, bytes: &[u8]) -> Option<Option<String>> {
+    let templates = path
+        .ancestors()
+        .skip(1)
+        .find(|d| d.file_name().is_some_and(|n| n == "templates"))?;
+    let chart = templates
+        .parent()
+        .map(|c| c.join("Chart.yaml"))
+        .filter(|c| c.is_file());
+    let actions = bytes.windows(2).any(|w| w == b"{{");
+    (actions || chart.is_some()).then(|| chart.map(|c| c.display().to_string()))
+}
+
+/// The kustomizations among `found`, and those in their directories and above, each
+/// read (by absolute path). A kustomization that cannot be read says nothing (it is
+/// reported when it is read as an input).
+fn kustomizations(found: &[(String, PathBuf)]) -> Vec<Kustomization> {
     let mut out = Vec::new();
     // The kustomizations among the inputs, and those in their directories and above (up to
     // the repository's root: a directory with `.git`): a pre-commit hook passes a changed
@@ -195,6 +247,7 @@ fn kustomize_patches(found: &[(String, PathBuf)]) -> Vec<(PathBuf, String)> {
             dir = d.parent().map(Path::to_path_buf);
         }
     }
+    let mut seen: HashSet<String> = HashSet::new();
     for (name, path) in &kustomizations {
         let is_kustomization = path
             .file_name()
@@ -206,10 +259,35 @@ fn kustomize_patches(found: &[(String, PathBuf)]) -> Vec<(PathBuf, String)> {
         else {
             continue;
         };
-        let dir = path.parent().unwrap_or(Path::new("."));
-        for p in svc_compiler::kustomize::patch_paths(&text) {
+        let abs = absolute(path);
+        if seen.insert(abs.clone()) {
+            out.push(Kustomization {
+                path: abs,
+                name: name.clone(),
+                read: svc_compiler::kustomize::parse(&text),
+            });
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// A kustomization found: its absolute path, its name as found, what it says.
+struct Kustomization {
+    path: String,
+    name: String,
+    read: svc_compiler::kustomize::Kustomization,
+}
+
+/// The real paths of the files that `kustomizations` name as patches, each with the
+/// kustomization that names it.
+fn kustomize_patches(kustomizations: &[Kustomization]) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    for k in kustomizations {
+        let dir = Path::new(&k.path).parent().unwrap_or(Path::new("/"));
+        for p in &k.read.patches {
             if let Ok(real) = std::fs::canonicalize(dir.join(p)) {
-                out.push((real, name.clone()));
+                out.push((real, k.name.clone()));
             }
         }
     }

@@ -500,7 +500,8 @@ fn encode(s: &str) -> String {
 /// JUnit XML as kubeconform and conftest write it for CI test reports: one test case per
 /// file read (`files`), failed by its errors (one `<failure>`, every error in its text),
 /// its warnings (and notes, when shown) in `<system-out>`, as kubeconform fails only what
-/// is invalid; a kustomize patch that was not read (SVC017, found in `all`) is skipped;
+/// is invalid; a kustomize patch or Helm template that was not read (SVC017, SVC024, found
+/// in `all`) is skipped;
 /// diagnostics without a file are a test case of their own, `svc-compile`.
 fn junit(diags: &Diagnostics, all: &Diagnostics, sources: &SourceMap, files: &[FileId]) -> String {
     struct Case<'a> {
@@ -519,7 +520,11 @@ fn junit(diags: &Diagnostics, all: &Diagnostics, sources: &SourceMap, files: &[F
         .iter()
         .map(|&f| (Some(f), case(sources.name(f).to_string())))
         .collect();
-    for d in all.items.iter().filter(|d| d.code == "SVC017") {
+    for d in all
+        .items
+        .iter()
+        .filter(|d| matches!(d.code, "SVC017" | "SVC024"))
+    {
         if let Some(s) = d.span {
             let mut c = case(sources.name(s.file).to_string());
             c.skipped = Some(&d.message);

@@ -25,9 +25,13 @@ pub fn check(cmd: CheckCmd) -> Result<Outcome, Fail> {
         ..
     } = compile_inputs(&cmd.opts, None)?;
     let report = Emitter::report(&cmd.opts, cmd.output.as_deref());
-    // Kustomize patches skipped (SVC017) were read and judged: a hook that passes only a
-    // changed patch has checked something.
-    let patches = comp.diags.items.iter().any(|d| d.code == "SVC017");
+    // Kustomize patches (SVC017) and Helm templates (SVC024) skipped were read and
+    // judged: a hook that passes only a changed patch or template has checked something.
+    let patches = comp
+        .diags
+        .items
+        .iter()
+        .any(|d| matches!(d.code, "SVC017" | "SVC024"));
     if files.is_empty() && !patches && !comp.diags.has_errors() {
         // A validator that read nothing must not pass: a glob or an exclude that leaves no
         // file is a mistake in the pipeline, not a clean repository.

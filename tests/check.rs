@@ -94,7 +94,7 @@ fn a_symlink_loop_is_walked_once() {
 }
 
 #[test]
-fn helm_charts_need_exclude_or_include() {
+fn helm_chart_templates_are_skipped_with_a_note() {
     let t = TempDir::new("helm");
     let chart = t.path().join("chart");
     write(
@@ -114,17 +114,20 @@ fn helm_charts_need_exclude_or_include() {
     );
     write(t.path(), "rendered/web.yaml", SVC);
     let dir = t.path().to_str().unwrap();
-    // The template is not a manifest yet: errors, and a note saying why.
+    // The template is not a manifest yet (what Helm renders of it is): not read, a note
+    // saying so, never an error.
     let r = svc(&["check", dir, "--verbose"], None, &root());
-    r.expect(1);
+    r.expect(0);
     assert!(
         r.stdout
-            .contains("note[SVC014]: this file looks like an unrendered Helm template"),
+            .contains("note[SVC024]: skipped a Helm chart's template (chart "),
         "{}",
         r.stdout
     );
+    assert!(!r.stdout.contains("SVC001"), "{}", r.stdout);
     // Chart.yaml and values.yaml are skipped with a note, never an error.
     assert_eq!(r.stdout.matches("note[SVC012]").count(), 2, "{}", r.stdout);
+    assert!(r.stdout.contains("ok: 3 file(s) checked"), "{}", r.stdout);
     let r = svc(&["check", dir, "--exclude", "templates/**"], None, &root());
     r.expect(0);
     assert!(r.stdout.contains("ok: 3 file(s) checked"), "{}", r.stdout);
@@ -135,26 +138,149 @@ fn helm_charts_need_exclude_or_include() {
     );
     r.expect(0);
     assert!(r.stdout.contains("ok: 1 file(s) checked"), "{}", r.stdout);
-    let r = svc(&["check", dir, "--include", "**/Chart.yaml"], None, &root());
-    r.expect(0);
-    assert!(r.stdout.contains("ok: 1 file(s) checked"), "{}", r.stdout);
-    // As a pre-commit hook runs it: changed files named one by one.
+    // As a pre-commit hook runs it: changed files named one by one; the template alone
+    // is judged (skipped), not "nothing to check".
     let template = chart.join("templates/service.yaml");
-    let values = chart.join("values.yaml");
-    let files = [template.to_str().unwrap(), values.to_str().unwrap()];
-    let r = svc(
-        &["check", files[0], files[1], "--exclude", "templates/**"],
-        None,
-        &root(),
-    );
+    let r = svc(&["check", template.to_str().unwrap()], None, &root());
     r.expect(0);
-    assert!(r.stdout.contains("ok: 1 file(s) checked"), "{}", r.stdout);
+    assert!(r.stdout.contains("note[SVC024]"), "{}", r.stdout);
+    // A `templates/` directory whose chart is not beside it: `{{` marks a template.
+    write(
+        t.path(),
+        "loose/templates/svc.yaml",
+        "{{- if .Values.on }}\n",
+    );
+    let loose = t.path().join("loose/templates/svc.yaml");
+    let r = svc(&["check", loose.to_str().unwrap()], None, &root());
+    r.expect(0);
+    assert!(
+        r.stdout
+            .contains("note[SVC024]: skipped a Helm chart's template:"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// A Service with a written cluster IP, for the clash checks.
+const PINNED: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  clusterIP: 10.96.0.10\n  selector: {app: web}\n  ports:\n  - port: 80\n";
+
+#[test]
+fn a_repository_is_not_one_cluster() {
+    let t = TempDir::new("clusters");
+    let dir = t.path().to_str().unwrap();
+    // Install variants side by side, as argo-cd ships them: each file is applied alone
+    // (`kubectl apply -f install.yaml`), so they define `web` once each.
+    write(t.path(), "install.yaml", PINNED);
+    write(t.path(), "namespace-install.yaml", PINNED);
+    write(t.path(), "ha/install.yaml", PINNED);
+    let r = svc(&["check", dir], None, &root());
+    r.expect(0);
+    // `compile` reads its inputs as one cluster: there they clash.
     let r = svc(
-        &["check", files[0], files[1], "--include", "templates/*"],
+        &[
+            dir,
+            "--target",
+            "iptables",
+            "--node-ip",
+            "192.168.0.10",
+            "--node",
+            "n",
+        ],
         None,
         &root(),
     );
     r.expect(1);
+    assert!(
+        r.stderr
+            .contains("error[SVC301]: duplicate Service `default/web`"),
+        "{}",
+        r.stderr
+    );
+    // The config file says which files are one cluster: then they clash in check too.
+    write(
+        t.path(),
+        ".svc-compile.yaml",
+        "clusters:\n  one: [\"ha/*.yaml\", namespace-install.yaml]\n",
+    );
+    let r = svc(&["check", "."], None, t.path());
+    r.expect(1);
+    assert!(
+        r.stdout
+            .contains("error[SVC301]: duplicate Service `default/web` in cluster `one`"),
+        "{}",
+        r.stdout
+    );
+    // `install.yaml` is not in it, and alone.
+    assert_eq!(r.stdout.matches("error[SVC301]").count(), 1, "{}", r.stdout);
+    assert!(r.stdout.contains("error[SVC303]"), "{}", r.stdout);
+}
+
+#[test]
+fn kustomize_names_decide_what_clashes() {
+    let t = TempDir::new("kustomize-clusters");
+    let dir = t.path().to_str().unwrap();
+    write(
+        t.path(),
+        "base/kustomization.yaml",
+        "resources: [web.yaml]\n",
+    );
+    write(t.path(), "base/web.yaml", SVC);
+    // Two overlays of one base: two clusters (kustomize builds each on its own).
+    for env in ["prod", "staging"] {
+        write(
+            t.path(),
+            &format!("overlays/{env}/kustomization.yaml"),
+            format!("resources: [../../base]\nnamespace: {env}\n"),
+        );
+    }
+    svc(&["check", dir], None, &root()).expect(0);
+    // One build with two copies of `web`: `kustomize build` itself refuses it ("may not
+    // add resource with an already registered id").
+    write(
+        t.path(),
+        "other/kustomization.yaml",
+        "resources: [web.yaml]\n",
+    );
+    write(t.path(), "other/web.yaml", SVC);
+    write(
+        t.path(),
+        "overlays/both/kustomization.yaml",
+        "resources: [../../base, ../../other]\n",
+    );
+    let r = svc(&["check", dir], None, &root());
+    r.expect(1);
+    assert!(
+        r.stdout
+            .contains("error[SVC301]: duplicate Service `default/web` in cluster `"),
+        "{}",
+        r.stdout
+    );
+    // kustomize's nameSuffix on one of them makes the names differ (`web-other`).
+    write(
+        t.path(),
+        "other/kustomization.yaml",
+        "resources: [web.yaml]\nnameSuffix: -other\n",
+    );
+    svc(&["check", dir], None, &root()).expect(0);
+    // A namespace set by the overlay wins over the base's own.
+    write(
+        t.path(),
+        "other/kustomization.yaml",
+        "resources: [web.yaml]\nnamespace: other\n",
+    );
+    svc(&["check", dir], None, &root()).expect(0);
+    write(
+        t.path(),
+        "overlays/both/kustomization.yaml",
+        "resources: [../../base, ../../other]\nnamespace: one\n",
+    );
+    let r = svc(&["check", dir], None, &root());
+    r.expect(1);
+    assert!(
+        r.stdout.contains("duplicate Service `one/web`"),
+        "{}",
+        r.stdout
+    );
 }
 
 /// `kubectl get svc -A -o yaml` of a k3s cluster (service range 10.43.0.0/16).
@@ -1008,15 +1134,16 @@ fn the_config_file_stands_for_flags() {
     // Without it: the default range, the chart, the warnings.
     let r = check(&["--no-config"]);
     r.expect(1);
-    for code in ["SVC119", "SVC013", "SVC153", "SVC001"] {
+    for code in ["SVC119", "SVC013", "SVC153", "SVC024"] {
         assert!(r.stdout.contains(code), "{code}: {}", r.stdout);
     }
     // Flags beat it.
     let r = check(&["--service-cluster-ip-range", "10.96.0.0/12"]);
     r.expect(1);
     assert!(r.stdout.contains("error[SVC119]"), "{}", r.stdout);
+    // The chart's template is skipped (a note naming it), not an error.
     let r = check(&["--exclude", "nothing"]);
-    r.expect(1);
+    r.expect(0);
     assert!(
         r.stdout.contains("charts/web/templates/svc.yaml"),
         "{}",
@@ -1181,8 +1308,8 @@ fn inline_suppressions() {
     );
 }
 
-/// `diff` takes `--exclude`/`--include` like check: a repository holding a Helm chart
-/// (whose templates are not manifests: errors, exit 2) diffs once they are left out.
+/// `diff` takes `--exclude`/`--include` like check, and skips a Helm chart's templates
+/// (not manifests until Helm renders them) as check does.
 #[test]
 fn diff_leaves_out_what_check_leaves_out() {
     let t = TempDir::new("diff-helm");
@@ -1204,13 +1331,9 @@ fn diff_leaves_out_what_check_leaves_out() {
         );
     }
     let r = svc(&["diff", "old", "new"], None, t.path());
-    r.expect(2);
-    assert!(
-        r.stderr
-            .contains("this file looks like an unrendered Helm template"),
-        "{}",
-        r.stderr
-    );
+    r.expect(1);
+    assert!(r.stdout.contains("default/web"), "{}", r.stdout);
+    assert!(!r.stderr.contains("error"), "{}", r.stderr);
     let r = svc(
         &[
             "diff",
@@ -1240,5 +1363,14 @@ fn diff_leaves_out_what_check_leaves_out() {
         "exclude: [\"templates/**\"]\n",
     );
     svc(&["diff", "old", "new"], None, t.path()).expect(1);
+    svc(&["diff", "old", "new", "--no-config"], None, t.path()).expect(1);
+    // Without the chart's `Chart.yaml` and `{{`, a broken file under `templates/` is read.
+    write(t.path(), "new/chart/Chart.yaml", "");
+    std::fs::remove_file(t.path().join("new/chart/Chart.yaml")).unwrap();
+    write(
+        t.path(),
+        "new/chart/templates/svc.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  ports:\n  - port: 0\n",
+    );
     svc(&["diff", "old", "new", "--no-config"], None, t.path()).expect(2);
 }

@@ -267,14 +267,15 @@ fn argument_order_changes_nothing_not_even_where_a_duplicate_is_reported() {
     std::fs::write(&a, SVC).unwrap();
     std::fs::write(&b, SVC.replace("port: 80", "port: 81")).unwrap();
     let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
-    let ab = svc(&["check", a, b], None, &root());
-    let ba = svc(&["check", b, a], None, &root());
+    // A compile reads its inputs as one cluster (check applies each plain file alone).
+    let ab = svc(&["--target", "ir", a, b], None, &root());
+    let ba = svc(&["--target", "ir", b, a], None, &root());
     ab.expect(1);
-    assert_eq!(ab.stdout, ba.stdout);
-    assert!(ab.stdout.contains("SVC301"), "{}", ab.stdout);
+    assert_eq!(ab.stderr, ba.stderr);
+    assert!(ab.stderr.contains("SVC301"), "{}", ab.stderr);
     // The later file in name order is the duplicate; the earlier is "first defined here".
-    let dup_at = ab.stdout.lines().find(|l| l.contains("-->")).unwrap();
-    assert!(dup_at.contains("b.yaml"), "{}", ab.stdout);
+    let dup_at = ab.stderr.lines().find(|l| l.contains("-->")).unwrap();
+    assert!(dup_at.contains("b.yaml"), "{}", ab.stderr);
     // Distinct files in either order compile to the same output.
     std::fs::write(
         t.path().join("b.yaml"),
@@ -1747,21 +1748,22 @@ fn check_writes_github_annotations_and_reports_to_a_file() {
     let r = svc(&args, None, &root());
     r.expect(1);
     let lines: Vec<&str> = r.stdout.lines().collect();
-    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    // Both files define Service `web`, but each is applied on its own: no duplicate.
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
     assert_eq!(
         lines[0],
         "::error file=golden/errors/14-port-out-of-range.yaml,line=11,col=11,endLine=11,endColumn=16,title=SVC110::port 80800 is out of range: must be between 1 and 65535"
     );
     assert!(
-        lines[2].starts_with("::warning file=golden/errors/91-endpointslice-v1beta1.yaml,line=13,"),
+        lines[1].starts_with("::warning file=golden/errors/91-endpointslice-v1beta1.yaml,line=13,"),
         "{}",
-        lines[2]
+        lines[1]
     );
     // A hint follows on a line of its own, escaped (the runner turns %0A into a newline).
     assert!(
-        lines[2].contains("%0Ahelp: use discovery.k8s.io/v1"),
+        lines[1].contains("%0Ahelp: use discovery.k8s.io/v1"),
         "{}",
-        lines[2]
+        lines[1]
     );
 
     let dir = TempDir::new("check-report");

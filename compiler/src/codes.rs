@@ -28,6 +28,7 @@
 //! | SVC021 | error    | the config file (`.svc-compile.yaml`) is invalid: an unknown key, a wrong type, a bad value or an unknown code |
 //! | SVC022 | warning  | a suppression (`# svc-compile:ignore`, or the config file's `ignore`/`per-path-ignores`) that matched nothing |
 //! | SVC023 | error    | a scalar longer than `tree::MAX_SCALAR_BYTES` (3 MiB, the API server's request limit); the rest of the file was not read |
+//! | SVC024 | note     | a Helm chart's template (under `templates/`, with `{{` or beside a `Chart.yaml`) was not read as manifests |
 //! | SVC351 | error    | the service IP range is full |
 //! | SVC352 | error    | the node-port range is full (a nodePort or a healthCheckNodePort) |
 //! | SVC360 | error    | the lock file cannot be read |
@@ -72,6 +73,7 @@ mod tests {
         include_str!("decode.rs"),
         include_str!("k8s.rs"),
         include_str!("kustomize.rs"),
+        include_str!("layout.rs"),
         include_str!("lib.rs"),
         include_str!("passes/infer.rs"),
         include_str!("passes/resolve.rs"),

@@ -14,6 +14,7 @@ pub mod diff;
 pub mod ir;
 pub mod k8s;
 pub mod kustomize;
+pub mod layout;
 pub mod migrate;
 pub mod net;
 pub mod passes;
@@ -54,6 +55,9 @@ pub struct Options {
     pub topology_keys: Option<ir::TopologyKeys>,
     /// `--validate`: how unknown fields (SVC003) are reported.
     pub validate: Validate,
+    /// Which files are one cluster, and the names kustomize gives their objects there: the
+    /// cross-object rules run within each cluster (the default: all files, one cluster).
+    pub layout: layout::Layout,
 }
 
 /// How unknown fields in a kind svc-compile reads are reported, as kubectl's
@@ -127,7 +131,7 @@ fn compile_read(
             diags.push(note);
         }
     }
-    passes::validate::validate(&objects, &settings, &mut diags);
+    passes::validate::validate_in(&objects, &settings, &opts.layout, &mut diags);
     let lock = match opts.lock {
         Some(f) => {
             let (docs, d) = tree::parse_file(f, &sources.file(f).text);

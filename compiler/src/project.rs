@@ -16,6 +16,8 @@
 //! nftLayout: kube-proxy
 //! topologyKeys: honour
 //! validate: strict                       # as --validate
+//! clusters:                              # files applied together (crate::layout)
+//!   prod: ["deploy/prod/**", "crds/*.yaml"]
 //! ```
 //!
 //! Invariant: a value is only taken once it is valid, so a config with errors never
@@ -49,6 +51,7 @@ pub const KEYS: &[&str] = &[
     "nftLayout",
     "topologyKeys",
     "validate",
+    "clusters",
 ];
 
 /// The file's settings; `None` or empty where it says nothing.
@@ -69,6 +72,8 @@ pub struct Project {
     pub nft_layout: Option<NftLayout>,
     pub topology_keys: Option<TopologyKeys>,
     pub validate: Option<Validate>,
+    /// `clusters`: each cluster's name and the globs of its files, in the file's order.
+    pub clusters: Vec<(Sp<String>, Vec<Sp<String>>)>,
 }
 
 impl Project {
@@ -147,6 +152,7 @@ impl Cx<'_> {
             match key {
                 "ignore" => p.ignore = self.codes(v, key),
                 "per-path-ignores" => p.per_path_ignores = self.per_path(v),
+                "clusters" => p.clusters = self.clusters(v),
                 "exclude" => p.exclude = Some(self.strings(v, key)),
                 "include" => p.include = Some(self.strings(v, key)),
                 "serviceClusterIPRange" => {
@@ -295,6 +301,28 @@ impl Cx<'_> {
         out
     }
 
+    fn clusters(&mut self, v: &Node) -> Vec<(Sp<String>, Vec<Sp<String>>)> {
+        let Value::Map(entries) = &v.value else {
+            if v.value != Value::Null {
+                self.error(
+                    v,
+                    format!("`clusters` is a {}, not a mapping", v.kind_name()),
+                    "map each cluster's name to the globs of its files, e.g. `prod: [\"deploy/prod/**\"]`",
+                );
+            }
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .map(|e| {
+                (
+                    Sp::new(e.key.clone(), e.key_span),
+                    self.items(&e.value, "clusters"),
+                )
+            })
+            .collect()
+    }
+
     fn per_path(&mut self, v: &Node) -> Vec<PathIgnore> {
         let Value::Map(entries) = &v.value else {
             if v.value != Value::Null {
@@ -343,9 +371,22 @@ mod tests {
             "ignore: [SVC008, SVC012]\nper-path-ignores:\n  \"legacy/**\": [SVC013]\n\
              exclude: [\"charts/**\"]\ninclude: '*.yaml'\nserviceClusterIPRange: 10.0.0.0/16,fd00::/108\n\
              serviceNodePortRange: 20000-22767\nclusterDomain: example.org.\nrandomFully: false\n\
-             nfacct: yes\nnftLayout: fast\ntopologyKeys: ignore\nvalidate: warn\n",
+             nfacct: yes\nnftLayout: fast\ntopologyKeys: ignore\nvalidate: warn\n\
+             clusters:\n  prod: [\"deploy/prod/**\", crds.yaml]\n  dev: dev/*.yaml\n",
         );
         assert_eq!(errs, []);
+        let clusters: Vec<(&str, Vec<&str>)> = p
+            .clusters
+            .iter()
+            .map(|(n, g)| (n.v.as_str(), g.iter().map(|g| g.v.as_str()).collect()))
+            .collect();
+        assert_eq!(
+            clusters,
+            [
+                ("prod", vec!["deploy/prod/**", "crds.yaml"]),
+                ("dev", vec!["dev/*.yaml"])
+            ]
+        );
         let codes: Vec<&str> = p.ignore.iter().map(|c| c.v.as_str()).collect();
         assert_eq!(codes, ["SVC008", "SVC012"]);
         assert_eq!(p.ignore[1].span.line, 1);

@@ -134,6 +134,7 @@ mod tests;
 use crate::decode::{closest, Sp};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::k8s::{Meta, Objects};
+use crate::layout::Layout;
 use crate::passes::Settings;
 use crate::source::Span;
 use std::collections::hash_map::{Entry, HashMap};
@@ -142,7 +143,22 @@ use std::net::IpAddr;
 
 /// Check every object; push every problem found (never stop at the first).
 pub fn validate(objects: &Objects, settings: &Settings, diags: &mut Diagnostics) {
-    let mut cx = Cx { settings, diags };
+    validate_in(objects, settings, &Layout::default(), diags)
+}
+
+/// [`validate`] with the cross-object rules run within each cluster of `layout`, on the
+/// names kustomize gives the objects there.
+pub fn validate_in(
+    objects: &Objects,
+    settings: &Settings,
+    layout: &Layout,
+    diags: &mut Diagnostics,
+) {
+    let mut cx = Cx {
+        settings,
+        layout,
+        diags,
+    };
     for s in &objects.services {
         service::check(&mut cx, s);
     }
@@ -238,6 +254,7 @@ fn leading_zeros(cx: &mut Cx, o: &Objects) {
 
 struct Cx<'a> {
     settings: &'a Settings,
+    layout: &'a Layout,
     diags: &'a mut Diagnostics,
 }
 

@@ -6,6 +6,13 @@
 //! Each rule sorts (key, span) pairs once and walks runs of equal keys, so the result does
 //! not depend on input order and the cost is n·log n. The "first" of a run is the one
 //! earliest in the sources; every later one is reported with it as related location.
+//!
+//! The rules that relate objects to each other (duplicates, node ports, cluster IPs, the
+//! Services that Endpoints and slices name) compare them within each cluster of the
+//! [`Layout`] only, under the namespace and name kustomize gives them there (its
+//! `namespace`, `namePrefix`, `nameSuffix`). kustomize renames an EndpointSlice but not
+//! the Service its `kubernetes.io/service-name` label names (the label is no name
+//! reference in its configuration), so a prefix leaves such a slice without its Service.
 
 use super::endpoints::SERVICE_NAME_LABEL;
 use super::service::{service_type, Type};
@@ -14,18 +21,20 @@ use crate::decode::{closest, IntOrString, Sp};
 use crate::diag::Diagnostic;
 use crate::ir::Protocol;
 use crate::k8s::{Meta, Objects, Service, SlicePort};
+use crate::layout::{Layout, Origin, Transform};
 use crate::net::parse_ip;
 use crate::passes::resolve::{protocol_of, SKIP_MIRROR_LABEL};
 use crate::source::Span;
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 pub(super) fn check(cx: &mut Cx, o: &Objects) {
-    duplicates(cx, "Service", o.services.iter().map(|s| &s.meta));
-    duplicates(cx, "Endpoints", o.endpoints.iter().map(|e| &e.meta));
-    duplicates(cx, "EndpointSlice", o.slices.iter().map(|s| &s.meta));
-    duplicates(cx, "Node", o.nodes.iter().map(|n| &n.meta));
-    duplicates(cx, "Pod", o.pods.iter().map(|p| &p.meta));
+    duplicates(cx, "Service", true, o.services.iter().map(|s| &s.meta));
+    duplicates(cx, "Endpoints", true, o.endpoints.iter().map(|e| &e.meta));
+    duplicates(cx, "EndpointSlice", true, o.slices.iter().map(|s| &s.meta));
+    duplicates(cx, "Node", false, o.nodes.iter().map(|n| &n.meta));
+    duplicates(cx, "Pod", true, o.pods.iter().map(|p| &p.meta));
     node_ports(cx, &o.services);
     let by_ip = cluster_ips(cx, &o.services);
     endpoint_ips(cx, o, &by_ip);
@@ -46,25 +55,82 @@ fn runs<T, K: PartialEq>(v: &[T], key: impl Fn(&T) -> K, mut f: impl FnMut(&T, &
     }
 }
 
-fn duplicates<'a>(cx: &mut Cx, kind: &str, metas: impl Iterator<Item = &'a Meta>) {
-    let mut v: Vec<(&str, &str, Span)> = metas
-        .map(|m| (m.namespace.v.as_str(), m.name.v.as_str(), m.name.span))
+/// An object's namespace and name in a cluster, as kustomize writes them there.
+struct Named<'a> {
+    cluster: u32,
+    namespace: Cow<'a, str>,
+    name: Cow<'a, str>,
+    renamed: bool,
+}
+
+/// `m`'s identity in each cluster its file is in (one, under its own names, without a
+/// layout). `namespaced`: kustomize sets the namespace of namespaced kinds only.
+fn named<'a>(layout: &'a Layout, m: &'a Meta, namespaced: bool) -> impl Iterator<Item = Named<'a>> {
+    layout.of(m.name.span.file).iter().map(move |(c, t)| {
+        let (namespace, name) = rename(t, m, namespaced);
+        Named {
+            cluster: *c,
+            renamed: !t.is_identity(),
+            namespace,
+            name,
+        }
+    })
+}
+
+fn rename<'a>(t: &'a Transform, m: &'a Meta, namespaced: bool) -> (Cow<'a, str>, Cow<'a, str>) {
+    if t.is_identity() {
+        return (Cow::Borrowed(&m.namespace.v), Cow::Borrowed(&m.name.v));
+    }
+    let ns = if namespaced {
+        t.namespace(&m.namespace.v)
+    } else {
+        &m.namespace.v
+    };
+    (Cow::Borrowed(ns), Cow::Owned(t.name(&m.name.v)))
+}
+
+/// " in cluster `NAME`", said where kustomize renamed the object or the input holds
+/// several clusters.
+fn in_cluster(layout: &Layout, c: u32, renamed: bool) -> String {
+    let plain = layout
+        .clusters
+        .get(c as usize)
+        .is_some_and(|c| c.origin == Origin::Plain);
+    if renamed || (layout.clusters.len() > 1 && !plain) {
+        format!(" in cluster `{}`", layout.clusters[c as usize].name)
+    } else {
+        String::new()
+    }
+}
+
+fn duplicates<'a>(
+    cx: &mut Cx,
+    kind: &str,
+    namespaced: bool,
+    metas: impl Iterator<Item = &'a Meta>,
+) {
+    let layout = cx.layout;
+    let mut v: Vec<(Named, Span)> = metas
+        .flat_map(|m| named(layout, m, namespaced).map(|n| (n, m.name.span)))
         .collect();
-    v.sort_unstable();
+    v.sort_unstable_by(|(a, sa), (b, sb)| {
+        (a.cluster, &a.namespace, &a.name, sa).cmp(&(b.cluster, &b.namespace, &b.name, sb))
+    });
     runs(
         &v,
-        |e| (e.0, e.1),
-        |first, dup| {
-            let id = if dup.0.is_empty() {
-                dup.1.to_string()
+        |(n, _)| (n.cluster, n.namespace.clone(), n.name.clone()),
+        |(_, first), (dup, at)| {
+            let id = if dup.namespace.is_empty() {
+                dup.name.to_string()
             } else {
-                format!("{}/{}", dup.0, dup.1)
+                format!("{}/{}", dup.namespace, dup.name)
             };
+            let cluster = in_cluster(layout, dup.cluster, dup.renamed);
             cx.push(
-                Diagnostic::error("SVC301", format!("duplicate {kind} `{id}`"))
-                    .at(dup.2)
+                Diagnostic::error("SVC301", format!("duplicate {kind} `{id}`{cluster}"))
+                    .at(*at)
                     .path("metadata.name")
-                    .related(first.2, "first defined here")
+                    .related(*first, "first defined here")
                     .hint(format!(
                         "a {kind} is identified by namespace and name; rename or remove one of them"
                     )),
@@ -73,7 +139,28 @@ fn duplicates<'a>(cx: &mut Cx, kind: &str, metas: impl Iterator<Item = &'a Meta>
     );
 }
 
+/// `m`'s `namespace/name` in cluster `c`.
+fn ident_in(layout: &Layout, m: &Meta, c: u32) -> String {
+    match layout.of(m.name.span.file).iter().find(|(i, _)| *i == c) {
+        Some((_, t)) if !t.is_identity() => {
+            let (ns, name) = rename(t, m, true);
+            if ns.is_empty() {
+                name.into_owned()
+            } else {
+                format!("{ns}/{name}")
+            }
+        }
+        _ => ident(m),
+    }
+}
+
+/// The clusters `s`'s file is in.
+fn clusters_of<'a>(layout: &'a Layout, m: &Meta) -> impl Iterator<Item = u32> + 'a {
+    layout.of(m.name.span.file).iter().map(|(c, _)| *c)
+}
+
 struct NodePortUse {
+    cluster: u32,
     port: i64,
     span: Span,
     service: usize,
@@ -85,8 +172,13 @@ struct NodePortUse {
 /// The node-port allocator holds port numbers, whatever the protocol: a number belongs to
 /// one Service (which may use it for several protocols).
 fn node_ports(cx: &mut Cx, services: &[Service]) {
+    let layout = cx.layout;
     let mut v: Vec<NodePortUse> = Vec::new();
-    for (si, s) in services.iter().enumerate() {
+    for ((si, s), cluster) in services
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| clusters_of(layout, &s.meta).map(move |c| ((si, s), c)))
+    {
         let ty = service_type(s);
         if !matches!(ty, Type::NodePort | Type::LoadBalancer) {
             continue;
@@ -94,6 +186,7 @@ fn node_ports(cx: &mut Cx, services: &[Service]) {
         for (pi, p) in s.ports.iter().enumerate() {
             if let Some(np) = p.node_port.as_ref().filter(|n| n.v != 0) {
                 v.push(NodePortUse {
+                    cluster,
                     port: np.v,
                     span: np.span,
                     service: si,
@@ -109,6 +202,7 @@ fn node_ports(cx: &mut Cx, services: &[Service]) {
         if let Some(h) = s.health_check_node_port.as_ref().filter(|h| h.v != 0) {
             if ty == Type::LoadBalancer && local {
                 v.push(NodePortUse {
+                    cluster,
                     port: h.v,
                     span: h.span,
                     service: si,
@@ -118,10 +212,10 @@ fn node_ports(cx: &mut Cx, services: &[Service]) {
             }
         }
     }
-    v.sort_unstable_by_key(|u| (u.port, u.span));
+    v.sort_unstable_by_key(|u| (u.cluster, u.port, u.span));
     runs(
         &v,
-        |u| u.port,
+        |u| (u.cluster, u.port),
         |first, u| {
             if (first.service, first.health_check) == (u.service, u.health_check) {
                 return;
@@ -129,13 +223,17 @@ fn node_ports(cx: &mut Cx, services: &[Service]) {
             let owner = if first.service == u.service {
                 "this Service".to_string()
             } else {
-                format!("Service `{}`", ident(&services[first.service].meta))
+                format!(
+                    "Service `{}`",
+                    ident_in(layout, &services[first.service].meta, u.cluster)
+                )
             };
+            let cluster = in_cluster(layout, u.cluster, false);
             cx.push(
                 Diagnostic::error(
                     "SVC302",
                     format!(
-                        "node port {} is already used by {owner} ({})",
+                        "node port {} is already used by {owner} ({}){cluster}",
                         u.port, first.path
                     ),
                 )
@@ -151,37 +249,41 @@ fn node_ports(cx: &mut Cx, services: &[Service]) {
 /// Cluster IPs written on two Services. Returns, for every written IP, the first Service
 /// holding it (index and span).
 fn cluster_ips(cx: &mut Cx, services: &[Service]) -> HashMap<IpAddr, (usize, Span)> {
-    let mut v: Vec<(IpAddr, Span, usize, String)> = Vec::new();
+    let layout = cx.layout;
+    let mut v: Vec<(u32, IpAddr, Span, usize, String)> = Vec::new();
     for (si, s) in services.iter().enumerate() {
         if service_type(s) == Type::ExternalName {
             continue;
         }
         for (path, c) in written_cluster_ips(s) {
             if let Some(ip) = parse_ip(&c.v) {
-                v.push((ip, c.span, si, path));
+                for cluster in clusters_of(layout, &s.meta) {
+                    v.push((cluster, ip, c.span, si, path.clone()));
+                }
             }
         }
     }
-    v.sort_unstable_by_key(|e| (e.0, e.1));
+    v.sort_unstable_by_key(|e| (e.0, e.1, e.2));
     runs(
         &v,
-        |e| e.0,
+        |e| (e.0, e.1),
         |first, e| {
-            if first.2 == e.2 {
+            if first.3 == e.3 {
                 return; // clusterIP repeated in clusterIPs: SVC120/SVC121 cover it
             }
             cx.push(
                 Diagnostic::error(
                     "SVC303",
                     format!(
-                        "cluster IP {} is already used by Service `{}`",
-                        e.0,
-                        ident(&services[first.2].meta)
+                        "cluster IP {} is already used by Service `{}`{}",
+                        e.1,
+                        ident_in(layout, &services[first.3].meta, e.0),
+                        in_cluster(layout, e.0, false)
                     ),
                 )
-                .at(e.1)
-                .path(e.3.clone())
-                .related(first.1, "first used here")
+                .at(e.2)
+                .path(e.4.clone())
+                .related(first.2, "first used here")
                 .hint(
                     "give each Service its own cluster IP, or leave it unset to have one allocated",
                 ),
@@ -189,7 +291,7 @@ fn cluster_ips(cx: &mut Cx, services: &[Service]) -> HashMap<IpAddr, (usize, Spa
         },
     );
     let mut by_ip = HashMap::with_capacity(v.len());
-    for (ip, span, si, _) in &v {
+    for (_, ip, span, si, _) in &v {
         by_ip.entry(*ip).or_insert((*si, *span));
     }
     by_ip
@@ -251,22 +353,29 @@ fn endpoint_ips(cx: &mut Cx, o: &Objects, by_ip: &HashMap<IpAddr, (usize, Span)>
 }
 
 fn references(cx: &mut Cx, o: &Objects) {
-    let services: HashSet<(&str, &str)> = o
+    let layout = cx.layout;
+    let services: HashSet<(u32, Cow<str>, Cow<str>)> = o
         .services
         .iter()
-        .map(|s| (s.meta.namespace.v.as_str(), s.meta.name.v.as_str()))
+        .flat_map(|s| {
+            named(layout, &s.meta, true).map(|n| (layout.related(n.cluster), n.namespace, n.name))
+        })
         .collect();
     for e in &o.endpoints {
-        let key = (e.meta.namespace.v.as_str(), e.meta.name.v.as_str());
-        if !services.contains(&key) {
+        for n in named(layout, &e.meta, true) {
+            let cluster = in_cluster(layout, n.cluster, n.renamed);
+            let key = (layout.related(n.cluster), n.namespace, n.name);
+            if services.contains(&key) {
+                continue;
+            }
             cx.push(
                 Diagnostic::warning(
                     "SVC305",
                     format!(
-                        "Endpoints `{}` has no Service `{}` in namespace `{}`",
+                        "Endpoints `{}` has no Service `{}` in namespace `{}`{cluster}",
                         ident(&e.meta),
-                        key.1,
-                        key.0
+                        key.2,
+                        key.1
                     ),
                 )
                 .at(e.meta.name.span)
@@ -284,13 +393,22 @@ fn references(cx: &mut Cx, o: &Objects) {
         else {
             continue; // SVC210
         };
-        let ns = s.meta.namespace.v.as_str();
-        if !services.contains(&(ns, v.v.as_str())) {
+        for n in named(layout, &s.meta, true) {
+            // The label is not renamed: kustomize does not read it as a reference.
+            let key = (
+                layout.related(n.cluster),
+                n.namespace,
+                Cow::Borrowed(v.v.as_str()),
+            );
+            if services.contains(&key) {
+                continue;
+            }
+            let (ns, cluster) = (&key.1, in_cluster(layout, n.cluster, n.renamed));
             cx.push(
                 Diagnostic::warning(
                     "SVC305",
                     format!(
-                        "EndpointSlice `{}` names Service `{}` in namespace `{ns}`, which is not in the input",
+                        "EndpointSlice `{}` names Service `{}` in namespace `{ns}`, which is not in the input{cluster}",
                         ident(&s.meta),
                         v.v
                     ),

@@ -1272,3 +1272,97 @@ fn selectorless_headless_may_require_dual_stack() {
         ["SVC124"]
     );
 }
+
+/// Files 0..n, each a text; the layout of `kustomizations` (path, text) over them, files
+/// at `/r/NAME` by their names.
+fn run_layout(files: &[(&str, &str)], kustomizations: &[(&str, &str)]) -> Vec<Diagnostic> {
+    let mut objects = Objects::default();
+    let mut diags = Diagnostics::default();
+    let mut paths = Vec::new();
+    for (i, (name, text)) in files.iter().enumerate() {
+        let f = FileId(i as u32);
+        let (docs, d) = crate::tree::parse_file(f, text);
+        diags.extend(d);
+        for doc in &docs {
+            crate::k8s::decode_document(doc, &mut objects, &mut diags);
+        }
+        paths.push((f, format!("/r/{name}")));
+    }
+    let kusts: Vec<_> = kustomizations
+        .iter()
+        .map(|(p, t)| (format!("/r/{p}"), crate::kustomize::parse(t)))
+        .collect();
+    let layout = crate::layout::layout(&paths, &kusts, &[], crate::layout::Plain::EachFile);
+    super::validate_in(&objects, &Settings::default(), &layout, &mut diags);
+    diags.items
+}
+
+#[test]
+fn cross_object_rules_run_within_each_cluster() {
+    let web = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  clusterIP: 10.96.0.10\n  ports:\n  - port: 80\n";
+    // Install variants side by side: each file is applied alone.
+    let d = run_layout(
+        &[("install.yaml", web), ("namespace-install.yaml", web)],
+        &[],
+    );
+    assert_eq!(codes_of(&d), Vec::<&str>::new());
+    // Two overlays of one base: one cluster each, no clash.
+    let overlay = |ns: &str| format!("resources: [../../base]\nnamespace: {ns}\n");
+    let (prod, dev) = (overlay("prod"), overlay("dev"));
+    let base = "resources: [web.yaml]\n";
+    let k = [
+        ("base/kustomization.yaml", base),
+        ("overlays/prod/kustomization.yaml", prod.as_str()),
+        ("overlays/dev/kustomization.yaml", dev.as_str()),
+    ];
+    let d = run_layout(&[("base/web.yaml", web)], &k);
+    assert_eq!(codes_of(&d), Vec::<&str>::new());
+    // Within one build, a clash is an error; a namePrefix on one of two bases' copies
+    // makes the names distinct (the cluster IP still clashes).
+    let two = "resources: [a, b]\n";
+    let d = run_layout(
+        &[("a/web.yaml", web), ("b/web.yaml", web)],
+        &[
+            ("kustomization.yaml", two),
+            ("a/kustomization.yaml", base),
+            ("b/kustomization.yaml", base),
+        ],
+    );
+    assert_eq!(codes_of(&d), ["SVC301", "SVC303"]);
+    // One cluster in the input, nothing renamed: the message names none.
+    assert_eq!(d[0].message, "duplicate Service `default/web`");
+    let d = run_layout(
+        &[("a/web.yaml", web), ("b/web.yaml", web)],
+        &[
+            ("kustomization.yaml", two),
+            ("a/kustomization.yaml", base),
+            (
+                "b/kustomization.yaml",
+                "resources: [web.yaml]\nnamePrefix: b-\n",
+            ),
+        ],
+    );
+    assert_eq!(codes_of(&d), ["SVC303"]);
+}
+
+#[test]
+fn a_prefix_leaves_a_slice_without_its_service() {
+    // kustomize renames the slice and the Service, not the Service its label names.
+    let web =
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n  - port: 80\n";
+    let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels:\n    kubernetes.io/service-name: web\naddressType: IPv4\nendpoints: []\n";
+    let files = [("web.yaml", web), ("slice.yaml", slice)];
+    let plain = run_layout(&files, &[]);
+    assert_eq!(
+        codes_of(&plain),
+        Vec::<&str>::new(),
+        "sibling plain files relate"
+    );
+    let k = [(
+        "kustomization.yaml",
+        "resources: [web.yaml, slice.yaml]\nnamePrefix: p-\n",
+    )];
+    let d = run_layout(&files, &k);
+    assert_eq!(codes_of(&d), ["SVC305"]);
+    assert!(d[0].message.contains("in cluster `/r`"), "{}", d[0].message);
+}
