@@ -75,6 +75,7 @@ impl Drop for Cleanup {
 /// the pin instances and foreign pins of earlier runs whose process is gone (Drop cannot
 /// run after SIGKILL; their cgroups go with `ebpf.rs`'s sweep).
 fn prerequisites(test: &str) -> Option<PathBuf> {
+    super::lab::check_svc_kernel();
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         skip(test, "needs root (cgroups, BPF, network namespaces)");
