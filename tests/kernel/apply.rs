@@ -827,6 +827,47 @@ fn a_dual_stack_rollback_restores_the_pair_before_the_last_apply() {
     assert_eq!(tables(), after_c);
 }
 
+/// Whether an apply started under `strace -f -y -e trace=flock -o TRACE` waits for the
+/// lock at `path` that the test holds, as its system calls show it: within `wait` it
+/// has tried [`LOCK_TRIES`] times to `flock` that file and been refused every time
+/// (`EAGAIN`), it never got the lock, and it is still running. `Err` says what was seen
+/// instead.
+fn waits_on_lock(
+    child: &mut std::process::Child,
+    trace: &Path,
+    path: &Path,
+    wait: Duration,
+) -> Result<(), String> {
+    let lock = format!("<{}>", std::fs::canonicalize(path).unwrap().display());
+    let deadline = Instant::now() + wait;
+    loop {
+        let text = std::fs::read_to_string(trace).unwrap_or_default();
+        let calls: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("flock(") && l.contains(&lock))
+            .collect();
+        if let Some(got) = calls.iter().find(|l| l.trim_end().ends_with("= 0")) {
+            return Err(format!("it took the lock the test holds: {got}"));
+        }
+        let refused = calls.iter().filter(|l| l.contains("EAGAIN")).count();
+        if let Some(st) = child.try_wait().unwrap() {
+            return Err(format!("it exited ({st}) after {refused} refused flock(s)"));
+        }
+        if refused >= LOCK_TRIES {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{refused} refused flock(s) on {lock} within {wait:?}:\n{text}"
+            ));
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Refused `flock`s [`waits_on_lock`] wants to see: a retry loop, not one attempt.
+const LOCK_TRIES: usize = 3;
+
 /// Holds the state directory's lock until dropped; `None` if it stays busy for `wait`.
 fn hold_lock(path: &Path, wait: Duration) -> Option<File> {
     let f = OpenOptions::new()
@@ -982,23 +1023,57 @@ fn concurrent_applies_serialise() {
         assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
         assert_eq!(node.owned(), state_a);
 
-        // An apply started meanwhile waits, then runs.
+        // An apply started meanwhile waits, then runs: under strace, whose record of its
+        // flock calls shows it waiting on this very lock file.
         let args = node.args(&[&b, "golden/common", "--node", "node-1"]);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_svc-compile"))
+        let trace = node.inputs.path().join("flock.strace");
+        let mut child = Command::new("strace")
+            .args(["-f", "-y", "-e", "trace=flock", "-o"])
+            .arg(&trace)
+            .arg(env!("CARGO_BIN_EXE_svc-compile"))
             .args(&args)
             .current_dir(root())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap();
-        thread::sleep(Duration::from_millis(700));
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "did not wait for the lock"
+            .expect("strace (apt-get install strace)");
+        let waiting = waits_on_lock(
+            &mut child,
+            &trace,
+            &node.lock_path(),
+            Duration::from_secs(20),
         );
-        assert_eq!(node.owned(), state_a);
+        assert_eq!(
+            node.owned(),
+            state_a,
+            "[{target}] changed while the lock was held"
+        );
+        if let Err(why) = waiting {
+            drop(lock);
+            let _ = child.wait();
+            panic!("[{target}] the second apply did not wait for the lock: {why}");
+        }
         drop(lock);
-        assert!(child.wait().unwrap().success());
+        // Released: it takes the lock and finishes (bounded).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "[{target}] the waiting apply did not finish once the lock was free"
+            );
+            thread::sleep(Duration::from_millis(10));
+        };
+        assert!(status.success());
+        let text = std::fs::read_to_string(&trace).unwrap();
+        assert!(
+            text.lines().any(|l| l.contains("flock(")
+                && l.contains("/lock>")
+                && l.trim_end().ends_with("= 0")),
+            "[{target}] no flock taken once the lock was free:\n{text}"
+        );
         let state_b = node.owned();
         assert_ne!(state_a, state_b);
 
