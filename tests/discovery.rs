@@ -23,6 +23,7 @@ use svc_targets::dns;
 /// Whether the test can run: root and every program present. Otherwise prints why and
 /// returns false, or panics when `SVC_KERNEL=require`.
 pub(crate) fn ready(test: &str, programs: &[&str]) -> bool {
+    crate::kernel::lab::check_svc_kernel();
     // SAFETY: geteuid cannot fail.
     let mut missing: Vec<String> = if unsafe { libc::geteuid() } == 0 {
         vec![]

@@ -126,7 +126,8 @@ pub struct Packet {
     pub port: u16,
     pub proto: Protocol,
     /// Addresses local to the node besides the view's node IPs and loopback (e.g. a pod
-    /// gateway address): where node ports may also be reached.
+    /// gateway address): where node ports may also be reached, and whose packets are the
+    /// node's own (a node address the Node object does not list).
     pub local_ips: Vec<IpAddr>,
     /// Whether the sender is a socket on this node (the node itself, or one of its pods),
     /// when the caller knows: what a socket load balancer ([`Mode::Ebpf`]) serves. `None`:
@@ -286,7 +287,7 @@ pub fn trace(view: &NodeView, p: &Packet, mode: Mode) -> Trace {
         // Interface detectors need the arrival interface, which a trace does not have.
         _ => None,
     };
-    t.origin = if p.dst.is_loopback() || p.src.is_loopback() || view.node_ips.contains(&p.src) {
+    t.origin = if p.dst.is_loopback() || is_local_addr(view, p, &p.src) {
         Origin::Node
     } else if detector_local == Some(true) {
         Origin::Pod
@@ -1186,6 +1187,13 @@ mod tests {
             &packet("192.168.0.2", "192.168.0.2", 30080),
             Mode::Iptables,
         );
+        assert_eq!(t.origin, Origin::Node);
+        assert_eq!(addrs(&t.verdict), [("10.1.0.5:8080".to_string(), true)]);
+        // From a local address the Node object does not list (`--local-ip`): the node's
+        // own packet too, not a client's.
+        let mut p = packet("192.168.7.7", "192.168.0.2", 30080);
+        p.local_ips = vec!["192.168.7.7".parse().unwrap()];
+        let t = trace(&v, &p, Mode::Iptables);
         assert_eq!(t.origin, Origin::Node);
         assert_eq!(addrs(&t.verdict), [("10.1.0.5:8080".to_string(), true)]);
     }

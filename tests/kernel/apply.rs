@@ -179,8 +179,7 @@ impl<'a> Node<'a> {
                         None,
                     )
                     .unwrap();
-                let text = String::from_utf8_lossy(&json.stdout);
-                svc_targets::plan::nftables::owned_state(&text).unwrap()
+                nft_state(&String::from_utf8_lossy(&json.stdout))
             }
         }
     }
@@ -239,6 +238,77 @@ impl<'a> Node<'a> {
             failures.join("\n")
         );
     }
+}
+
+/// `nft -j list table` output as the lines these tests compare, read here and not by the
+/// planner (its `owned_state` is what is checked, through the records it writes): the
+/// table (`table {...}`), each other object by kind and name (`chain NAME {...}`, `set`,
+/// `map`, ...), then each chain's rules in the kernel's order, chains by name
+/// (`rule CHAIN {...}`). Handles are left out (the kernel numbers objects as they come),
+/// a set's or map's elements sorted, and dropped where the kernel adds them itself
+/// (`dynamic` or `timeout` flags). No table (empty output): empty.
+fn nft_state(json: &str) -> String {
+    use serde_json::Value;
+    if json.trim().is_empty() {
+        return String::new();
+    }
+    let v: Value = serde_json::from_str(json).expect("nft -j output is JSON");
+    let items = v["nftables"]
+        .as_array()
+        .expect("nft -j output has `nftables`");
+    let mut tables = Vec::new();
+    let mut objects: BTreeMap<(String, String), String> = BTreeMap::new();
+    let mut rules: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for item in items {
+        let (kind, body) = item
+            .as_object()
+            .and_then(|o| o.iter().next())
+            .expect("an nft -j item is {kind: body}");
+        let mut body = body.clone();
+        let obj = body.as_object_mut().expect("an nft -j body is an object");
+        obj.remove("handle");
+        let name = obj
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        match kind.as_str() {
+            "metainfo" => {}
+            "table" => tables.push(format!("table {body}")),
+            "rule" => {
+                let chain = obj
+                    .get("chain")
+                    .and_then(Value::as_str)
+                    .expect("a rule's chain")
+                    .to_string();
+                let line = format!("rule {chain} {body}");
+                rules.entry(chain).or_default().push(line);
+            }
+            _ => {
+                if matches!(kind.as_str(), "set" | "map") {
+                    let kernel_fills = obj
+                        .get("flags")
+                        .and_then(Value::as_array)
+                        .is_some_and(|f| f.iter().any(|x| x == "dynamic" || x == "timeout"));
+                    if kernel_fills {
+                        obj.remove("elem");
+                    } else if let Some(Value::Array(elems)) = obj.get_mut("elem") {
+                        elems.sort_by_cached_key(|e| e.to_string());
+                    }
+                }
+                objects.insert(
+                    (kind.clone(), name.clone()),
+                    format!("{kind} {name} {body}"),
+                );
+            }
+        }
+    }
+    tables
+        .iter()
+        .chain(objects.values())
+        .chain(rules.values().flatten())
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 /// An nftables owned state as traffic sees it: without the stale chains apply empties and
@@ -728,7 +798,7 @@ fn a_dual_stack_rollback_restores_the_pair_before_the_last_apply() {
     let tables = || {
         ["ip", "ip6"].map(|f| {
             let json = node.exec("nft", &["-j", "list", "table", f, "kube-proxy"]);
-            settled(&svc_targets::plan::nftables::owned_state(&json).unwrap())
+            settled(&nft_state(&json))
         })
     };
     apply(&a).says("nftables ipv6 applied");
@@ -756,6 +826,47 @@ fn a_dual_stack_rollback_restores_the_pair_before_the_last_apply() {
     node.run(&["--rollback"]).expect(0);
     assert_eq!(tables(), after_c);
 }
+
+/// Whether an apply started under `strace -f -y -e trace=flock -o TRACE` waits for the
+/// lock at `path` that the test holds, as its system calls show it: within `wait` it
+/// has tried [`LOCK_TRIES`] times to `flock` that file and been refused every time
+/// (`EAGAIN`), it never got the lock, and it is still running. `Err` says what was seen
+/// instead.
+fn waits_on_lock(
+    child: &mut std::process::Child,
+    trace: &Path,
+    path: &Path,
+    wait: Duration,
+) -> Result<(), String> {
+    let lock = format!("<{}>", std::fs::canonicalize(path).unwrap().display());
+    let deadline = Instant::now() + wait;
+    loop {
+        let text = std::fs::read_to_string(trace).unwrap_or_default();
+        let calls: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("flock(") && l.contains(&lock))
+            .collect();
+        if let Some(got) = calls.iter().find(|l| l.trim_end().ends_with("= 0")) {
+            return Err(format!("it took the lock the test holds: {got}"));
+        }
+        let refused = calls.iter().filter(|l| l.contains("EAGAIN")).count();
+        if let Some(st) = child.try_wait().unwrap() {
+            return Err(format!("it exited ({st}) after {refused} refused flock(s)"));
+        }
+        if refused >= LOCK_TRIES {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{refused} refused flock(s) on {lock} within {wait:?}:\n{text}"
+            ));
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Refused `flock`s [`waits_on_lock`] wants to see: a retry loop, not one attempt.
+const LOCK_TRIES: usize = 3;
 
 /// Holds the state directory's lock until dropped; `None` if it stays busy for `wait`.
 fn hold_lock(path: &Path, wait: Duration) -> Option<File> {
@@ -912,23 +1023,57 @@ fn concurrent_applies_serialise() {
         assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
         assert_eq!(node.owned(), state_a);
 
-        // An apply started meanwhile waits, then runs.
+        // An apply started meanwhile waits, then runs: under strace, whose record of its
+        // flock calls shows it waiting on this very lock file.
         let args = node.args(&[&b, "golden/common", "--node", "node-1"]);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_svc-compile"))
+        let trace = node.inputs.path().join("flock.strace");
+        let mut child = Command::new("strace")
+            .args(["-f", "-y", "-e", "trace=flock", "-o"])
+            .arg(&trace)
+            .arg(env!("CARGO_BIN_EXE_svc-compile"))
             .args(&args)
             .current_dir(root())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap();
-        thread::sleep(Duration::from_millis(700));
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "did not wait for the lock"
+            .expect("strace (apt-get install strace)");
+        let waiting = waits_on_lock(
+            &mut child,
+            &trace,
+            &node.lock_path(),
+            Duration::from_secs(20),
         );
-        assert_eq!(node.owned(), state_a);
+        assert_eq!(
+            node.owned(),
+            state_a,
+            "[{target}] changed while the lock was held"
+        );
+        if let Err(why) = waiting {
+            drop(lock);
+            let _ = child.wait();
+            panic!("[{target}] the second apply did not wait for the lock: {why}");
+        }
         drop(lock);
-        assert!(child.wait().unwrap().success());
+        // Released: it takes the lock and finishes (bounded).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "[{target}] the waiting apply did not finish once the lock was free"
+            );
+            thread::sleep(Duration::from_millis(10));
+        };
+        assert!(status.success());
+        let text = std::fs::read_to_string(&trace).unwrap();
+        assert!(
+            text.lines().any(|l| l.contains("flock(")
+                && l.contains("/lock>")
+                && l.trim_end().ends_with("= 0")),
+            "[{target}] no flock taken once the lock was free:\n{text}"
+        );
         let state_b = node.owned();
         assert_ne!(state_a, state_b);
 

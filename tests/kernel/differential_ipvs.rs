@@ -1,7 +1,7 @@
 //! The differential test's IPVS side (a child of [`super`], whose flows and checks it
 //! reuses): generated manifests through `--target ipvs` in the IPVS VM, every flow checked
-//! against the IR's expectation or, where IPVS mode differs, against a named rule read
-//! from the compiled parts. Started inside the VM by `kernel::ipvs::golden_flows_ipvs`
+//! against the manifests' expectation (the test's own model, [`super::model`]: never the
+//! compiler's IR) or, where IPVS mode differs, against a named rule. Started inside the VM by `kernel::ipvs::golden_flows_ipvs`
 //! (one boot for the whole IPVS suite) as [`guest_differential`].
 //!
 //! Runs [`DEFAULT_CASES`] generated manifests (seeds `SVC_DIFF_SEED` upwards, default 1;
@@ -21,30 +21,35 @@
 //! rejects) to tell a slow answer from a lost packet (seed 22 needed it in two runs,
 //! seed 61 in one, there with no drop and no PAWS reject; neither in later runs).
 //!
-//! The IPVS expectation is iptables mode's ([`Flow::expect`]`[0]`), except where IPVS
-//! works differently; each exception is one rule of [`ipvs_expect`], decided from the
-//! compiled IPVS parts (never by leaving the flow out), and named in a failure. Where a
-//! rule derives the answer itself ([`through_server`]), the backends are the virtual
-//! server's real servers (`ipvsadm` part) and the masquerade decision is the `iptables`
-//! part's nat rules walked for the flow's first packet (KUBE-SERVICES from PREROUTING or
-//! OUTPUT, with its `-m set` matches read against the `ipset` part: KUBE-MARK-MASQ
-//! reached or not; KUBE-LOOP-BACK for a pod reaching itself). The rules, first match:
+//! The IPVS expectation is iptables mode's ([`Flow::expect`]`[0]`, by the model), except
+//! where IPVS works differently; each exception is one rule of [`ipvs_expect`], decided
+//! from the flow's [`Frontend`] by the manifests (never by leaving the flow out), and named
+//! in a failure. Where a rule derives the answer itself ([`through_server`]), the backends
+//! are the endpoints kube-proxy's IPVS `syncEndpoint` takes from the model's sets, the
+//! masquerade decision is IPVS mode's nat rules applied to the manifests (see
+//! [`frontend`]), KUBE-LOOP-BACK the model's local endpoints. The compiled parts are only
+//! what is checked: a frontend of the manifests without its virtual server
+//! (**missing-virtual-server**), a virtual server where the manifests have no frontend
+//! (**unexpected-virtual-server**) and real servers or persistence other than the
+//! manifests' (**real-servers-differ**) fail whatever the kernel then does, so a target
+//! that drops a whole service fails even where its absence looks like "no endpoints".
+//! The rules, first match:
 //!
-//! - **source-ranges**: a load-balancer IP in KUBE-LOAD-BALANCER-FW from another host
-//!   that neither KUBE-LOAD-BALANCER-SOURCE-CIDR (a host-length range is a bare address
-//!   there) nor -SOURCE-IP admits: KUBE-SOURCE-RANGES-FIREWALL drops it in filter INPUT,
+//! - **source-ranges**: a load-balancer IP with source ranges, from another host outside
+//!   them: KUBE-SOURCE-RANGES-FIREWALL drops it in filter INPUT,
 //!   before IPVS (LOCAL_IN, later priority): timeout. The node's own packet meets IPVS
 //!   first (LOCAL_OUT, before filter OUTPUT): refused without real servers
 //!   (**no-real-servers**), else dropped by KUBE-IPVS-OUT-FILTER's `-m ipvs` rule for
 //!   that virtual server: timeout (seed 5).
-//! - **no-server-local**: no virtual server for the destination, which is a local address
+//! - **no-server-local**: no virtual server for the destination, which is no frontend of
+//!   the manifests and a local address
 //!   (the node's, its pod gateway, 127.0.0.1, a VIP on kube-ipvs0): nothing listens,
 //!   refused. (IPVS mode's node ports are on the Node object's addresses only, not on
 //!   127.0.0.1 or the pod gateway; a cluster IP's other ports are rejected by
 //!   KUBE-IPVS-FILTER.)
-//! - **no-server-routed**: no virtual server, not local: routed on, no answer.
-//! - **no-real-servers**: a virtual server without real servers (the service has no
-//!   usable endpoint at all): IPVS answers ICMP port unreachable (`ip_vs_leave`): refused.
+//! - **no-server-routed**: no virtual server, no frontend, not local: routed on, no answer.
+//! - **no-real-servers**: a virtual server without real servers, the manifests giving the
+//!   service no usable endpoint at all: IPVS answers ICMP port unreachable (`ip_vs_leave`): refused.
 //! - **external-local**: externalTrafficPolicy=Local — the destination is in
 //!   KUBE-EXTERNAL-IP-LOCAL, KUBE-LOAD-BALANCER-LOCAL or (a node port on a node address)
 //!   KUBE-NODE-PORT-LOCAL-TCP/UDP — and its real servers are local (in KUBE-LOOP-BACK).
@@ -84,8 +89,8 @@
 //! - **as-iptables**: any other flow to a virtual server with real servers: iptables
 //!   mode's expectation.
 
-use super::{class, derive_flows, generate, ok_vs, parse_view, run_flows, source_ip, Cidr4};
-use super::{Expect, Flow, Intended, Manifest, Seen, NODE, SERVED_PORTS};
+use super::{class, derive_flows, forgive_timeouts, names, ok_vs, run_flows, source_ip, Cidr};
+use super::{Expect, Flow, Intended, Manifest, Seen, View, NODE, SERVED_PORTS};
 use crate::kernel::{Lab, LabSpec, Proto};
 use crate::support::{root, svc, TempDir};
 use std::collections::{BTreeMap, BTreeSet};
@@ -99,13 +104,21 @@ use std::time::Instant;
 /// there (seeds 1–14 took 8.4–11.4 s), so the VM suite grows by about 75 s.
 pub const DEFAULT_CASES: u64 = 8;
 
-/// The result lines the guest writes (`diff-ipvs:seed N`), for the host to expect.
+/// The result lines the guest writes (`diff-ipvs:seed N`, then `diff-ipvs:kinds`: every
+/// kind was checked), for the host to expect.
 pub fn steps() -> Vec<String> {
     let (first, n) = seeds();
-    (first..first + n)
+    let mut steps: Vec<String> = (first..first + n)
         .map(|s| format!("diff-ipvs:seed {s}"))
-        .collect()
+        .collect();
+    if n > 0 {
+        steps.push(KINDS_STEP.into());
+    }
+    steps
 }
+
+/// The guest's last result line: the flows of every kind and rule were checked.
+const KINDS_STEP: &str = "diff-ipvs:kinds";
 
 /// `export` lines that hand the host's knobs to the guest.
 pub fn guest_env() -> String {
@@ -129,41 +142,19 @@ struct Server {
     persistent: bool,
 }
 
-/// What the compiled IPVS parts say about destinations.
+/// What the compiled IPVS parts say about destinations: the parts checked, never an
+/// expectation.
 #[derive(Default)]
 struct Compiled {
     /// `-t IP:PORT` → its virtual server.
     servers: BTreeMap<String, Server>,
     /// kube-ipvs0's addresses.
     bound: BTreeSet<IpAddr>,
-    /// Entries of each set.
-    sets: BTreeMap<String, BTreeSet<String>>,
-    /// Each set's type (`hash:ip,port`, `bitmap:port`, ...).
-    set_types: BTreeMap<String, String>,
-    /// The `iptables` part's nat rules (`-A` lines), per chain, split into words.
-    nat: BTreeMap<String, Vec<Vec<String>>>,
-    /// `IP,PROTO:PORT` of each virtual server KUBE-IPVS-OUT-FILTER keeps the node from.
-    out_filter: BTreeSet<String>,
-}
-
-/// An iptables rule's words; a double-quoted comment is one word.
-fn words(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = line.trim();
-    while !rest.is_empty() {
-        let (w, r) = match rest.strip_prefix('"') {
-            Some(q) => q.split_once('"').unwrap_or((q, "")),
-            None => rest.split_once(' ').unwrap_or((rest, "")),
-        };
-        out.push(w.to_string());
-        rest = r.trim_start();
-    }
-    out
 }
 
 fn read_bundle(bundle: &str) -> Compiled {
     let mut c = Compiled::default();
-    let (mut part, mut table) = ("", "");
+    let mut part = "";
     for l in bundle.lines() {
         if let Some(h) = l.strip_prefix("# ==== ") {
             part = h.split(':').next().unwrap_or("");
@@ -188,207 +179,10 @@ fn read_bundle(bundle: &str) -> Compiled {
                     c.bound.insert(ip);
                 }
             }
-            ("ipset", ["create", set, kind, ..]) => {
-                c.set_types.insert(set.to_string(), kind.to_string());
-            }
-            ("ipset", ["add", set, entry]) => {
-                c.sets
-                    .entry(set.to_string())
-                    .or_default()
-                    .insert(entry.to_string());
-            }
-            ("iptables", [t, ..]) if t.starts_with('*') => table = &l[1..],
-            ("iptables", ["-A", "KUBE-IPVS-OUT-FILTER", rule @ ..]) => {
-                let after = |flag| rule.iter().position(|w| *w == flag).map(|i| rule[i + 1]);
-                if let (Some(ip), Some(proto), Some(port)) =
-                    (after("--vaddr"), after("--vproto"), after("--vport"))
-                {
-                    c.out_filter.insert(format!("{ip},{proto}:{port}"));
-                }
-            }
-            // A declared chain may have no rules (KUBE-NODE-PORT without node ports).
-            ("iptables", [decl, ..]) if table == "nat" && decl.starts_with(':') => {
-                c.nat.entry(decl[1..].to_string()).or_default();
-            }
-            ("iptables", ["-A", chain, ..]) if table == "nat" => {
-                let mut rule = words(l);
-                rule.drain(..2);
-                c.nat.entry(chain.to_string()).or_default().push(rule);
-            }
             _ => {}
         }
     }
     c
-}
-
-/// A flow's first packet as the node's nat table sees it.
-struct Packet {
-    src: IpAddr,
-    dst: SocketAddr,
-    proto: &'static str,
-    /// The interface it came in on (`None`: the node's own, nat OUTPUT).
-    iface: Option<String>,
-}
-
-impl Compiled {
-    fn set(&self, name: &str) -> impl Iterator<Item = &String> {
-        self.sets.get(name).into_iter().flatten()
-    }
-
-    /// Whether `-m set --match-set NAME FLAGS` matches: each of the set type's
-    /// dimensions (`ip`, `port`, `net`) against the packet field its flag names.
-    fn set_matches(&self, name: &str, flags: &str, p: &Packet) -> bool {
-        let kind = self.set_types.get(name).map_or("", String::as_str);
-        let dims: Vec<&str> = kind
-            .split_once(':')
-            .map_or("", |(_, d)| d)
-            .split(',')
-            .collect();
-        let flags: Vec<&str> = flags.split(',').collect();
-        let bitmap = kind.starts_with("bitmap:");
-        self.set(name).any(|e| {
-            let parts: Vec<&str> = e.split(',').collect();
-            parts.len() == dims.len()
-                && dims
-                    .iter()
-                    .zip(&flags)
-                    .zip(&parts)
-                    .all(|((dim, flag), part)| {
-                        let ip = if *flag == "src" { p.src } else { p.dst.ip() };
-                        match *dim {
-                            "ip" => part.parse() == Ok(ip),
-                            "net" => {
-                                Cidr4::parse(part).is_some_and(|c| c.contains(ip))
-                                    || part.parse() == Ok(ip)
-                            }
-                            // Only destination ports are matched in IPVS mode's rules.
-                            "port" if *flag == "dst" && bitmap => *part == p.dst.port().to_string(),
-                            "port" if *flag == "dst" => {
-                                *part == format!("{}:{}", p.proto, p.dst.port())
-                            }
-                            d => panic!("set {name}: cannot match dimension {d} by {flag}"),
-                        }
-                    })
-        })
-    }
-
-    /// `--dst-type LOCAL`: the node's addresses, kube-ipvs0's, loopback.
-    fn local(&self, ip: IpAddr) -> bool {
-        ip.is_loopback()
-            || self.bound.contains(&ip)
-            || [
-                super::super::addr::NODE_LAN,
-                super::super::addr::NODE_POD_GW,
-                super::super::addr::NODE_LINK,
-            ]
-            .iter()
-            .any(|a| ip == IpAddr::V4(*a))
-    }
-
-    /// Whether one rule's matches hold for `p`. Panics on a match it does not know, so
-    /// that a new rule in the part is read, not skipped.
-    fn rule_matches(&self, rule: &[String], p: &Packet) -> bool {
-        let mut i = 0;
-        let mut ok = true;
-        let w = |i: usize| rule.get(i).map_or("", String::as_str);
-        while i < rule.len() && w(i) != "-j" {
-            let neg = w(i) == "!";
-            if neg {
-                i += 1;
-            }
-            let hit = match (w(i), w(i + 1)) {
-                ("-s", cidr) => {
-                    i += 2;
-                    Cidr4::parse(cidr).map_or(cidr.parse() == Ok(p.src), |c| c.contains(p.src))
-                }
-                ("-p", proto) => {
-                    i += 2;
-                    proto == p.proto
-                }
-                ("-i", name) => {
-                    i += 2;
-                    let iface = p.iface.as_deref().unwrap_or("");
-                    match name.strip_suffix('+') {
-                        Some(prefix) => !iface.is_empty() && iface.starts_with(prefix),
-                        None => iface == name,
-                    }
-                }
-                ("-m", "comment") => {
-                    i += 4;
-                    true
-                }
-                ("-m", "set") => {
-                    let n = w(i + 2) == "!";
-                    let at = i + 2 + usize::from(n);
-                    assert_eq!(w(at), "--match-set", "rule {rule:?}");
-                    i = at + 3;
-                    self.set_matches(w(at + 1), w(at + 2), p) != n
-                }
-                ("-m", "addrtype") => {
-                    let n = w(i + 2) == "!";
-                    let at = i + 2 + usize::from(n);
-                    i = at + 2;
-                    let local = match w(at) {
-                        "--dst-type" => self.local(p.dst.ip()),
-                        "--src-type" => p.iface.is_none(),
-                        m => panic!("addrtype {m} in {rule:?}"),
-                    };
-                    assert_eq!(w(at + 1), "LOCAL", "rule {rule:?}");
-                    local != n
-                }
-                // The lab's node has no bridge: nothing comes in on a bridge port.
-                ("-m", "physdev") if w(i + 2) == "!" && w(i + 3) == "--physdev-is-in" => {
-                    i += 4;
-                    true
-                }
-                (m, v) => panic!("the nat rule reader does not know `{m} {v}` in {rule:?}"),
-            };
-            ok &= hit != neg;
-        }
-        ok
-    }
-
-    /// Runs `chain` of the nat table for `p`: `Some(())` when a rule ends the walk
-    /// (`ACCEPT`), `None` when the chain returns; sets `marked` at KUBE-MARK-MASQ.
-    fn walk(&self, chain: &str, p: &Packet, marked: &mut bool) -> Option<()> {
-        for rule in self.nat.get(chain).into_iter().flatten() {
-            if !self.rule_matches(rule, p) {
-                continue;
-            }
-            let j = rule
-                .iter()
-                .position(|w| w == "-j")
-                .map(|i| rule[i + 1].as_str());
-            match j {
-                Some("KUBE-MARK-MASQ") => *marked = true,
-                Some("ACCEPT") => return Some(()),
-                Some("RETURN") => return None,
-                Some(c) if self.nat.contains_key(c) => {
-                    if self.walk(c, p, marked).is_some() {
-                        return Some(());
-                    }
-                }
-                j => panic!("nat target {j:?} in {rule:?}"),
-            }
-        }
-        None
-    }
-
-    /// IPVS mode's masquerade decision for a new connection: KUBE-SERVICES (from nat
-    /// PREROUTING or OUTPUT) reaches KUBE-MARK-MASQ, and KUBE-POSTROUTING masquerades
-    /// what is marked.
-    fn marked(&self, p: &Packet) -> bool {
-        let mut marked = false;
-        self.walk("KUBE-SERVICES", p, &mut marked);
-        marked
-    }
-
-    /// KUBE-LOOP-BACK (`dst,dst,src` in KUBE-POSTROUTING, after IPVS's DNAT to `real`):
-    /// the hairpin masquerade of a pod reaching itself.
-    fn loop_back(&self, real: SocketAddr, proto: &str) -> bool {
-        self.set("KUBE-LOOP-BACK")
-            .any(|e| *e == format!("{},{proto}:{},{}", real.ip(), real.port(), real.ip()))
-    }
 }
 
 /// What a flow must do under IPVS: `expect` (what [`super::run_flow`] probes for), and the
@@ -457,7 +251,7 @@ fn backend(real: SocketAddr) -> Option<String> {
 /// pods, the LAN and its link (see `mod.rs`): a reply to a service address is lost there.
 fn reply_returns(real: SocketAddr, src: IpAddr) -> bool {
     use super::super::addr::{LAN_CIDR, NODE_LINK, POD_CIDR, REMOTE_POD_CIDR};
-    let cidr = |(a, p): (Ipv4Addr, u8)| Cidr4(a, p);
+    let cidr = |(a, p): (Ipv4Addr, u8)| Cidr(a.into(), p);
     if !cidr(REMOTE_POD_CIDR).contains(real.ip()) {
         return true;
     }
@@ -466,58 +260,112 @@ fn reply_returns(real: SocketAddr, src: IpAddr) -> bool {
         .any(|c| cidr(c).contains(src))
 }
 
-/// The sender's source address as the node's stack picks it: the node itself uses the
-/// destination's own address when that is on kube-ipvs0 (a local route's preferred source)
-/// and its LAN address otherwise; everyone else their own address.
-fn sent_from(f: &Flow, c: &Compiled) -> IpAddr {
-    match f.from.as_str() {
-        "node" if c.bound.contains(&f.dst.ip()) => f.dst.ip(),
+/// What the manifests say IPVS mode does at a flow's destination, when it is a frontend
+/// of theirs (a cluster IP, a node port on a node address, a load-balancer or external
+/// IP): never read from the compiled parts being checked.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Frontend {
+    /// The backends (`pod:port`) its virtual server must hold: kube-proxy's IPVS
+    /// `syncEndpoint` (pkg/proxy/ipvs/proxier.go) takes a Local policy's local endpoints,
+    /// or the cluster endpoints when none is local (kubernetes#97081), else the cluster
+    /// endpoints; the sets are the test's own ([`super::model`]).
+    reals: BTreeSet<String>,
+    /// The pods among them on this node (IPVS mode's KUBE-LOOP-BACK: every local endpoint,
+    /// `IsLocal()` in `syncProxyRules`).
+    local: BTreeSet<String>,
+    /// The flow's first packet gets KUBE-MARK-MASQ (see [`frontend`]).
+    marked: bool,
+    /// ClientIP affinity: a persistent virtual server.
+    persistent: bool,
+    /// A load-balancer IP's source ranges.
+    ranges: Vec<Cidr>,
+    /// A Local external policy's destination (KUBE-*-LOCAL).
+    external_local: bool,
+}
+
+/// The lab address of a backend's pod (the IPVS differential is IPv4).
+fn pod_ip(backend: &str) -> IpAddr {
+    let pod = backend.split(':').next().unwrap_or("");
+    super::host_ip(pod, crate::kernel::Family::V4)
+}
+
+/// The sender's source as the node's stack picks it, by the manifests: the node itself
+/// sends to an address on kube-ipvs0 (a cluster, load-balancer or external IP: IPVS mode
+/// binds every one of them) from that address, else from its LAN address.
+fn model_sent_from(f: &Flow) -> IpAddr {
+    match (f.from.as_str(), f.kind.as_str()) {
+        ("node", "cluster IP" | "load-balancer IP" | "external IP") => f.dst.ip(),
         _ => source_ip(f),
     }
 }
 
-/// What the virtual server does with the flow, read from the compiled parts alone: each
-/// real server answers, masqueraded when the nat rules mark the flow (else the backend
-/// sees the sender's source, which for the node may be a VIP: not its own address, so
-/// "masq" to the probe), except where the answer cannot come back: a pod reaching itself
-/// unmasqueraded (no mark, no KUBE-LOOP-BACK entry: it drops a packet from its own
-/// address as martian), or a remote pod replying to a source node2 does not route.
-fn through_server(f: &Flow, c: &Compiled, server: &Server) -> Want {
-    let proto = match f.proto {
-        Proto::Tcp => "tcp",
-        Proto::Udp => "udp",
+/// The flow's [`Frontend`] by the manifests' view, `None` when the destination is none.
+/// Masquerade (IPVS mode's nat rules, `writeIptablesRules` in pkg/proxy/ipvs/proxier.go):
+/// to a cluster IP, masqueradeAll or a source outside the local detector's range (without
+/// a detector, a source that is a cluster IP: the node's own); to an external
+/// destination, always, except with externalTrafficPolicy=Local (the -LOCAL sets RETURN
+/// or ACCEPT before KUBE-MARK-MASQ).
+fn frontend(f: &Flow, view: &View) -> Option<Frontend> {
+    let p = &view.ports[f.port?];
+    let (local_policy, marked) = match f.kind.as_str() {
+        "cluster IP" => {
+            let src = model_sent_from(f);
+            let outside = match view.detector {
+                Some(Some(c)) => !c.contains(src),
+                Some(None) => panic!("a detector that is not a CIDR is not modelled"),
+                None => f.from == "node",
+            };
+            (p.internal_local, view.masquerade_all || outside)
+        }
+        "node port" | "load-balancer IP" | "external IP" => (p.external_local, !p.external_local),
+        _ => return None,
     };
-    let spec = LabSpec::default();
-    let iface = match f.from.as_str() {
-        "node" => None,
-        from => Some(match spec.local_pods.iter().position(|h| h.name == from) {
-            Some(i) => format!("{}{i}", super::super::addr::POD_IFACE_PREFIX),
-            None => "eth0".to_string(),
-        }),
+    let set = if local_policy && !p.local.is_empty() {
+        &p.local
+    } else {
+        &p.cluster
     };
-    let src = sent_from(f, c);
-    let p = Packet {
-        src,
-        dst: f.dst,
-        proto,
-        iface,
-    };
-    let marked = c.marked(&p);
-    let (mut backends, mut lost) = (BTreeSet::new(), BTreeSet::new());
-    for &real in &server.reals {
-        let Some(name) = backend(real) else {
-            return Want::plain(Expect::Unknown);
-        };
-        let hairpin = real.ip() == src;
-        let back = if hairpin {
-            marked || c.loop_back(real, proto)
+    let reals = names(p, set).expect("every endpoint of a generated manifest is served");
+    let local = reals
+        .iter()
+        .filter(|b| p.local_endpoint_ips.contains(&pod_ip(b)))
+        .cloned()
+        .collect();
+    Some(Frontend {
+        reals,
+        local,
+        marked,
+        persistent: p.affinity,
+        ranges: if f.kind == "load-balancer IP" {
+            p.source_ranges.clone()
         } else {
-            marked || reply_returns(real, src)
+            Vec::new()
+        },
+        external_local: f.kind != "cluster IP" && p.external_local,
+    })
+}
+
+/// What the virtual server does with the flow, by the manifests: each of its real servers
+/// answers, masqueraded when marked (else the backend sees the sender's source, which for
+/// the node may be a VIP: not its own address, so "masq" to the probe), except where the
+/// answer cannot come back: a pod reaching itself unmasqueraded (no mark, not in
+/// KUBE-LOOP-BACK: it drops a packet from its own address as martian), or a remote pod
+/// replying to a source node2 does not route.
+fn through_server(f: &Flow, fe: &Frontend) -> Want {
+    let src = model_sent_from(f);
+    let (mut backends, mut lost) = (BTreeSet::new(), BTreeSet::new());
+    for name in &fe.reals {
+        let port: u16 = name.rsplit(':').next().unwrap().parse().unwrap();
+        let real = SocketAddr::new(pod_ip(name), port);
+        let back = if real.ip() == src {
+            fe.marked || fe.local.contains(name)
+        } else {
+            fe.marked || reply_returns(real, src)
         };
         if back {
-            backends.insert(name);
+            backends.insert(name.clone());
         } else {
-            lost.insert(name);
+            lost.insert(name.clone());
         }
     }
     let expect = if backends.is_empty() {
@@ -525,69 +373,80 @@ fn through_server(f: &Flow, c: &Compiled, server: &Server) -> Want {
     } else {
         Expect::Answer {
             backends,
-            masq: marked || src != source_ip(f),
-            sticky: server.persistent,
+            masq: fe.marked || src != source_ip(f),
+            sticky: fe.persistent,
         }
     };
     Want { expect, lost }
 }
 
-/// The IPVS expectation of a flow and the rule that gave it (see the module docs).
-fn ipvs_expect(f: &Flow, c: &Compiled) -> (Want, &'static str) {
-    let (flag, proto) = match f.proto {
-        Proto::Tcp => ("-t", "tcp"),
-        Proto::Udp => ("-u", "udp"),
+/// The rules whose expectation is a failure of the compiled parts, whatever the kernel
+/// does: the manifests' frontend has no virtual server, a virtual server that is no
+/// frontend of theirs, or real servers that are not the manifests' endpoints.
+const STRUCTURAL: [&str; 3] = [
+    "missing-virtual-server",
+    "unexpected-virtual-server",
+    "real-servers-differ",
+];
+
+/// The IPVS expectation of a flow and the rule that gave it (see the module docs), from
+/// the flow's [`Frontend`] by the manifests (`fe`) and iptables mode's expectation; the
+/// compiled parts only say whether a virtual server is there, and with which real
+/// servers, which must be the manifests'.
+fn ipvs_expect(f: &Flow, c: &Compiled, fe: Option<&Frontend>) -> (Want, &'static str) {
+    let flag = match f.proto {
+        Proto::Tcp => "-t",
+        Proto::Udp => "-u",
     };
-    let dst = format!("{},{proto}:{}", f.dst.ip(), f.dst.port());
     let src = source_ip(f);
+    let plain = |e: Expect, rule| (Want::plain(e), rule);
     // Another host's packet meets KUBE-SOURCE-RANGES-FIREWALL in filter INPUT, before
-    // IPVS (LOCAL_IN); a host-length range is a bare address in KUBE-LOAD-BALANCER-
-    // SOURCE-CIDR, as `ipset save` prints it.
-    let firewalled = f.from != "node"
-        && c.set("KUBE-LOAD-BALANCER-FW").any(|e| *e == dst)
-        && !c.set("KUBE-LOAD-BALANCER-SOURCE-CIDR").any(|e| {
-            e.strip_prefix(&format!("{dst},")).is_some_and(|net| {
-                Cidr4::parse(net).map_or(net.parse() == Ok(src), |cidr| cidr.contains(src))
-            })
-        })
-        && !c
-            .set("KUBE-LOAD-BALANCER-SOURCE-IP")
-            .any(|e| *e == format!("{dst},{src}"));
-    // The node's own packet is scheduled by IPVS in LOCAL_OUT, before any filter chain:
-    // without real servers IPVS refuses it; with them KUBE-IPVS-OUT-FILTER (filter
-    // OUTPUT, `-m ipvs`) drops it where the source ranges leave the node out.
-    let out_filtered = f.from == "node" && c.out_filter.contains(&dst);
+    // IPVS (LOCAL_IN).
+    let outside = |fe: &Frontend, src: IpAddr| {
+        !fe.ranges.is_empty() && !fe.ranges.iter().any(|r| r.contains(src))
+    };
+    if let Some(fe) = fe {
+        if f.from != "node" && outside(fe, src) {
+            return plain(Expect::Timeout, "source-ranges");
+        }
+    }
     let local = |ip: IpAddr| {
         ip.is_loopback()
             || c.bound.contains(&ip)
             || ip == IpAddr::V4(super::super::addr::NODE_LAN)
             || ip == IpAddr::V4(super::super::addr::NODE_POD_GW)
     };
-    let plain = |e: Expect, rule| (Want::plain(e), rule);
-    let server = match c.servers.get(&format!("{flag} {}", f.dst)) {
-        _ if firewalled => return plain(Expect::Timeout, "source-ranges"),
-        None if local(f.dst.ip()) => return plain(Expect::Refused, "no-server-local"),
-        None => return plain(Expect::NoAnswer, "no-server-routed"),
-        Some(s) if s.reals.is_empty() => return plain(Expect::Refused, "no-real-servers"),
-        _ if out_filtered => return plain(Expect::Timeout, "source-ranges"),
-        Some(s) => s,
+    let server = c.servers.get(&format!("{flag} {}", f.dst));
+    let (server, fe) = match (server, fe) {
+        (None, Some(_)) => return plain(f.expect[0].clone(), "missing-virtual-server"),
+        (Some(_), None) => return plain(f.expect[0].clone(), "unexpected-virtual-server"),
+        (None, None) if local(f.dst.ip()) => return plain(Expect::Refused, "no-server-local"),
+        (None, None) => return plain(Expect::NoAnswer, "no-server-routed"),
+        (Some(s), Some(fe)) => (s, fe),
     };
-    let want = through_server(f, c, server);
-    // A Local policy's destination: in an -LOCAL set (node ports by port, on a node-port
-    // virtual server; those are on node addresses, never on kube-ipvs0).
-    let external_local = c.set("KUBE-EXTERNAL-IP-LOCAL").any(|e| *e == dst)
-        || c.set("KUBE-LOAD-BALANCER-LOCAL").any(|e| *e == dst)
-        || (!c.bound.contains(&f.dst.ip())
-            && c.set(&format!("KUBE-NODE-PORT-LOCAL-{}", proto.to_uppercase()))
-                .any(|e| *e == f.dst.port().to_string()));
-    let any_local = server.reals.iter().any(|r| c.loop_back(*r, proto));
+    let compiled: Option<BTreeSet<String>> = server.reals.iter().map(|r| backend(*r)).collect();
+    if compiled.as_ref() != Some(&fe.reals) || server.persistent != fe.persistent {
+        return plain(f.expect[0].clone(), "real-servers-differ");
+    }
+    if fe.reals.is_empty() {
+        // The service has no usable endpoint at all: IPVS answers ICMP port unreachable.
+        return plain(Expect::Refused, "no-real-servers");
+    }
+    // The node's own packet is scheduled by IPVS in LOCAL_OUT, before any filter chain;
+    // KUBE-IPVS-OUT-FILTER (filter OUTPUT, `-m ipvs`) drops it where the source ranges
+    // leave the node's source (the VIP) out.
+    if f.from == "node" && outside(fe, model_sent_from(f)) {
+        return plain(Expect::Timeout, "source-ranges");
+    }
+    let want = through_server(f, fe);
+    let any_local = !fe.local.is_empty();
     let hairpin_lost = want
         .lost
         .iter()
         .any(|b| b.split(':').next() == Some(f.from.as_str()));
-    if external_local && any_local {
+    if fe.external_local && any_local {
         (want, "external-local")
-    } else if !any_local && (external_local || f.expect[0] == Expect::Timeout) {
+    } else if !any_local && (fe.external_local || f.expect[0] == Expect::Timeout) {
         (want, "local-fallback")
     } else if hairpin_lost {
         (want, "hairpin-not-local")
@@ -600,18 +459,19 @@ fn lab() -> Lab {
     super::served_lab("dipvs")
 }
 
-/// One manifest: apply it, run its flows; the failures.
-fn check(lab: &Lab, state: &Path, inputs: &Path, seed: u64) -> Vec<String> {
-    let text = generate(seed);
-    let m = Manifest {
-        label: format!("seed {seed}"),
-        case: None,
-        text: Some(text.clone()),
-    };
-    let spec = LabSpec::default();
-    let Some(view) = parse_view(&m.compile("ir"), &spec) else {
-        return vec![format!("seed {seed}: no IPv4 node view")];
-    };
+/// One manifest: apply it, run its flows; the failures. `kinds` counts the flows checked
+/// by destination kind and by rule.
+fn check(
+    lab: &Lab,
+    state: &Path,
+    inputs: &Path,
+    seed: u64,
+    kinds: &mut BTreeMap<String, usize>,
+) -> Vec<String> {
+    let m = Manifest::generated(seed);
+    let text = m.text.clone().unwrap();
+    // The manifests' view, by the test's own model: never the compiler's.
+    let view = m.view();
     let bundle = m.compile("ipvs");
     let compiled = read_bundle(&bundle);
     let file = inputs.join(format!("seed-{seed}.yaml"));
@@ -641,8 +501,26 @@ fn check(lab: &Lab, state: &Path, inputs: &Path, seed: u64) -> Vec<String> {
 
     let mut flows = derive_flows(&view);
     let mut wants = Vec::new();
+    let mut structural = Vec::new();
     for f in &mut flows {
-        let (want, rule) = ipvs_expect(f, &compiled);
+        let fe = frontend(f, &view);
+        let (want, rule) = ipvs_expect(f, &compiled, fe.as_ref());
+        *kinds.entry(format!("kind {}", f.kind)).or_default() += 1;
+        *kinds.entry(format!("rule {rule}")).or_default() += 1;
+        if STRUCTURAL.contains(&rule) {
+            structural.push(format!(
+                "seed {seed}: {}: {rule}: the manifests say {fe:?}, the ipvsadm part {:?}",
+                f.line(),
+                compiled
+                    .servers
+                    .get(&format!(
+                        "{} {}",
+                        if f.proto == Proto::Tcp { "-t" } else { "-u" },
+                        f.dst
+                    ))
+                    .map(|s| &s.reals)
+            ));
+        }
         f.expect = [want.expect.clone(), want.expect.clone()];
         f.intended = None::<Intended>;
         wants.push((want, rule));
@@ -678,27 +556,28 @@ fn check(lab: &Lab, state: &Path, inputs: &Path, seed: u64) -> Vec<String> {
                 again[i].describe(),
                 wants[i].1
             );
-            seen[i] = again[i].clone();
+            seen[i] = forgive_timeouts(&seen[i], &again[i]);
         }
     }
-    let mut failures: Vec<String> = bad
-        .iter()
-        .filter(|&&i| !wants[i].0.met(&flows[i].from, &seen[i]))
-        .map(|&i| {
-            let (want, rule) = &wants[i];
-            let lost = if want.lost.is_empty() {
-                String::new()
-            } else {
-                format!(", lost {:?}", want.lost)
-            };
-            format!(
-                "seed {seed}: {}: IPVS {} (rule {rule}: {:?}{lost})",
-                flows[i].line(),
-                seen[i].describe(),
-                want.expect
-            )
-        })
-        .collect();
+    let mut failures: Vec<String> = structural;
+    failures.extend(
+        bad.iter()
+            .filter(|&&i| !wants[i].0.met(&flows[i].from, &seen[i]))
+            .map(|&i| {
+                let (want, rule) = &wants[i];
+                let lost = if want.lost.is_empty() {
+                    String::new()
+                } else {
+                    format!(", lost {:?}", want.lost)
+                };
+                format!(
+                    "seed {seed}: {}: IPVS {} (rule {rule}: {:?}{lost})",
+                    flows[i].line(),
+                    seen[i].describe(),
+                    want.expect
+                )
+            }),
+    );
     if !failures.is_empty() {
         failures.push(format!("manifest: {text}"));
     }
@@ -711,10 +590,11 @@ fn run_guest(results: &Path) {
     let state = TempDir::new("diff-ipvs-state");
     let inputs = TempDir::new("diff-ipvs-in");
     let (first, n) = seeds();
+    let mut kinds = BTreeMap::new();
     for seed in first..first + n {
         let start = Instant::now();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            check(&lab, state.path(), inputs.path(), seed)
+            check(&lab, state.path(), inputs.path(), seed, &mut kinds)
         }));
         let failures = outcome.unwrap_or_else(|p| {
             vec![p
@@ -741,7 +621,37 @@ fn run_guest(results: &Path) {
             msg.join(" | ")
         );
     }
+    if n > 0 {
+        // Some flows of every kind IPVS serves, and of the rules every manifest meets.
+        let missing: Vec<&str> = REQUIRED_KINDS
+            .iter()
+            .copied()
+            .filter(|k| kinds.get(*k).copied().unwrap_or(0) == 0)
+            .collect();
+        let verdict = if missing.is_empty() { "ok" } else { "fail" };
+        println!("ipvs guest: {KINDS_STEP}: {verdict}: {kinds:?}");
+        let mut f = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(results)
+            .unwrap();
+        let _ = writeln!(
+            f,
+            "{KINDS_STEP}\t{verdict}\t0\tnothing checked of {missing:?} (checked {kinds:?})"
+        );
+    }
 }
+
+/// What every IPVS differential run must have checked some flows of.
+const REQUIRED_KINDS: [&str; 7] = [
+    "kind cluster IP",
+    "kind node port",
+    "kind load-balancer IP",
+    "kind external IP",
+    "rule as-iptables",
+    "rule no-server-local",
+    "rule external-local",
+];
 
 /// The guest side, started by `kernel::ipvs::golden_flows_ipvs` in the same boot.
 #[test]
@@ -756,37 +666,9 @@ fn guest_differential() {
 }
 
 #[test]
-fn the_rules_read_the_compiled_parts() {
-    // The shape of a compiled bundle (headers, sets with their types, IPVS mode's nat
-    // rules as the ipvs target writes them), detector 10.244.0.0/16.
+fn the_rules_follow_the_manifests() {
+    // The compiled parts only say which virtual servers exist, with which real servers.
     let c = read_bundle(concat!(
-        "# ==== ipset: load with `ipset restore` ====\n",
-        "create KUBE-LOOP-BACK hash:ip,port,ip family inet\n",
-        "add KUBE-LOOP-BACK 10.244.1.3,tcp:8080,10.244.1.3\n",
-        "create KUBE-CLUSTER-IP hash:ip,port family inet\n",
-        "add KUBE-CLUSTER-IP 10.96.0.1,tcp:80\n",
-        "add KUBE-CLUSTER-IP 10.96.0.9,udp:53\n",
-        "create KUBE-EXTERNAL-IP-LOCAL hash:ip,port family inet\n",
-        "add KUBE-EXTERNAL-IP-LOCAL 198.18.0.5,tcp:80\n",
-        "create KUBE-LOAD-BALANCER hash:ip,port family inet\n",
-        "add KUBE-LOAD-BALANCER 203.0.113.5,tcp:80\n",
-        "add KUBE-LOAD-BALANCER 203.0.113.7,tcp:80\n",
-        "create KUBE-LOAD-BALANCER-FW hash:ip,port family inet\n",
-        "add KUBE-LOAD-BALANCER-FW 203.0.113.5,tcp:80\n",
-        "create KUBE-LOAD-BALANCER-LOCAL hash:ip,port family inet\n",
-        "add KUBE-LOAD-BALANCER-LOCAL 203.0.113.7,tcp:80\n",
-        "create KUBE-LOAD-BALANCER-SOURCE-CIDR hash:ip,port,net family inet\n",
-        "add KUBE-LOAD-BALANCER-FW 203.0.113.6,tcp:80\n",
-        "add KUBE-LOAD-BALANCER-FW 203.0.113.8,tcp:80\n",
-        "add KUBE-LOAD-BALANCER-SOURCE-CIDR 203.0.113.5,tcp:80,192.0.2.100\n",
-        "add KUBE-LOAD-BALANCER-SOURCE-CIDR 203.0.113.6,tcp:80,192.0.2.0/24\n",
-        "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n",
-        "add KUBE-NODE-PORT-TCP 30001\n",
-        "add KUBE-NODE-PORT-TCP 30002\n",
-        "add KUBE-NODE-PORT-TCP 30003\n",
-        "create KUBE-NODE-PORT-LOCAL-TCP bitmap:port range 0-65535\n",
-        "add KUBE-NODE-PORT-LOCAL-TCP 30002\n",
-        "add KUBE-NODE-PORT-LOCAL-TCP 30003\n",
         "# ==== ipvsadm: load with `ipvsadm-restore` ====\n",
         "-A -t 10.96.0.1:80 -s rr\n",
         "-a -t 10.96.0.1:80 -r 10.244.1.2:9090 -m -w 1\n",
@@ -809,38 +691,13 @@ fn the_rules_read_the_compiled_parts() {
         "address add 10.96.0.1/32 dev kube-ipvs0\n",
         "address add 10.96.0.9/32 dev kube-ipvs0\n",
         "address add 198.18.0.5/32 dev kube-ipvs0\n",
+        "address add 203.0.113.6/32 dev kube-ipvs0\n",
         "address add 203.0.113.7/32 dev kube-ipvs0\n",
-        "# ==== iptables: load with `iptables-restore --noflush` ====\n",
-        "*nat\n",
-        "-I OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
-        "COMMIT\n",
-        "*nat\n",
-        ":KUBE-SERVICES - [0:0]\n",
-        "-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN\n",
-        "-A KUBE-POSTROUTING -m comment --comment \"hairpin\" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE\n",
-        "-A KUBE-SERVICES -m comment --comment \"lb portal\" -m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER\n",
-        "-A KUBE-LOAD-BALANCER -m comment --comment \"local\" -m set --match-set KUBE-LOAD-BALANCER-LOCAL dst,dst -j RETURN\n",
-        "-A KUBE-NODE-PORT -p tcp -m comment --comment \"local\" -m set --match-set KUBE-NODE-PORT-LOCAL-TCP dst -j RETURN\n",
-        "-A KUBE-NODE-PORT -p tcp -m comment --comment \"masq\" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ\n",
-        "-A KUBE-SERVICES -m comment --comment \"cluster ip\" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ\n",
-        "-A KUBE-SERVICES -m comment --comment \"x\" -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT\n",
-        "-A KUBE-SERVICES -m comment --comment \"x\" -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -m addrtype --dst-type LOCAL -j ACCEPT\n",
-        "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT\n",
-        "-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ\n",
-        "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT\n",
-        "-A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j ACCEPT\n",
-        "-A KUBE-MARK-MASQ -j MARK --or-mark 0x00004000\n",
-        "COMMIT\n",
-        "*filter\n",
-        "-A KUBE-SOURCE-RANGES-FIREWALL -j DROP\n",
-        "-A KUBE-IPVS-OUT-FILTER -s 203.0.113.6 -m ipvs --vaddr 203.0.113.6 --vproto tcp --vport 80 -j DROP\n",
-        "-A KUBE-IPVS-OUT-FILTER -s 203.0.113.8 -m ipvs --vaddr 203.0.113.8 --vproto tcp --vport 80 -j DROP\n",
-        "COMMIT\n",
+        "address add 203.0.113.8/32 dev kube-ipvs0\n",
     ));
-    assert_eq!(c.nat["KUBE-SERVICES"].len(), 8, "{:?}", c.nat);
-    let flow = |from: &str, proto: Proto, dst: &str, iptables: Expect| Flow {
+    let flow = |from: &str, proto: Proto, dst: &str, kind: &str, iptables: Expect| Flow {
         group: String::new(),
-        kind: String::new(),
+        kind: kind.into(),
         what: String::new(),
         from: from.into(),
         proto,
@@ -848,76 +705,202 @@ fn the_rules_read_the_compiled_parts() {
         expect: [iptables.clone(), iptables],
         intended: None,
         traced: Default::default(),
+        port: None,
     };
-    let tcp =
-        |from: &str, dst: &str| ipvs_expect(&flow(from, Proto::Tcp, dst, Expect::Unknown), &c);
-    let rule = |from: &str, dst: &str| tcp(from, dst).1;
+    let set = |b: &[&str]| -> BTreeSet<String> { b.iter().map(|s| s.to_string()).collect() };
+    let fe = |reals: &[&str], local: &[&str], marked: bool| Frontend {
+        reals: set(reals),
+        local: set(local),
+        marked,
+        ..Frontend::default()
+    };
     let answer = |b: &[&str], masq: bool| Expect::Answer {
-        backends: b.iter().map(|s| s.to_string()).collect(),
+        backends: set(b),
         masq,
         sticky: false,
     };
     let want = |e: Expect, lost: &[&str]| Want {
         expect: e,
-        lost: lost.iter().map(|s| s.to_string()).collect(),
+        lost: set(lost),
     };
+    let tcp = |from: &str, dst: &str, kind: &str, fe: Option<&Frontend>| {
+        ipvs_expect(&flow(from, Proto::Tcp, dst, kind, Expect::Unknown), &c, fe)
+    };
+    let rule =
+        |from: &str, dst: &str, kind: &str, fe: Option<&Frontend>| tcp(from, dst, kind, fe).1;
+    let web = fe(&["pod-a:9090", "pod-r2:9090"], &["pod-a:9090"], false);
 
-    assert_eq!(rule("pod-b", "10.96.0.1:80"), "as-iptables");
-    assert_eq!(rule("pod-a", "10.96.0.1:1"), "no-server-local");
-    assert_eq!(rule("client1", "192.0.2.10:30001"), "no-real-servers");
-    assert_eq!(rule("pod-a", "10.244.1.1:30001"), "no-server-local");
-    assert_eq!(rule("pod-a", "198.51.100.77:80"), "no-server-routed");
-    assert_eq!(rule("client2", "203.0.113.5:80"), "source-ranges");
-    // A host-length source range is a bare address in the set.
-    assert_eq!(rule("client1", "203.0.113.5:80"), "no-server-routed");
-    assert_eq!(rule("client2", "203.0.113.6:80"), "as-iptables");
-    // The node meets IPVS before any filter: refused without real servers, else dropped
-    // by KUBE-IPVS-OUT-FILTER.
-    assert_eq!(rule("node", "203.0.113.6:80"), "source-ranges");
-    assert_eq!(tcp("node", "203.0.113.6:80").0, want(Expect::Timeout, &[]));
-    assert_eq!(rule("node", "203.0.113.8:80"), "no-real-servers");
-    assert_eq!(rule("client1", "203.0.113.8:80"), "source-ranges");
-
-    // ETP=Local: the virtual server's local real servers for every source; the LB's
-    // KUBE-LOAD-BALANCER-LOCAL returns before KUBE-MARK-MASQ, so no masquerade; the
-    // node's own packet leaves from the VIP (not the node's address: "masq" to the probe).
     assert_eq!(
-        tcp("pod-a", "203.0.113.7:80"),
+        rule("pod-b", "10.96.0.1:80", "cluster IP", Some(&web)),
+        "as-iptables"
+    );
+    // Destinations that are no frontend: nothing listens on a local address, anything
+    // else is routed on.
+    assert_eq!(
+        rule("pod-a", "10.96.0.1:1", "cluster IP, unknown port", None),
+        "no-server-local"
+    );
+    assert_eq!(
+        rule(
+            "pod-a",
+            "10.244.1.1:30001",
+            "node port on the pod gateway",
+            None
+        ),
+        "no-server-local"
+    );
+    assert_eq!(
+        rule("pod-a", "198.51.100.77:80", "external IP", None),
+        "no-server-routed"
+    );
+    // The manifests' frontend without a virtual server, a virtual server of no
+    // frontend, real servers other than the manifests' endpoints: structural failures,
+    // whatever the kernel then does.
+    assert_eq!(
+        rule("client1", "192.0.2.10:30009", "node port", Some(&web)),
+        "missing-virtual-server"
+    );
+    assert_eq!(
+        rule(
+            "client1",
+            "192.0.2.10:30001",
+            "node port on the pod gateway",
+            None
+        ),
+        "unexpected-virtual-server"
+    );
+    assert_eq!(
+        rule(
+            "pod-b",
+            "10.96.0.1:80",
+            "cluster IP",
+            Some(&fe(&["pod-a:9090"], &[], false))
+        ),
+        "real-servers-differ"
+    );
+    let mut sticky = web.clone();
+    sticky.persistent = true;
+    assert_eq!(
+        rule("pod-b", "10.96.0.1:80", "cluster IP", Some(&sticky)),
+        "real-servers-differ"
+    );
+    // No usable endpoint at all, by the manifests: refused.
+    let none = fe(&[], &[], true);
+    assert_eq!(
+        tcp("client1", "192.0.2.10:30001", "node port", Some(&none)),
+        (want(Expect::Refused, &[]), "no-real-servers")
+    );
+    // Source ranges: other hosts are dropped before IPVS; the node meets IPVS first
+    // (refused without real servers, else dropped by KUBE-IPVS-OUT-FILTER).
+    let mut ranged = fe(&["pod-b:8080"], &["pod-b:8080"], true);
+    ranged.ranges = vec![Cidr::parse("192.0.2.100/32").unwrap()];
+    assert_eq!(
+        rule(
+            "client2",
+            "203.0.113.6:80",
+            "load-balancer IP",
+            Some(&ranged)
+        ),
+        "source-ranges"
+    );
+    assert_eq!(
+        rule(
+            "client1",
+            "203.0.113.6:80",
+            "load-balancer IP",
+            Some(&ranged)
+        ),
+        "as-iptables"
+    );
+    assert_eq!(
+        tcp("node", "203.0.113.6:80", "load-balancer IP", Some(&ranged)).0,
+        want(Expect::Timeout, &[])
+    );
+    let mut ranged_empty = none.clone();
+    ranged_empty.ranges = ranged.ranges.clone();
+    assert_eq!(
+        rule(
+            "node",
+            "203.0.113.8:80",
+            "load-balancer IP",
+            Some(&ranged_empty)
+        ),
+        "no-real-servers"
+    );
+    assert_eq!(
+        rule(
+            "client1",
+            "203.0.113.8:80",
+            "load-balancer IP",
+            Some(&ranged_empty)
+        ),
+        "no-real-servers"
+    );
+
+    // ETP=Local: the local real servers for every source, not masqueraded; the node's
+    // own packet leaves from the VIP (not the node's address: "masq" to the probe).
+    let mut etp = fe(&["pod-b:8080"], &["pod-b:8080"], false);
+    etp.external_local = true;
+    assert_eq!(
+        tcp("pod-a", "203.0.113.7:80", "load-balancer IP", Some(&etp)),
         (want(answer(&["pod-b:8080"], false), &[]), "external-local")
     );
     assert_eq!(
-        tcp("node", "203.0.113.7:80"),
+        tcp("node", "203.0.113.7:80", "load-balancer IP", Some(&etp)),
         (want(answer(&["pod-b:8080"], true), &[]), "external-local")
     );
-    // A node port's KUBE-NODE-PORT-LOCAL-TCP returns too; the node sends from its address.
+    // A node port: the node sends from its own address.
     assert_eq!(
-        tcp("node", "192.0.2.10:30002"),
+        tcp("node", "192.0.2.10:30002", "node port", Some(&etp)),
         (want(answer(&["pod-b:8080"], false), &[]), "external-local")
     );
-    // ETP=Local without a local real server: the cluster's (kube-proxy's fallback).
+    // ETP=Local without a local endpoint: the cluster's (kube-proxy's fallback) ...
+    let mut fallback = fe(&["pod-r1:8080"], &[], false);
+    fallback.external_local = true;
     assert_eq!(
-        tcp("client1", "192.0.2.10:30003"),
+        tcp("client1", "192.0.2.10:30003", "node port", Some(&fallback)),
         (want(answer(&["pod-r1:8080"], false), &[]), "local-fallback")
     );
     // ... whose remote reply to the node's own VIP source never comes back.
     assert_eq!(
-        tcp("node", "198.18.0.5:80"),
+        tcp("node", "198.18.0.5:80", "external IP", Some(&fallback)),
         (want(Expect::NoAnswer, &["pod-r1:8080"]), "local-fallback")
     );
     // ITP=Local without a local endpoint (iptables mode drops): the cluster's, with the
-    // detector's masquerade for sources outside 10.244.0.0/16.
-    let udp =
-        |from: &str| ipvs_expect(&flow(from, Proto::Udp, "10.96.0.9:53", Expect::Timeout), &c);
+    // masquerade the manifests give.
+    let mut itp = fe(&["pod-r1:9090"], &[], false);
+    itp.persistent = true;
+    let udp = |from: &str, fe: &Frontend| {
+        ipvs_expect(
+            &flow(
+                from,
+                Proto::Udp,
+                "10.96.0.9:53",
+                "cluster IP",
+                Expect::Timeout,
+            ),
+            &c,
+            Some(fe),
+        )
+    };
     let sticky = |masq| Expect::Answer {
-        backends: BTreeSet::from(["pod-r1:9090".to_string()]),
+        backends: set(&["pod-r1:9090"]),
         masq,
         sticky: true,
     };
-    assert_eq!(udp("pod-a"), (want(sticky(false), &[]), "local-fallback"));
-    assert_eq!(udp("client1"), (want(sticky(true), &[]), "local-fallback"));
-    // A real server on pod-a's address without a KUBE-LOOP-BACK entry (no nodeName):
-    // pod-a reaching itself is not masqueraded and never answered.
-    let hairpin = tcp("pod-a", "10.96.0.1:80");
+    assert_eq!(
+        udp("pod-a", &itp),
+        (want(sticky(false), &[]), "local-fallback")
+    );
+    itp.marked = true;
+    assert_eq!(
+        udp("client1", &itp),
+        (want(sticky(true), &[]), "local-fallback")
+    );
+    // A real server on pod-a's address that is not local (no nodeName): pod-a reaching
+    // itself is not masqueraded and never answered.
+    let stray = fe(&["pod-a:9090", "pod-r2:9090"], &[], false);
+    let hairpin = tcp("pod-a", "10.96.0.1:80", "cluster IP", Some(&stray));
     assert_eq!(
         hairpin,
         (
@@ -933,34 +916,6 @@ fn the_rules_read_the_compiled_parts() {
         others: others.iter().map(|s| s.to_string()).collect(),
         probes: 6,
     };
-    // Without a detector IPVS mode marks what leaves the node from a VIP (`src,dst`):
-    // the node's own packet to a cluster IP, not a pod's.
-    let no_detector = read_bundle(concat!(
-        "# ==== ipset: load with `ipset restore` ====\n",
-        "create KUBE-CLUSTER-IP hash:ip,port family inet\n",
-        "add KUBE-CLUSTER-IP 10.96.0.1,tcp:80\n",
-        "# ==== addresses: load with `ip -batch -` ====\n",
-        "address add 10.96.0.1/32 dev kube-ipvs0\n",
-        "# ==== iptables: load with `iptables-restore --noflush` ====\n",
-        "*nat\n",
-        ":KUBE-NODE-PORT - [0:0]\n",
-        "-A KUBE-SERVICES -m comment --comment \"cluster ip\" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ\n",
-        "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT\n",
-        "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT\n",
-        "COMMIT\n",
-    ));
-    let to_vip = |from: &str| {
-        let f = flow(from, Proto::Tcp, "10.96.0.1:80", Expect::Unknown);
-        no_detector.marked(&Packet {
-            src: sent_from(&f, &no_detector),
-            dst: f.dst,
-            proto: "tcp",
-            iface: None,
-        })
-    };
-    assert!(to_vip("node"));
-    assert!(!to_vip("pod-a"));
-
     let w = &hairpin.0;
     assert!(w.met("pod-a", &seen(&[("pod-r2:9090", false)], &["timeout"])));
     assert!(w.met("pod-a", &seen(&[("pod-r2:9090", false)], &[])));

@@ -53,6 +53,7 @@ fn unique(prefix: &str) -> String {
 /// What every test here needs: root, clang (the program, compiled once per process),
 /// a cgroup2 mount. `None` after a skip.
 fn prerequisites(test: &str) -> Option<(PathBuf, PathBuf)> {
+    super::lab::check_svc_kernel();
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         skip(test, "needs root (cgroups, BPF, network namespaces)");

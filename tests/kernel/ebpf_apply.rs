@@ -75,6 +75,7 @@ impl Drop for Cleanup {
 /// the pin instances and foreign pins of earlier runs whose process is gone (Drop cannot
 /// run after SIGKILL; their cgroups go with `ebpf.rs`'s sweep).
 fn prerequisites(test: &str) -> Option<PathBuf> {
+    super::lab::check_svc_kernel();
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         skip(test, "needs root (cgroups, BPF, network namespaces)");
@@ -489,12 +490,17 @@ fn apply_serves_switches_and_cleans_up() {
     let r = apply(&second, &state, &cg_path, &node, &["--full"]);
     r.expect(0);
     assert!(r.stdout.contains("full (--full)"), "{}", r.stdout);
-    assert_ne!(generation(&inst), gen, "no new generation");
+    let new_gen = generation(&inst);
+    assert_ne!(new_gen, gen, "no new generation");
     check_read_back(&second, &inst, &state);
     assert_eq!(
         tcp_backends(cg, &node, web, 30),
         BTreeSet::from(["pod-r1".to_string(), "pod-r2".to_string()])
     );
+    // The same endpoints in both generations: traffic alone cannot tell which maps the
+    // attached programs read. Written behind apply's back, the new generation's web
+    // slots decide it: both pointing at one backend, only that one answers.
+    serves_from(cg, &node, &new_gen, &state, web);
     assert_eq!(client.again(), format!("{long} pod-a ping"));
     drop(client);
     let _ = server.join();
@@ -580,6 +586,80 @@ fn apply_serves_switches_and_cleans_up() {
     assert!(!inst.exists(), "pins left");
     assert!(!cg_path.exists(), "cgroup left");
     drop(lab);
+}
+
+/// Shows with traffic that the programs attached to `cg` read the services map of
+/// generation `gen`: `frontend`'s second slot is set (with bpftool) to its first slot's
+/// value there, new connections must all reach the first slot's backend, and after the
+/// slot is put back both backends answer again. Slots and values come from the applied
+/// document in `state`.
+fn serves_from(cg: &Cgroup, netns: &str, gen: &Path, state: &Path, frontend: SocketAddr) {
+    let applied = std::fs::read_to_string(state.join("ebpf-ipv4/applied.ebpf")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&applied).unwrap();
+    let services = json["maps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "cilium_lb4_services_v2")
+        .expect("a services map");
+    let slot = |n: u64| -> (String, String, String) {
+        let e = services["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| {
+                e["decoded"]["frontend"] == format!("{frontend}/TCP") && e["decoded"]["slot"] == n
+            })
+            .unwrap_or_else(|| panic!("no slot {n} of {frontend}/TCP in {applied}"));
+        let text = |f: &str| e[f].as_str().unwrap().to_string();
+        let backend = e["decoded"]["backend"].as_str().unwrap();
+        let ip = backend.split(':').next().unwrap();
+        let spec = LabSpec::default();
+        let pod = spec
+            .local_pods
+            .iter()
+            .chain(&spec.remote_pods)
+            .find(|h| h.ip.to_string() == ip)
+            .unwrap_or_else(|| panic!("backend {backend} is no lab pod"))
+            .name
+            .clone();
+        (text("key"), text("value"), pod)
+    };
+    let (_, first_value, first_pod) = slot(1);
+    let (second_key, second_value, second_pod) = slot(2);
+    assert_ne!(first_pod, second_pod);
+    let map = gen.join("cilium_lb4_services_v2");
+    let update = |value: &str| {
+        let mut c = Command::new("bpftool");
+        c.args(["map", "update", "pinned"])
+            .arg(&map)
+            .arg("key")
+            .arg("hex");
+        c.args(second_key.split(' '))
+            .arg("value")
+            .arg("hex")
+            .args(value.split(' '));
+        let out = c.output().expect("bpftool");
+        assert!(
+            out.status.success(),
+            "bpftool map update {}: {}",
+            map.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    update(&first_value);
+    let only = tcp_backends(cg, netns, frontend, 30);
+    update(&second_value);
+    assert_eq!(
+        only,
+        BTreeSet::from([first_pod.clone()]),
+        "the attached programs do not read {}",
+        map.display()
+    );
+    assert_eq!(
+        tcp_backends(cg, netns, frontend, 30),
+        BTreeSet::from([first_pod, second_pod])
+    );
 }
 
 /// The generation the cgroup links run: every link's program must be that generation's

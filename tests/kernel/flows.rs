@@ -122,15 +122,18 @@ pub fn load(lab: &Lab, target: &str, text: &str) {
 /// nat) are emptied first: every chain flushed, every user chain deleted.
 pub fn reload(lab: &Lab, target: &str, text: &str) {
     if target == "iptables" {
+        // Both families: the previous document may have been the other one's.
         let empty = "*mangle\nCOMMIT\n*filter\nCOMMIT\n*nat\nCOMMIT\n";
-        let out = lab
-            .exec("node", "iptables-restore", &[], Some(empty))
-            .expect("run iptables-restore");
-        assert!(
-            out.status.success(),
-            "emptying the iptables tables failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        for prog in ["iptables-restore", "ip6tables-restore"] {
+            let out = lab
+                .exec("node", prog, &[], Some(empty))
+                .unwrap_or_else(|e| panic!("run {prog}: {e}"));
+            assert!(
+                out.status.success(),
+                "emptying the {prog} tables failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
     load(lab, target, text);
 }

@@ -89,6 +89,7 @@ fn vm_missing() -> Option<String> {
 
 /// Skip (print why and return false), or fail under `SVC_KERNEL=require`.
 fn require_vm(test: &str) -> bool {
+    super::lab::check_svc_kernel();
     let Some(why) = vm_missing() else { return true };
     super::lab::skip(test, &format!("the IPVS VM cannot run: {why}"));
     false

@@ -217,6 +217,7 @@ impl LabSpec {
 /// `skipped: <test>: needs root (network namespaces)` and returns false. Under
 /// `SVC_KERNEL=require` (set by CI) it fails the test instead.
 pub fn require_root(test: &str) -> bool {
+    check_svc_kernel();
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return true;
@@ -236,6 +237,13 @@ pub fn skip(test: &str, why: &str) {
         panic!("{test}: {why}, and {SVC_KERNEL}=require forbids skipping kernel tests");
     }
     println!("skipped: {test}: {why}");
+}
+
+/// Fails on an `SVC_KERNEL` value other than `require` (or none), also where nothing
+/// would skip: every kernel test's prerequisites call it first, so a typo never passes
+/// for a setting.
+pub fn check_svc_kernel() {
+    kernel_required(std::env::var(SVC_KERNEL).ok().as_deref());
 }
 
 /// `SVC_KERNEL`: unset or empty = kernel tests skip where they cannot run, `require` = they

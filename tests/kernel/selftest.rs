@@ -523,4 +523,19 @@ fn svc_kernel_require_fails_what_would_skip() {
             "SVC_KERNEL={value:?}: {text}"
         );
     }
+    // As root, where nothing skips, a value it does not know still fails the test.
+    let mut cmd = Command::new(&exe);
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(super::lab::SVC_KERNEL, "requried");
+    let out = sys::run_bounded(&mut cmd, None, Duration::from_secs(60)).expect("run");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "a typo passed as root: {text}");
+    assert!(
+        text.contains("SVC_KERNEL=\"requried\": the only value is `require`"),
+        "{text}"
+    );
 }

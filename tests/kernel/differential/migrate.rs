@@ -16,7 +16,6 @@ use super::{class, key, Flow, Manifest, Seen, View, NODE, SERVED_PORTS};
 use crate::support::{root, svc};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
 /// What the run saw of `migrate`'s claims.
 #[derive(Default)]
@@ -35,8 +34,8 @@ pub(super) struct Counts {
 pub(super) type Claims = BTreeMap<(String, String), (Value, Value, String)>;
 
 /// `svc-compile migrate … --format json` for this manifest; exit 1 (differences) or 0.
-pub(super) fn claims(m: &Manifest) -> Claims {
-    let gw = crate::kernel::lab::addr::NODE_POD_GW.to_string();
+pub(super) fn claims(m: &Manifest, family: crate::kernel::Family) -> Claims {
+    let [gw, lan] = Manifest::local_ips(family);
     let mut a: Vec<String> = vec!["migrate".into()];
     match &m.case {
         Some(case) => {
@@ -54,6 +53,8 @@ pub(super) fn claims(m: &Manifest) -> Claims {
         "json",
         "--local-ip",
         &gw,
+        "--local-ip",
+        &lan,
     ] {
         a.push(s.into());
     }
@@ -69,14 +70,25 @@ pub(super) fn claims(m: &Manifest) -> Claims {
     );
     let report: Value = serde_json::from_str(&r.stdout).expect("migrate JSON");
     let mut out = Claims::new();
-    for n in report["nodes"].as_array().expect("nodes") {
-        if n["family"] != "IPv4" {
+    let family_name = match family {
+        crate::kernel::Family::V4 => "IPv4",
+        crate::kernel::Family::V6 => "IPv6",
+    };
+    let nodes = report["nodes"].as_array().expect("nodes");
+    assert!(
+        nodes.iter().any(|n| n["family"] == family_name),
+        "{}: `migrate` reports no {family_name} node view",
+        m.label
+    );
+    for n in nodes {
+        if n["family"] != family_name {
             continue;
         }
         for d in n["differences"].as_array().expect("differences") {
             let to = d["destination"].as_str().expect("destination").to_string();
             let dst = if d["frontend"] == "other-port" {
-                format!("other {}", to.rsplit_once(':').map_or(&*to, |(ip, _)| ip))
+                let addr: std::net::SocketAddr = to.parse().expect("an other-port destination");
+                format!("other {}", addr.ip())
             } else {
                 to
             };
@@ -115,7 +127,7 @@ fn flow_key(f: &Flow, view: &View) -> (String, String) {
             .iter()
             .chain(&spec.clients)
             .find(|h| h.name == name)
-            .map(|h| IpAddr::V4(h.ip))
+            .map(|h| crate::kernel::lab::addr::of(h.ip, view.family))
     };
     let port = view
         .ports
@@ -137,10 +149,13 @@ fn flow_key(f: &Flow, view: &View) -> (String, String) {
                 _ => "lan",
             }
         }
-        // `migrate` sends another port's packets from a pod that is no endpoint.
+        // `migrate` sends another port's packets from a pod that is no endpoint; without
+        // a local-traffic detector a pod is no different from a LAN client, and it sends
+        // them from one.
+        _ if f.kind == "cluster IP, unknown port" && view.detector.is_none() => "lan",
         _ if f.kind == "cluster IP, unknown port" => "pod",
         pod => match (ip_of(pod), port) {
-            (Some(IpAddr::V4(ip)), Some(p)) if p.local_endpoint_ips.contains(&ip) => "hairpin",
+            (Some(ip), Some(p)) if p.local_endpoint_ips.contains(&ip) => "hairpin",
             _ => "pod",
         },
     };
@@ -155,24 +170,19 @@ fn flow_key(f: &Flow, view: &View) -> (String, String) {
 /// What the lab can show of a fate: `Some(refused|silent|backend:port→masq…)`, `None`
 /// when a backend is not served.
 fn observable(fate: &Value, f: &Flow) -> Option<String> {
-    let spec = crate::kernel::LabSpec::default();
     Some(match fate["kind"].as_str()? {
         "reject" | "local" => "refused".into(),
         "drop" | "routed" => "silent".into(),
         "forward" => {
             let mut v = BTreeSet::new();
             for b in fate["backends"].as_array()? {
-                let (ip, port) = b["addr"].as_str()?.rsplit_once(':')?;
-                let port: u16 = port.parse().ok()?;
+                let addr: std::net::SocketAddr = b["addr"].as_str()?.parse().ok()?;
+                let port = addr.port();
                 SERVED_PORTS.contains(&port).then_some(())?;
-                let pod = spec
-                    .local_pods
-                    .iter()
-                    .chain(&spec.remote_pods)
-                    .find(|h| h.ip.to_string() == ip)?;
+                let pod = super::pod_at(addr.ip())?;
                 // The node's own packet: a node address whether masqueraded or not.
                 let masq = b["sees"]["kind"] != "client" && f.from != "node";
-                v.insert(format!("{}:{port}={masq}", pod.name));
+                v.insert(format!("{pod}:{port}={masq}"));
             }
             format!("{v:?} sticky={}", fate["sticky"])
         }
