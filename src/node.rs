@@ -161,7 +161,9 @@ pub(crate) fn manifests<'a>(
             times.mark("parse, passes and node views");
             let locked_ids = std::mem::take(&mut compiled.comp.lock.ebpf);
             let node = nodes.node.clone().unwrap_or_default();
-            let node_known = compiled.comp.module.nodes.iter().any(|n| n.name == node);
+            let node_eligible = svc_targets::health::node_eligible(
+                compiled.comp.module.nodes.iter().find(|n| n.name == node),
+            );
             let params = compiled.params;
             // Only the views are rendered: what the compile built besides them is freed
             // first, and the renderer writes into that memory instead of new pages (apply
@@ -174,7 +176,7 @@ pub(crate) fn manifests<'a>(
                 node,
                 quiet: diags.items.is_empty(),
                 locked_ids,
-                node_known,
+                node_eligible,
             }))
         }),
     })

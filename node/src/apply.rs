@@ -126,9 +126,10 @@ pub struct Compiled {
     pub quiet: bool,
     /// eBPF service and backend ids the `--lock` file holds, by (node, family).
     pub locked_ids: BTreeMap<(String, String), NodeIds>,
-    /// The inputs hold a Node manifest of that name (the agent's `/healthz` says whether
-    /// the node is eligible, as kube-proxy's does).
-    pub node_known: bool,
+    /// The node may take load-balancer traffic (`svc_targets::health::node_eligible`: its
+    /// Node manifest is among the inputs, not being deleted nor tainted for deletion); the
+    /// agent's `/healthz` says so, as kube-proxy's does.
+    pub node_eligible: bool,
 }
 
 /// The report's words for the fast path (tests look for them).

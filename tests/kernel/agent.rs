@@ -701,3 +701,84 @@ fn the_agent_serves_health_checks_healthz_and_metrics() {
         );
     });
 }
+
+/// `/healthz` follows the node's Node manifest as kube-proxy's follows the Node object:
+/// 503 with `nodeEligible: false` while node-1 is tainted `ToBeDeletedByClusterAutoscaler`
+/// or has a `deletionTimestamp`, 200 again when neither; `/livez` stays 200 throughout.
+#[test]
+fn healthz_says_a_node_being_deleted_is_not_eligible() {
+    use super::serve::get;
+    for_each_target("kernel agent: healthz and the Node", |target| {
+        let lab = Lab::new(&format!("agh{}", &target[..3]), &LabSpec::default()).expect("lab");
+        let (dir, state, logs) = (
+            TempDir::new("agent-in"),
+            TempDir::new("agent-state"),
+            TempDir::new("agent-log"),
+        );
+        inputs(dir.path(), &manifests(V1_API, CHAT));
+        let nodes_yaml = dir.path().join("nodes.yaml");
+        let nodes = std::fs::read_to_string(&nodes_yaml).unwrap();
+        let node_1 = "metadata:\n  name: node-1\n";
+        assert!(nodes.contains(node_1));
+        let agent = Agent::started(
+            &lab,
+            target,
+            (&dir, &state, &logs),
+            &["--sync-period", "1h"],
+        );
+        let healthz = SocketAddr::new("192.0.2.10".parse().unwrap(), 10256);
+        let check = |when: &str, eligible: bool| {
+            let g = get(&lab, "client1", healthz, "/healthz");
+            assert_eq!(
+                (
+                    g.status,
+                    g.body.contains(&format!("\"nodeEligible\":{eligible}"))
+                ),
+                (if eligible { 200 } else { 503 }, true),
+                "[{target}] /healthz {when}: {}",
+                g.body
+            );
+            let l = get(&lab, "client1", healthz, "/livez");
+            assert_eq!(l.status, 200, "[{target}] /livez {when}: {}", l.body);
+        };
+        check("at start", true);
+        // node-1's spec comes first in the file.
+        let spec_1 = "spec:\n  podCIDRs: [10.244.1.0/24]\n";
+        let taints = |list: &str| nodes.replacen(spec_1, &format!("{spec_1}  taints:\n{list}"), 1);
+        for (when, text, eligible) in [
+            (
+                "tainted for deletion",
+                taints(
+                    "  - {key: node.kubernetes.io/unschedulable, effect: NoSchedule}\n  \
+                     - {key: ToBeDeletedByClusterAutoscaler, value: \"1767225600\", effect: NoSchedule}\n",
+                ),
+                false,
+            ),
+            (
+                "tainted otherwise",
+                taints("  - {key: DeletionCandidateOfClusterAutoscaler, value: \"1767225600\", effect: PreferNoSchedule}\n"),
+                true,
+            ),
+            (
+                "being deleted",
+                nodes.replacen(
+                    node_1,
+                    &format!("{node_1}  deletionTimestamp: \"2026-01-01T00:00:00Z\"\n"),
+                    1,
+                ),
+                false,
+            ),
+            ("as before", nodes.clone(), true),
+        ] {
+            assert!(
+                when == "as before" || text != nodes,
+                "[{target}] {when}: the edit missed"
+            );
+            let before = agent.syncs().len();
+            replace(&nodes_yaml, &text);
+            let s = wait_for(&agent, before, |_| true);
+            assert_eq!(result(&s), "applied", "[{target}] {when}: {}", agent.said());
+            check(when, eligible);
+        }
+    });
+}

@@ -196,7 +196,7 @@ struct Agent<'a> {
 struct Seen {
     checks: Vec<HealthCheck>,
     families: Vec<IpFamily>,
-    node_known: bool,
+    node_eligible: bool,
     compile_secs: f64,
 }
 
@@ -230,7 +230,7 @@ impl Agent<'_> {
         match (&result, seen) {
             (Synced::Applied, Some(s)) => {
                 self.families = s.families;
-                self.servers.set_node_eligible(s.node_known);
+                self.servers.set_node_eligible(s.node_eligible);
                 for (service, e) in self.servers.set_health_checks(s.checks.clone()) {
                     self.log_line("health-check", &[("service", service), ("error", e)]);
                 }
@@ -325,7 +325,7 @@ fn watch_compile<'a>(input: Input<'a>, force: bool, seen: &'a mut Option<Seen>) 
                 *seen = Some(Seen {
                     checks: svc_targets::health::health_checks(&c.views),
                     families: c.views.iter().map(|v| v.family).collect(),
-                    node_known: c.node_known,
+                    node_eligible: c.node_eligible,
                     compile_secs: start.elapsed().as_secs_f64(),
                 });
             }
