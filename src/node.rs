@@ -13,6 +13,7 @@ use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::node_view;
 use svc_compiler::source::{FileId, SourceMap};
 use svc_node::agent::changes::{Kind, Object};
+use svc_node::agent::files::FileCache;
 use svc_node::apply::{inputs_key, Compiled, Input};
 use svc_node::times::Times;
 use svc_targets::plan::Family;
@@ -81,6 +82,8 @@ struct Watched<'a> {
 /// again).
 #[derive(Default)]
 pub(crate) struct AgentCache {
+    /// Each input file's text and fingerprint, kept by its `stat`.
+    files: FileCache,
     read: svc_compiler::ReadCache,
     objects: HashMap<String, Vec<Object>>,
 }
@@ -223,13 +226,16 @@ pub(crate) fn manifests<'a>(
 ) -> Result<Input<'a>, Fail> {
     let mut times = Times::default();
     times.mark("");
-    let read = read_all(opts, Some(target))?;
+    let mut cache = cache;
+    let read = read_all(opts, Some(target), cache.as_mut().map(|c| &mut c.files))?;
+    if let Some(c) = cache.as_mut() {
+        c.files.sweep();
+    }
     times.mark("read the inputs");
     Ok(Input::Manifests {
         key: keyed.then(|| inputs_key(&read.sources)),
         times,
         compile: Box::new(move |times: &mut Times| {
-            let mut cache = cache;
             let mut compiled = compile_read(read, cache.as_mut().map(|c| &mut c.read));
             let mut diags = std::mem::take(&mut compiled.comp.diags);
             let mut views = Vec::new();

@@ -1524,8 +1524,10 @@ const NOT_COMPILED: &str = "the inputs are the last apply's: not compiled";
 
 /// The fingerprint of what decides an apply's documents: this executable (its size,
 /// modification time and inode: a rebuilt or upgraded binary may compile differently), the
-/// command line, and every file the compile reads, by name and bytes. 128 bits from two
-/// differently prefixed SipHash runs (a few ms for 20 MB); a fingerprint, not a defence
+/// command line, and every file the compile reads, by name, length and
+/// [`svc_compiler::source::fingerprint`] (each file's, computed once per source map or
+/// given with it: the agent's files come with the fingerprint it keeps by their `stat`).
+/// 128 bits from two differently prefixed SipHash runs; a fingerprint, not a defence
 /// against someone crafting collisions in their own manifests.
 pub fn inputs_key(sources: &SourceMap) -> String {
     use std::hash::{DefaultHasher, Hasher};
@@ -1542,11 +1544,13 @@ pub fn inputs_key(sources: &SourceMap) -> String {
             h.write(a.as_bytes());
             h.write_u8(0);
         }
-        for f in &sources.files {
+        for (i, f) in sources.files.iter().enumerate() {
+            let (a, b) = sources.print(svc_compiler::source::FileId(i as u32));
             h.write(f.name.as_bytes());
             h.write_u8(0);
             h.write_usize(f.text.len());
-            h.write(f.text.as_bytes());
+            h.write_u64(a);
+            h.write_u64(b);
         }
         h.finish()
     };

@@ -16,6 +16,7 @@
 //! sync and reports what each sync did.
 
 pub mod changes;
+pub mod files;
 pub mod watch;
 
 use crate::apply::{self, Compile, Input};
