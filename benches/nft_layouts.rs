@@ -12,7 +12,7 @@
 //!    connection straight to the endpoint with no rules loaded (median and 90th
 //!    percentile of 2000 connections, a Python client in the namespace).
 //!
-//! Needs root, `ip`, `nft` and `python3`. Prints Markdown (the README's table).
+//! Needs root, `ip`, `nft` and `python3`. Prints Markdown (the tables of docs/performance.md).
 //! Options: `--cap SECONDS` `--sizes 1000x50,5000x50` `--no-dataplane`
 //! `--dataplane-services N` (default 10000) `--dataplane-cap SECONDS` (how long a layout
 //! may take to load before its connection time is left out; default 900) `--no-loads`.

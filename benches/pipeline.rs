@@ -9,12 +9,12 @@
 //!    `iptables-restore` with the nf_tables backend, `nft -f`) in a throwaway network
 //!    namespace, once per case with a time limit: the floor for `apply`. Needs root;
 //!    skipped otherwise. This part takes minutes: nf_tables loads grow faster than linearly
-//!    with the number of sets (README "Performance").
+//!    with the number of sets (docs/performance.md).
 //!
 //! Times are the minimum over `--runs` runs (the least disturbed by other work on a shared
 //! machine; stages shorter than that are repeated for a second), with the median in
 //! brackets. Then every budget of issue 6 is checked.
-//! It prints Markdown: the README's "Performance" table is this output.
+//! It prints Markdown: the tables of docs/performance.md are this output.
 //!
 //! Options: `--sizes 1000,10000,20000,30000` `--runs 5` `--quick` (sizes 1000,2000, one
 //! run, no kernel loads) `--no-kernel` `--no-cli` `--only NAME` (just the stages whose name

@@ -108,7 +108,7 @@ enum Sub {
         #[command(flatten)]
         lock: WriteLockFlag,
     },
-    /// Compile for this node and load the result here (needs root; see README.md)
+    /// Compile for this node and load the result here (needs root; see docs/apply.md)
     Apply {
         #[command(flatten)]
         inputs: InputFlags,
@@ -288,7 +288,7 @@ struct NodeFlags {
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     nfacct: Option<String>,
     /// The nftables targets' layout: kube-proxy's (diffs against a live node) or fast
-    /// (loads a large node in seconds; see README) [default: ClusterConfig `nftLayout`,
+    /// (loads a large node in seconds; see docs/targets.md) [default: ClusterConfig `nftLayout`,
     /// else kube-proxy]
     #[arg(long, value_name = "LAYOUT", value_parser = ["kube-proxy", "fast"])]
     nft_layout: Option<String>,
@@ -321,6 +321,9 @@ struct ApplyFlags {
     /// Load inside network namespace NAME (ip netns)
     #[arg(long, value_name = "NAME")]
     netns: Option<String>,
+    /// Write the report (with --dry-run: the commands and documents) to FILE instead of stdout
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<String>,
     /// Print the commands and documents, change nothing
     #[arg(long)]
     dry_run: bool,
@@ -395,6 +398,9 @@ struct CleanupFlags {
     /// Remove inside network namespace NAME (ip netns)
     #[arg(long, value_name = "NAME")]
     netns: Option<String>,
+    /// Write the report (with --dry-run: the commands) to FILE instead of stdout
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<String>,
     /// Print the commands and documents, change nothing
     #[arg(long)]
     dry_run: bool,
@@ -420,6 +426,9 @@ struct DriftFlags {
     /// are dropped) or `nft -j list ruleset` / `nft -j list table ...`
     #[arg(long, value_name = "FILE")]
     from_saved: Option<String>,
+    /// Write the report to FILE instead of stdout
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<String>,
     /// Where apply recorded this node (drift names the layout it wrote when the manifests
     /// compile to another) [default: /var/lib/svc-compile/<netns or host>]
     #[arg(long, value_name = "DIR")]
@@ -643,6 +652,8 @@ pub struct ApplyCmd {
     /// `--netns`, `--dry-run`, `--full`, `--read-back`, `--state-dir`, `--lock-timeout`,
     /// `--cgroup` and `--family`, as the node crate takes them.
     pub apply: svc_node::apply::Options,
+    /// `-o FILE`: what apply prints on stdout goes there.
+    pub output: Option<String>,
 }
 
 /// `svc-compile agent`.
@@ -660,6 +671,8 @@ pub struct CleanupCmd {
     /// `--netns`, `--dry-run`, `--state-dir`, `--lock-timeout` and `--cgroup`, as the node
     /// crate takes them.
     pub cleanup: svc_node::apply::Options,
+    /// `-o FILE`: what cleanup prints on stdout goes there.
+    pub output: Option<String>,
 }
 
 /// `svc-compile drift`.
@@ -671,6 +684,8 @@ pub struct DriftCmd {
     /// `--netns`, `--state-dir` and `--family`.
     pub drift: svc_node::apply::Options,
     pub from_saved: Option<String>,
+    /// `-o FILE`: the report goes there instead of stdout.
+    pub output: Option<String>,
 }
 
 /// One packet as written: `FROM TO [PROTO]`.
@@ -1456,6 +1471,7 @@ fn apply_cmd(
         target,
         nodes,
         source,
+        output: a.output,
     })))
 }
 
@@ -1606,6 +1622,7 @@ fn cleanup_cmd(c: CleanupFlags, targets: &[&'static Target]) -> Result<Run, Stri
             cgroup: c.cgroup,
             ..Default::default()
         },
+        output: c.output,
     })))
 }
 
@@ -1636,6 +1653,7 @@ fn drift_cmd(
         target,
         nodes,
         from_saved: d.from_saved,
+        output: d.output,
     })))
 }
 

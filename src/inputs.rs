@@ -282,7 +282,7 @@ pub(crate) fn read_file(p: &Path) -> Result<String, Fail> {
 
 /// The most input one run reads, all files (and standard input) together. Checked before
 /// a file is read, so a 1 GB file costs nothing; memory grows with the input (about 12
-/// times its size for a real cluster, README "Limits"), so this bounds it too. A cluster
+/// times its size for a real cluster, docs/input.md "Limits"), so this bounds it too. A cluster
 /// at Kubernetes' tested limits (10k services) is 22 MB of YAML, 56 MB of JSON.
 pub const MAX_INPUT_BYTES: u64 = 256 << 20;
 

@@ -26,7 +26,7 @@ use std::process::ExitCode;
 
 // Parsing builds millions of small values and the node passes make and drop many on
 // every thread: mimalloc's thread-local free lists are much faster at that than glibc's
-// (README "Performance"). `alloc.rs` sets when it gives memory back.
+// (docs/performance.md). `alloc.rs` sets when it gives memory back.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

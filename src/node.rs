@@ -8,7 +8,9 @@ use crate::compile::{compile_read, node_jobs, read_all, target_params_of};
 use crate::inputs::read_file;
 use crate::report::{Emitter, Fail, Outcome};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::node_view;
 use svc_compiler::source::{FileId, SourceMap};
@@ -20,6 +22,11 @@ use svc_targets::plan::Family;
 
 /// `svc-compile apply`: `svc_node` answers 0 (applied) or 1 (input errors, printed).
 pub fn apply(cmd: &ApplyCmd) -> Result<Outcome, Fail> {
+    let out = StdoutTo::file(cmd.output.as_deref())?;
+    out.finish(apply_to_stdout(cmd))
+}
+
+fn apply_to_stdout(cmd: &ApplyCmd) -> Result<Outcome, Fail> {
     let target = cmd.target.target;
     // nftables plans from documents of tens of MB at 10k services: what the compile frees
     // is what planning takes next (see `alloc`). Elsewhere freed memory goes back as in a
@@ -189,13 +196,19 @@ impl svc_node::agent::Source for Watched<'_> {
 
 /// `svc-compile cleanup`: `svc_node` answers 0 (removed, or nothing there) or fails.
 pub fn cleanup(cmd: &CleanupCmd) -> Result<Outcome, Fail> {
-    svc_node::cleanup::cleanup(cmd.target, &cmd.cleanup)?;
-    Ok(Outcome::Done)
+    let out = StdoutTo::file(cmd.output.as_deref())?;
+    let r = svc_node::cleanup::cleanup(cmd.target, &cmd.cleanup).map(|_| Outcome::Done);
+    out.finish(r)
 }
 
 /// `svc-compile drift`: `svc_node` answers 0 (no drift), 1 (drift, printed) or 2 (input
 /// errors, printed).
 pub fn drift(cmd: &DriftCmd) -> Result<Outcome, Fail> {
+    let out = StdoutTo::file(cmd.output.as_deref())?;
+    out.finish(drift_to_stdout(cmd))
+}
+
+fn drift_to_stdout(cmd: &DriftCmd) -> Result<Outcome, Fail> {
     svc_node::drift::preflight(&cmd.drift)?;
     let saved = match &cmd.from_saved {
         Some(file) => Some((file.as_str(), read_file(Path::new(file))?)),
@@ -213,6 +226,67 @@ pub fn drift(cmd: &DriftCmd) -> Result<Outcome, Fail> {
         1 => Outcome::Differs,
         _ => Outcome::InputErrors,
     })
+}
+
+/// `-o FILE` for `apply`, `cleanup` and `drift`: `svc_node` prints their reports as they
+/// happen (a family applied, a script line), so while the command runs the process's
+/// standard output is a file beside FILE, renamed to FILE when the command ends with an
+/// answer (any exit code but 2) and removed when it fails. Diagnostics stay on stderr.
+struct StdoutTo(Option<(OwnedFd, PathBuf, String)>);
+
+impl StdoutTo {
+    fn file(path: Option<&str>) -> Result<StdoutTo, Fail> {
+        let Some(path) = path else {
+            return Ok(StdoutTo(None));
+        };
+        let fail = |e: std::io::Error| Fail(format!("cannot write {path}: {e}"));
+        let part = PathBuf::from(format!("{path}.part-{}", std::process::id()));
+        let file = std::fs::File::create(&part).map_err(fail)?;
+        std::io::stdout().flush().map_err(fail)?;
+        // SAFETY: dup and dup2 on descriptors this process owns; the saved copy is owned
+        // by the returned value and closed when it drops.
+        let saved = unsafe { libc::dup(1) };
+        if saved < 0 || unsafe { libc::dup2(file.as_raw_fd(), 1) } < 0 {
+            let _ = std::fs::remove_file(&part);
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        let saved = unsafe { OwnedFd::from_raw_fd(saved) };
+        Ok(StdoutTo(Some((saved, part, path.to_string()))))
+    }
+
+    /// The command's end: its report becomes FILE unless it failed.
+    fn finish(mut self, r: Result<Outcome, Fail>) -> Result<Outcome, Fail> {
+        let Some((saved, part, path)) = self.0.take() else {
+            return r;
+        };
+        restore(&saved);
+        match r {
+            Ok(o) => std::fs::rename(&part, &path)
+                .map(|()| o)
+                .map_err(|e| Fail(format!("cannot write {path}: {e}"))),
+            Err(e) => {
+                let _ = std::fs::remove_file(&part);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Standard output back to `saved`, after what was printed to the file is flushed.
+fn restore(saved: &OwnedFd) {
+    let _ = std::io::stdout().flush();
+    // SAFETY: dup2 onto the process's own stdout; `saved` is open for the call.
+    unsafe { libc::dup2(saved.as_raw_fd(), 1) };
+}
+
+impl Drop for StdoutTo {
+    /// A panic on the way: the partial report is removed.
+    fn drop(&mut self) {
+        if let Some((saved, part, _)) = &self.0 {
+            restore(saved);
+            let _ = std::fs::remove_file(part);
+        }
+    }
 }
 
 /// The manifests read (the I/O happens now) and, when `keyed`, fingerprinted; compiled

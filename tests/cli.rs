@@ -1037,6 +1037,61 @@ fn drift_usage_errors_exit_2() {
     }
 }
 
+/// `-o FILE` of the node commands: a command that fails (exit 2) leaves no file, nor a
+/// partial one beside it; stdout stays empty.
+#[test]
+fn node_commands_output_file_only_when_they_answer() {
+    let t = TempDir::new("node-o");
+    let file = t.0.join("report");
+    let f = file.to_str().unwrap();
+    let netns = "svc-compile-test-no-such-netns";
+    let cases: [&[&str]; 3] = [
+        &[
+            "drift",
+            "examples/",
+            "--node",
+            "node-a",
+            "--target",
+            "iptables",
+            "--netns",
+            netns,
+            "-o",
+            f,
+        ],
+        &[
+            "apply",
+            "examples/",
+            "--node",
+            "node-a",
+            "--target",
+            "nftables",
+            "--dry-run",
+            "--netns",
+            netns,
+            "-o",
+            f,
+        ],
+        &[
+            "cleanup",
+            "--target",
+            "nftables",
+            "--dry-run",
+            "--netns",
+            netns,
+            "-o",
+            f,
+        ],
+    ];
+    for args in cases {
+        let r = svc(args, None, &root());
+        r.expect(2);
+        assert!(r.stderr.contains(netns), "{args:?}: {}", r.stderr);
+        assert_eq!(r.stdout, "", "{args:?}");
+        let left: Vec<_> = std::fs::read_dir(&t.0).unwrap().collect();
+        assert!(left.is_empty(), "{args:?}: {left:?}");
+    }
+}
+
 /// `--random-fully` and `--nfacct` (node capabilities kube-proxy detects at runtime), from
 /// the flags or the ClusterConfig document; flags win.
 #[test]

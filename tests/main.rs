@@ -8,6 +8,7 @@ mod cli;
 mod diff;
 mod discovery;
 mod dns_servers;
+mod docs;
 mod golden;
 mod kernel;
 mod manifests;

@@ -27,6 +27,7 @@
 //! | SVC020 | error    | two objects glued into one document (`apiVersion`/`kind` written again: a `---` missing) |
 //! | SVC021 | error    | the config file (`.svc-compile.yaml`) is invalid: an unknown key, a wrong type, a bad value or an unknown code |
 //! | SVC022 | warning  | a suppression (`# svc-compile:ignore`, or the config file's `ignore`/`per-path-ignores`) that matched nothing |
+//! | SVC023 | error    | a scalar longer than `tree::MAX_SCALAR_BYTES` (3 MiB, the API server's request limit); the rest of the file was not read |
 //! | SVC351 | error    | the service IP range is full |
 //! | SVC352 | error    | the node-port range is full (a nodePort or a healthCheckNodePort) |
 //! | SVC360 | error    | the lock file cannot be read |

@@ -294,8 +294,12 @@ impl Decoder<'_> {
 
 /// The closest known name within edit distance 2, for "did you mean".
 pub fn closest<'k>(word: &str, known: &[&'k str]) -> Option<&'k str> {
+    let chars = word.chars().count();
     known
         .iter()
+        // The distance is at least the difference in length: a long value (a typo of no
+        // name) costs nothing here.
+        .filter(|k| chars.abs_diff(k.chars().count()) <= 2)
         .map(|k| {
             (
                 edit_distance(&word.to_ascii_lowercase(), &k.to_ascii_lowercase()),

@@ -213,7 +213,8 @@ fn frame(out: &mut String, sources: &SourceMap, span: Span, label: Option<&str>)
     if let Some(text) = sources.line_text(span.file, span.line) {
         let gutter = span.line.to_string();
         let pad = " ".repeat(gutter.len());
-        let text = text.replace('\t', " ");
+        // Tabs are shown as spaces (one for one: columns stay), in the shown part only: a
+        // line can be as long as the file.
         let chars = text.chars().count() as u32;
         let mut start = span.col.saturating_sub(1).min(chars);
         // A long line (minified JSON) is shown as a window around the column.
@@ -234,8 +235,9 @@ fn frame(out: &mut String, sources: &SourceMap, span: Span, label: Option<&str>)
             }
             w
         } else {
-            text
+            text.to_string()
         };
+        let text = text.replace('\t', " ");
         let chars = text.chars().count() as u32;
         let len = span.len.clamp(1, (chars - start).max(1));
         let _ = writeln!(out, "{pad} |");

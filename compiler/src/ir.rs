@@ -85,6 +85,129 @@ pub struct ClusterConfig {
     /// JSON when unset.
     #[serde(skip_serializing_if = "EbpfMapSizes::is_default")]
     pub ebpf_map_sizes: EbpfMapSizes,
+    /// Cilium's load-balancing algorithm options (`ebpfLbAlgorithm`, ...), for the ebpf
+    /// target; left out of the IR's JSON when unset.
+    #[serde(skip_serializing_if = "EbpfAgent::is_default")]
+    pub ebpf_agent: EbpfAgent,
+    /// Cilium's `--enable-service-topology` (`ebpfServiceTopology`, off by default): the
+    /// node pass narrows [`CiliumPort`]'s backends by Cilium's topology rules.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ebpf_service_topology: bool,
+}
+
+/// Cilium's backend selection algorithm (`--bpf-lb-algorithm`, and the per-service
+/// annotation `service.cilium.io/lb-algorithm`): `pkg/loadbalancer/loadbalancer.go`,
+/// `SVCLoadBalancingAlgorithm`, whose number the service value's algorithm byte holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LbAlgorithm {
+    /// `random` (1): a random slot per new connection.
+    Random,
+    /// `maglev` (2): consistent hashing through the service's Maglev table.
+    Maglev,
+}
+
+impl LbAlgorithm {
+    /// `ToSVCLoadBalancingAlgorithm`: exactly `random` or `maglev` (anything else is
+    /// Cilium's "undefined").
+    pub fn parse(s: &str) -> Option<LbAlgorithm> {
+        match s {
+            "random" => Some(LbAlgorithm::Random),
+            "maglev" => Some(LbAlgorithm::Maglev),
+            _ => None,
+        }
+    }
+    /// The service value's algorithm byte (`SVCLoadBalancingAlgorithm*`).
+    pub fn number(self) -> u8 {
+        match self {
+            LbAlgorithm::Random => 1,
+            LbAlgorithm::Maglev => 2,
+        }
+    }
+}
+
+/// Options of the Cilium agent that choose how backends are selected (the ClusterConfig's
+/// `ebpfLbAlgorithm`, `ebpfLbAlgorithmAnnotation`, `ebpfMaglevTableSize`,
+/// `ebpfMaglevHashSeed`; the ebpf target's flags override each one set). Unset = Cilium's
+/// default (`pkg/loadbalancer/config.go`, `pkg/maglev/maglev.go`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EbpfAgent {
+    /// `--bpf-lb-algorithm` (default `random`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lb_algorithm: Option<LbAlgorithm>,
+    /// `--bpf-lb-algorithm-annotation` (default off): whether
+    /// `service.cilium.io/lb-algorithm` is read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lb_algorithm_annotation: Option<bool>,
+    /// `--bpf-lb-maglev-table-size` (default 16381), one of [`EbpfAgent::TABLE_SIZES`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maglev_table_size: Option<u32>,
+    /// `--bpf-lb-maglev-hash-seed` (default `JLfvgnHc2kaSUFaI`): base64 of 12 bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maglev_hash_seed: Option<String>,
+}
+
+impl EbpfAgent {
+    /// `maglev.DefaultTableSize`.
+    pub const DEFAULT_TABLE_SIZE: u32 = 16381;
+    /// `maglev.DefaultHashSeed`.
+    pub const DEFAULT_HASH_SEED: &'static str = "JLfvgnHc2kaSUFaI";
+    /// The table sizes the agent accepts (`maglevSupportedTableSizes`, primes).
+    pub const TABLE_SIZES: [u32; 10] = [
+        251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071,
+    ];
+
+    /// `--bpf-lb-algorithm`'s value, or why it is refused.
+    pub fn parse_algorithm(s: &str) -> Result<LbAlgorithm, String> {
+        LbAlgorithm::parse(s).ok_or_else(|| format!("`{s}`: use random or maglev"))
+    }
+
+    /// A table size the agent accepts (`UserConfig.ToConfig`), or why not.
+    pub fn parse_table_size(s: &str) -> Result<u32, String> {
+        match s.trim().parse::<u32>() {
+            Ok(m) if Self::TABLE_SIZES.contains(&m) => Ok(m),
+            _ => {
+                let sizes: Vec<String> = Self::TABLE_SIZES.iter().map(u32::to_string).collect();
+                Err(format!(
+                    "`{s}` is not one of Cilium's sizes ({})",
+                    sizes.join(", ")
+                ))
+            }
+        }
+    }
+
+    /// The murmur3 seed of a hash seed (`UserConfig.ToConfig`: base64 of 12 bytes, the
+    /// first four a big-endian number; the others seed the datapath's jhash), or why the
+    /// agent refuses it.
+    pub fn murmur_seed(seed: &str) -> Result<u32, String> {
+        let d = data_encoding::BASE64
+            .decode(seed.as_bytes())
+            .map_err(|e| format!("`{seed}` is not base64 ({e})"))?;
+        if d.len() != 12 {
+            return Err(format!("`{seed}` decodes to {} bytes, not 12", d.len()));
+        }
+        Ok(u32::from_be_bytes([d[0], d[1], d[2], d[3]]))
+    }
+
+    /// `self`, with every option `over` sets taken from `over` (a flag over the document).
+    pub fn overridden_by(&self, over: &EbpfAgent) -> EbpfAgent {
+        EbpfAgent {
+            lb_algorithm: over.lb_algorithm.or(self.lb_algorithm),
+            lb_algorithm_annotation: over
+                .lb_algorithm_annotation
+                .or(self.lb_algorithm_annotation),
+            maglev_table_size: over.maglev_table_size.or(self.maglev_table_size),
+            maglev_hash_seed: over
+                .maglev_hash_seed
+                .clone()
+                .or_else(|| self.maglev_hash_seed.clone()),
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == EbpfAgent::default()
+    }
 }
 
 /// Which answers the `dns` target's zones give (docs/dns.md).
@@ -250,7 +373,7 @@ pub enum NftLayout {
     /// kube-proxy's own objects and names, so that the output diffs against a live node.
     #[default]
     KubeProxy,
-    /// Built for the kernel's load costs: no anonymous sets or endpoint chains (README).
+    /// Built for the kernel's load costs: no anonymous sets or endpoint chains (docs/targets.md).
     Fast,
 }
 
@@ -470,6 +593,12 @@ pub struct Service {
     pub topology_keys: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traffic_distribution: Option<String>,
+    /// The annotation `service.kubernetes.io/topology-aware-hints`, else
+    /// `service.kubernetes.io/topology-mode` (the deprecated one wins, as in Cilium's
+    /// `getAnnotationTopologyAwareHints`), as written. kube-proxy reads the slices' hints,
+    /// never this; the ebpf target's Cilium view does ([`CiliumPort`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology_mode: Option<String>,
     /// The label `service.kubernetes.io/service-proxy-name`: the service belongs to another
     /// proxy, and kube-proxy's informers do not see it (its DNS names stay).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -656,6 +785,9 @@ pub struct NodeView {
     /// [`ClusterConfig::ebpf_map_sizes`], copied for the ebpf target.
     #[serde(skip_serializing_if = "EbpfMapSizes::is_default")]
     pub ebpf_map_sizes: EbpfMapSizes,
+    /// [`ClusterConfig::ebpf_agent`], copied for the ebpf target.
+    #[serde(skip_serializing_if = "EbpfAgent::is_default")]
+    pub ebpf_agent: EbpfAgent,
     pub node_name: String,
     pub family: IpFamily,
     /// The node's IPs of this family, primary first.
@@ -798,8 +930,9 @@ pub struct PortView {
 ///   its conditions, and there is no terminating fallback here (the reconciler counts);
 /// - which backends each traffic policy selects (`pkg/loadbalancer/writer/writer.go`,
 ///   `DefaultSelectBackends`): all of them, or those on this node (an endpoint without a
-///   `nodeName` counts as local); topology hints are not read (Cilium's
-///   `--enable-service-topology` is off by default);
+///   `nodeName` counts as local), narrowed, with `--enable-service-topology`
+///   (`ClusterConfig::ebpf_service_topology`), by Cilium's own topology rules
+///   ([`CiliumTopology`]), not kube-proxy's;
 /// - the per-service settings Cilium reads from the Service (source ranges as written,
 ///   `service.cilium.io/src-ranges-policy`, the load-balancer class).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -811,6 +944,9 @@ pub struct CiliumPort {
     pub cluster: Vec<u32>,
     /// What a frontend with a Local policy selects. Ascending indices.
     pub local: Vec<u32>,
+    /// Cilium's traffic distribution for the service and whether it narrowed the
+    /// selections on this node; `None` when the agent reads no topology.
+    pub topology: Option<CiliumTopology>,
     /// This family's `loadBalancerSourceRanges` as networks, in spec order. Cilium keeps
     /// a zero prefix as an entry (kube-proxy reads it as "no ranges").
     pub source_ranges: Vec<Cidr>,
@@ -820,6 +956,23 @@ pub struct CiliumPort {
     /// being the default allocator, or `io.cilium/bgp-control-plane` /
     /// `io.cilium/l2-announcer`): the reconciler's `isWildcardClass`.
     pub lb_ipam_class: bool,
+    /// `service.cilium.io/lb-algorithm` as Cilium reads it (`GetLBAlgorithmAnnotation`:
+    /// exactly `random` or `maglev`; `None` when absent or anything else). The agent
+    /// honours it only with `--bpf-lb-algorithm-annotation`.
+    pub lb_algorithm: Option<LbAlgorithm>,
+}
+
+/// How Cilium's topology rules (`--enable-service-topology`) treated one port on one node:
+/// `pkg/loadbalancer/writer/writer.go`, `DefaultSelectBackends`, with the service's
+/// `TrafficDistribution` from `reflectors/conversions.go`, `convertService`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CiliumTopology {
+    /// `PreferSameZone` (also `PreferClose` and the topology annotations) or
+    /// `PreferSameNode`.
+    pub distribution: &'static str,
+    /// Why the backends were narrowed or not, for humans (`zone zone-a`, `none for zone
+    /// zone-c: every backend`, ...).
+    pub note: String,
 }
 
 /// One backend of a [`CiliumPort`].
@@ -828,6 +981,8 @@ pub struct CiliumBackend {
     pub ip: IpAddr,
     pub port: u16,
     pub state: BackendState,
+    /// The Maglev weight (`convertEndpoints`: `loadbalancer.DefaultBackendWeight`, 100).
+    pub weight: u16,
 }
 
 /// Cilium's backend states (`pkg/loadbalancer/loadbalancer.go`), in its sort order.

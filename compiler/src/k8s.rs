@@ -230,6 +230,14 @@ pub struct ClusterConfigDoc {
     pub dns_records: Option<Sp<String>>,
     /// `ebpfMapSizes`: `KEY=N,...` (see `ir::EbpfMapSizes`).
     pub ebpf_map_sizes: Option<Sp<String>>,
+    /// `ebpfLbAlgorithm`, `ebpfLbAlgorithmAnnotation`, `ebpfMaglevTableSize`,
+    /// `ebpfMaglevHashSeed` (see `ir::EbpfAgent`).
+    pub ebpf_lb_algorithm: Option<Sp<String>>,
+    pub ebpf_lb_algorithm_annotation: Option<Sp<bool>>,
+    pub ebpf_maglev_table_size: Option<Sp<i64>>,
+    pub ebpf_maglev_hash_seed: Option<Sp<String>>,
+    /// `ebpfServiceTopology` (see `ir::ClusterConfig::ebpf_service_topology`).
+    pub ebpf_service_topology: Option<Sp<bool>>,
 }
 
 /// A ServiceCIDR (networking.k8s.io, 1.29+): a range the API server allocates from.
@@ -1461,6 +1469,11 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         "topologyKeys",
         "dnsRecords",
         "ebpfMapSizes",
+        "ebpfLbAlgorithm",
+        "ebpfLbAlgorithmAnnotation",
+        "ebpfMaglevTableSize",
+        "ebpfMaglevHashSeed",
+        "ebpfServiceTopology",
     ];
     let mut out = ClusterConfigDoc {
         span: root.span,
@@ -1482,6 +1495,21 @@ fn cluster_config(root: &Node, path: &Path, d: &mut Decoder) -> ClusterConfigDoc
         out.topology_keys = d.str_(f.get("topologyKeys"), &path.key("topologyKeys"));
         out.dns_records = d.str_(f.get("dnsRecords"), &path.key("dnsRecords"));
         out.ebpf_map_sizes = d.str_(f.get("ebpfMapSizes"), &path.key("ebpfMapSizes"));
+        out.ebpf_lb_algorithm = d.str_(f.get("ebpfLbAlgorithm"), &path.key("ebpfLbAlgorithm"));
+        out.ebpf_lb_algorithm_annotation = d.bool_(
+            f.get("ebpfLbAlgorithmAnnotation"),
+            &path.key("ebpfLbAlgorithmAnnotation"),
+        );
+        out.ebpf_maglev_table_size = d.int(
+            f.get("ebpfMaglevTableSize"),
+            &path.key("ebpfMaglevTableSize"),
+        );
+        out.ebpf_maglev_hash_seed =
+            d.str_(f.get("ebpfMaglevHashSeed"), &path.key("ebpfMaglevHashSeed"));
+        out.ebpf_service_topology = d.bool_(
+            f.get("ebpfServiceTopology"),
+            &path.key("ebpfServiceTopology"),
+        );
     }
     out
 }

@@ -398,6 +398,20 @@ pub fn settings(objects: &Objects, opts: &Options) -> Settings {
         {
             s.ebpf_map_sizes = m;
         }
+        let agent = &mut s.ebpf_agent;
+        if let Some(a) = &doc.ebpf_lb_algorithm {
+            agent.lb_algorithm = ir::LbAlgorithm::parse(&a.v);
+        }
+        agent.lb_algorithm_annotation = doc.ebpf_lb_algorithm_annotation.as_ref().map(|b| b.v);
+        if let Some(m) = &doc.ebpf_maglev_table_size {
+            agent.maglev_table_size = ir::EbpfAgent::parse_table_size(&m.v.to_string()).ok();
+        }
+        if let Some(t) = &doc.ebpf_service_topology {
+            s.ebpf_service_topology = t.v;
+        }
+        if let Some(h) = &doc.ebpf_maglev_hash_seed {
+            agent.maglev_hash_seed = ir::EbpfAgent::murmur_seed(&h.v).ok().map(|_| h.v.clone());
+        }
     }
     if let Some(l) = opts.nft_layout {
         s.nft_layout = l;

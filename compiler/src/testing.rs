@@ -51,6 +51,8 @@ pub fn module(services: Vec<Service>, mut nodes: Vec<Node>) -> Module {
             topology_keys: Default::default(),
             dns_records: Default::default(),
             ebpf_map_sizes: Default::default(),
+            ebpf_agent: Default::default(),
+            ebpf_service_topology: false,
         },
         proxy: ProxyConfig {
             mode: "iptables".into(),
@@ -116,6 +118,7 @@ pub fn service(
         health_check_node_port: None,
         topology_keys: vec![],
         traffic_distribution: None,
+        topology_mode: None,
         proxy_name: None,
         headless_label: false,
         load_balancer_class: None,

@@ -13,6 +13,7 @@ use saphyr_parser::{Event, Parser, ScalarStyle};
 use std::collections::HashMap;
 
 mod fast_yaml;
+mod long;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
@@ -239,8 +240,10 @@ pub fn parse_each<T: Send>(
                 return (out, Diagnostics::default());
             }
         }
-        if let Ok(root) = json::parse(file, text) {
-            return (each_json(root, &f), Diagnostics::default());
+        match json::parse(file, text) {
+            Ok(root) => return (each_json(root, &f), Diagnostics::default()),
+            Err(json::Error(Some(at))) => return (Vec::new(), long_scalar(at, None)),
+            Err(json::Error(None)) => {}
         }
     }
     yaml_each(file, text, f)
@@ -368,6 +371,13 @@ pub fn too_many_documents(file: FileId, text: &str) -> Option<Diagnostic> {
 /// limit): the tree's recursive walks (decoding, dropping) then stay far from the end of a
 /// thread's stack, whatever the input.
 pub const MAX_DEPTH: usize = 512;
+
+/// The longest scalar read: the API server refuses a request body over 3 MiB
+/// (`MaxRequestBodyBytes: 3 * 1024 * 1024` in k8s.io/apiserver `server.NewConfig`), so no
+/// object it stores holds a longer one. A longer scalar is SVC023, and it is dropped at
+/// once: never copied into the tree (plain scalars are read in place), never matched
+/// against names for "did you mean".
+pub const MAX_SCALAR_BYTES: usize = 3 * 1024 * 1024;
 
 /// Alias expansion budget: generous for real manifests, finite for bombs.
 fn default_budget(text: &str) -> usize {
@@ -672,8 +682,13 @@ fn parse_yaml_piece(
     line0: u32,
     budget: usize,
 ) -> (Vec<Document>, Diagnostics) {
-    if let Some(docs) = fast_yaml::parse(file, text, line0) {
-        return (docs, Diagnostics::default());
+    if let Some(at) = long::scalar(file, text, line0) {
+        return (Vec::new(), long_scalar(at, None));
+    }
+    match fast_yaml::parse(file, text, line0) {
+        Ok(docs) => return (docs, Diagnostics::default()),
+        Err(Some(at)) => return (Vec::new(), long_scalar(at, None)),
+        Err(None) => {}
     }
     let out = parse_yaml_strict(file, text, line0, budget);
     if indentation_stop(&out.1, line0).is_none() {
@@ -1185,6 +1200,10 @@ fn parse_yaml_strict(
                 }
                 doc_index += 1;
             }
+            Event::Scalar(text, _, _, _) if text.len() > MAX_SCALAR_BYTES => {
+                diags.extend(long_scalar(span, Some(text.len())));
+                return (docs, diags);
+            }
             Event::Scalar(text, style, anchor, tag) => {
                 nodes_made += 1;
                 let plain =
@@ -1297,6 +1316,24 @@ fn parse_yaml_strict(
     (docs, diags)
 }
 
+/// SVC023 for the scalar starting at `at` (`bytes` long, when the parser knows).
+fn long_scalar(at: Span, bytes: Option<usize>) -> Diagnostics {
+    let size = match bytes {
+        Some(n) => format!("a scalar of {n} bytes"),
+        None => "a scalar".to_string(),
+    };
+    let mut d = Diagnostics::default();
+    d.push(
+        Diagnostic::error(
+            "SVC023",
+            format!("{size} longer than the API server takes a whole object ({MAX_SCALAR_BYTES} bytes); the rest of the file was not read"),
+        )
+        .at(Span { len: 1, ..at })
+        .hint("no cluster can hold this object (the API server refuses request bodies over 3 MiB); remove or shorten the value"),
+    );
+    d
+}
+
 /// The name an alias event's span (`*name`) writes, for messages.
 fn alias_name(text: &str, sp: &saphyr_parser::Span) -> String {
     text.chars()
@@ -1363,7 +1400,9 @@ pub mod json {
     use crate::source::{FileId, Span};
     use std::cell::Cell;
 
-    pub struct Error;
+    /// Not JSON this parser reads (the caller parses it as YAML), or, with the span, a string
+    /// longer than [`super::MAX_SCALAR_BYTES`] (SVC023, nothing copied).
+    pub struct Error(pub Option<Span>);
 
     struct P<'a> {
         b: &'a [u8],
@@ -1583,7 +1622,7 @@ pub mod json {
                 Some(b']') if p.i == split.close.i && items.len() == end - first => {
                     return Ok(items)
                 }
-                _ => return Err(Error),
+                _ => return Err(Error(None)),
             }
         }
     }
@@ -1595,7 +1634,7 @@ pub mod json {
             let v = self.value()?;
             self.ws();
             if self.i != self.b.len() {
-                return Err(Error);
+                return Err(Error(None));
             }
             Ok(v)
         }
@@ -1630,10 +1669,10 @@ pub mod json {
         fn value(&mut self) -> Result<Node, Error> {
             self.depth += 1;
             if self.depth as usize > super::MAX_DEPTH {
-                return Err(Error);
+                return Err(Error(None));
             }
             let start = self.i;
-            let r = match self.b.get(self.i).ok_or(Error)? {
+            let r = match self.b.get(self.i).ok_or(Error(None))? {
                 b'[' if self.skip.is_some_and(|(open, _)| open.i == start) => {
                     let (_, close) = self.skip.expect("checked");
                     let span = self.span(start, start + 1);
@@ -1659,7 +1698,7 @@ pub mod json {
                             let key_span = self.span(ks, self.i);
                             self.ws();
                             if self.b.get(self.i) != Some(&b':') {
-                                return Err(Error);
+                                return Err(Error(None));
                             }
                             self.i += 1;
                             self.ws();
@@ -1676,7 +1715,7 @@ pub mod json {
                                     self.i += 1;
                                     break;
                                 }
-                                _ => return Err(Error),
+                                _ => return Err(Error(None)),
                             }
                         }
                     }
@@ -1703,7 +1742,7 @@ pub mod json {
                                     self.i += 1;
                                     break;
                                 }
-                                _ => return Err(Error),
+                                _ => return Err(Error(None)),
                             }
                         }
                     }
@@ -1727,7 +1766,8 @@ pub mod json {
                             break;
                         }
                     }
-                    let text = std::str::from_utf8(&self.b[start..self.i]).map_err(|_| Error)?;
+                    let text =
+                        std::str::from_utf8(&self.b[start..self.i]).map_err(|_| Error(None))?;
                     let span = self.span(start, self.i);
                     match text {
                         "null" => Node {
@@ -1748,7 +1788,7 @@ pub mod json {
                                 plain: true,
                             },
                         },
-                        _ => return Err(Error),
+                        _ => return Err(Error(None)),
                     }
                 }
             };
@@ -1757,8 +1797,9 @@ pub mod json {
         }
         fn string(&mut self) -> Result<String, Error> {
             if self.b.get(self.i) != Some(&b'"') {
-                return Err(Error);
+                return Err(Error(None));
             }
+            let start = self.i;
             self.i += 1;
             let mut out = String::new();
             loop {
@@ -1769,7 +1810,12 @@ pub mod json {
                     }
                     self.i += 1;
                 }
-                out.push_str(std::str::from_utf8(&self.b[run_start..self.i]).map_err(|_| Error)?);
+                if out.len() + (self.i - run_start) > super::MAX_SCALAR_BYTES {
+                    return Err(Error(Some(self.span(start, start + 1))));
+                }
+                out.push_str(
+                    std::str::from_utf8(&self.b[run_start..self.i]).map_err(|_| Error(None))?,
+                );
                 match self.b.get(self.i) {
                     Some(b'"') => {
                         self.i += 1;
@@ -1777,7 +1823,7 @@ pub mod json {
                     }
                     Some(b'\\') => {
                         self.i += 1;
-                        let c = *self.b.get(self.i).ok_or(Error)?;
+                        let c = *self.b.get(self.i).ok_or(Error(None))?;
                         self.i += 1;
                         match c {
                             b'"' => out.push('"'),
@@ -1792,7 +1838,7 @@ pub mod json {
                                 let mut cp = self.hex4()?;
                                 if (0xD800..0xDC00).contains(&cp) {
                                     if self.b.get(self.i..self.i + 2) != Some(b"\\u") {
-                                        return Err(Error);
+                                        return Err(Error(None));
                                     }
                                     self.i += 2;
                                     let lo = self.hex4()?;
@@ -1800,19 +1846,20 @@ pub mod json {
                                         + ((cp - 0xD800) << 10)
                                         + (lo.wrapping_sub(0xDC00) & 0x3FF);
                                 }
-                                out.push(char::from_u32(cp).ok_or(Error)?);
+                                out.push(char::from_u32(cp).ok_or(Error(None))?);
                             }
-                            _ => return Err(Error),
+                            _ => return Err(Error(None)),
                         }
                     }
-                    _ => return Err(Error),
+                    _ => return Err(Error(None)),
                 }
             }
         }
         fn hex4(&mut self) -> Result<u32, Error> {
-            let s = self.b.get(self.i..self.i + 4).ok_or(Error)?;
+            let s = self.b.get(self.i..self.i + 4).ok_or(Error(None))?;
             self.i += 4;
-            u32::from_str_radix(std::str::from_utf8(s).map_err(|_| Error)?, 16).map_err(|_| Error)
+            u32::from_str_radix(std::str::from_utf8(s).map_err(|_| Error(None))?, 16)
+                .map_err(|_| Error(None))
         }
     }
 }

@@ -309,7 +309,7 @@ fn documents(
             Some(locked) => Some(Ids::from_lock(locked)),
             None => applied(family).and_then(|j| ids_of_json(&j)),
         };
-        let l = ebpf::layout(v, previous.as_ref(), &opts.sizes_for(v)).map_err(|e| {
+        let l = ebpf::layout_of(v, previous.as_ref(), opts).map_err(|e| {
             Fail(format!(
                 "--target ebpf: node {} ({}): {e}",
                 v.node_name,

@@ -3,7 +3,7 @@
 //! `nft list table` asks the kernel for the whole table's rules in one dump, and the kernel
 //! walks the table's rules from the first one again for every message of that dump
 //! (`__nf_tables_dump_rules`), so the read grows with the square of the rule count (15.7 s
-//! for the fast layout of 10k services, README "apply at scale"). Asking for one chain's
+//! for the fast layout of 10k services, docs/performance.md, "Apply"). Asking for one chain's
 //! rules at a time keeps each walk to that chain: reading every object of the table this
 //! way is linear. What is kept of it is not the kernel's spelling (that is `nft`'s to
 //! print) but a hash per object of the attributes the kernel returns, without the ones

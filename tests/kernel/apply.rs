@@ -1466,6 +1466,15 @@ fn a_foreign_change_to_our_chains_is_repaired_and_the_fast_path_only_runs_when_n
         let r = node.apply(&v1, &["--dry-run"]);
         r.expect(0);
         compiled(&r, true);
+        // `-o FILE`: the dry run's script in the file, nothing of it on stdout.
+        let script = TempDir::new("apply-o");
+        let file = script.path().join("plan.sh");
+        let o = node.apply(&v1, &["--dry-run", "-o", file.to_str().unwrap()]);
+        o.expect(0);
+        assert_eq!(o.stdout, "", "[{target}]");
+        let written = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(written, r.stdout, "[{target}]");
+        assert!(!written.is_empty(), "[{target}]");
         let r = node.apply(&v2, &[]);
         r.expect(0).says(": incremental:");
         path(&r, if fast { BY_GENERATION } else { READ });

@@ -234,6 +234,25 @@ fn drift_finds_one_hand_made_change_and_nothing_else() {
             out.lines().skip(1).collect::<Vec<_>>(),
             "[{target}]"
         );
+
+        // `-o FILE`: the same report in the file, nothing on stdout, the same exit code.
+        let report = saved.path().join("report");
+        let to_file = drift(
+            target,
+            &[
+                "--from-saved",
+                file.to_str().unwrap(),
+                "-o",
+                report.to_str().unwrap(),
+            ],
+        );
+        to_file.expect(1);
+        assert_eq!(to_file.stdout, "", "[{target}]");
+        assert_eq!(
+            std::fs::read_to_string(&report).unwrap(),
+            from.stdout,
+            "[{target}]"
+        );
     }
 }
 

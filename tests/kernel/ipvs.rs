@@ -28,7 +28,7 @@ use svc_targets::ipvs::Part;
 
 /// Where the guest finds its cases (set by the host for the guest).
 pub(super) const GUEST_DIR_ENV: &str = "SVC_IPVS_GUEST_DIR";
-/// The whole suite in the VM, boot included (TCG is slow; measured: see README).
+/// The whole suite in the VM, boot included (TCG is slow; measured: see docs/performance.md and docs/testing.md).
 const SUITE_TIMEOUT_SECS: u64 = 1500;
 
 /// `ipvsadm-save -n` in `netns` of `lab` until two listings in a row agree (at most 20):

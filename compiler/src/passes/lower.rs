@@ -113,6 +113,11 @@ pub fn lower(
                     ir::TopologyKeys::Ignore => Vec::new(),
                 },
                 traffic_distribution: s.traffic_distribution.as_ref().map(|t| t.v.clone()),
+                topology_mode: s
+                    .meta
+                    .annotation("service.kubernetes.io/topology-aware-hints")
+                    .or_else(|| s.meta.annotation("service.kubernetes.io/topology-mode"))
+                    .map(|a| a.v.clone()),
                 proxy_name: s
                     .meta
                     .label("service.kubernetes.io/service-proxy-name")
@@ -218,6 +223,8 @@ pub fn lower(
             topology_keys: settings.topology_keys,
             dns_records: settings.dns_records,
             ebpf_map_sizes: settings.ebpf_map_sizes,
+            ebpf_agent: settings.ebpf_agent.clone(),
+            ebpf_service_topology: settings.ebpf_service_topology,
         },
         proxy: proxy_config(objects.proxy_configs.first()),
         services,

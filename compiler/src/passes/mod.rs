@@ -15,8 +15,8 @@ use crate::net::Cidr;
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// `--service-cluster-ip-range`: one CIDR per family, primary first. Default 10.96.0.0/12,
-    /// kubeadm's (kube-apiserver's own is 10.0.0.0/24, deprecated; README "The service
-    /// range"); under `--no-allocate` without a range, inferred from the input.
+    /// kubeadm's (kube-apiserver's own is 10.0.0.0/24, deprecated; docs/config.md,
+    /// "The service range"); under `--no-allocate` without a range, inferred from the input.
     pub service_cidrs: Vec<Cidr>,
     /// `--service-node-port-range`, inclusive. Default 30000-32767.
     pub node_port_range: (u16, u16),
@@ -34,6 +34,10 @@ pub struct Settings {
     pub dns_records: crate::ir::DnsRecords,
     /// `ebpfMapSizes` (the ebpf target's `--map-sizes` overrides it key by key).
     pub ebpf_map_sizes: crate::ir::EbpfMapSizes,
+    /// `ebpfLbAlgorithm`, ... (the ebpf target's flags override each one).
+    pub ebpf_agent: crate::ir::EbpfAgent,
+    /// `ebpfServiceTopology` (Cilium's `--enable-service-topology`).
+    pub ebpf_service_topology: bool,
 }
 
 impl Default for Settings {
@@ -48,6 +52,8 @@ impl Default for Settings {
             topology_keys: Default::default(),
             dns_records: Default::default(),
             ebpf_map_sizes: Default::default(),
+            ebpf_agent: Default::default(),
+            ebpf_service_topology: false,
         }
     }
 }

@@ -110,6 +110,7 @@ pub fn node_view(
         nfacct: module.cluster.nfacct,
         nft_layout: module.cluster.nft_layout,
         ebpf_map_sizes: module.cluster.ebpf_map_sizes,
+        ebpf_agent: module.cluster.ebpf_agent.clone(),
         node_name: sel.name.clone(),
         family,
         masquerade_mark: 1u32.checked_shl(proxy.masquerade_bit.into()).unwrap_or(0),
@@ -430,7 +431,13 @@ fn port_view(
         this,
     );
 
-    let cilium = cilium_port(svc, &endpoints, family, this);
+    let cilium = cilium_port(
+        svc,
+        &endpoints,
+        family,
+        this,
+        module.cluster.ebpf_service_topology,
+    );
 
     let mut view = PortView {
         service,
@@ -471,6 +478,30 @@ fn port_view(
     view
 }
 
+const SAME_NODE: &str = "PreferSameNode";
+const SAME_ZONE: &str = "PreferSameZone";
+
+/// The service's `TrafficDistribution` as Cilium's agent reads it
+/// (`reflectors/conversions.go`, `convertService`; `pkg/loadbalancer/service.go`): none
+/// with `internalTrafficPolicy: Local`; `PreferSameNode`, or `PreferSameZone` for
+/// `PreferSameZone` and its alias `PreferClose`; else `PreferSameZone` when the
+/// topology annotation is set to anything but `""`, `disabled` or `Disabled`
+/// (`getAnnotationTopologyAwareHints`).
+fn cilium_distribution(svc: &Service) -> Option<&'static str> {
+    if svc.internal_traffic_policy == TrafficPolicy::Local {
+        return None;
+    }
+    match svc.traffic_distribution.as_deref() {
+        Some("PreferSameNode") => return Some(SAME_NODE),
+        Some("PreferSameZone" | "PreferClose") => return Some(SAME_ZONE),
+        _ => {}
+    }
+    match svc.topology_mode.as_deref() {
+        None | Some("" | "disabled" | "Disabled") => None,
+        Some(_) => Some(SAME_ZONE),
+    }
+}
+
 /// The load-balancer classes whose addresses Cilium's LB-IPAM (or its BGP and L2
 /// announcers) own (`pkg/k8s/apis/cilium.io/v2alpha1`: `BGPLoadBalancerClass`,
 /// `L2AnnounceLoadBalancerClass`).
@@ -479,40 +510,121 @@ const CILIUM_LB_CLASSES: [&str; 2] = ["io.cilium/bgp-control-plane", "io.cilium/
 /// `service.cilium.io/src-ranges-policy` (`pkg/annotation/k8s.go`).
 const SRC_RANGES_POLICY: &str = "service.cilium.io/src-ranges-policy";
 
+/// `service.cilium.io/lb-algorithm` (`pkg/annotation/k8s.go`,
+/// `ServiceLoadBalancingAlgorithm`).
+const LB_ALGORITHM: &str = "service.cilium.io/lb-algorithm";
+
+/// `loadbalancer.DefaultBackendWeight`: every Kubernetes endpoint's Maglev weight.
+const DEFAULT_BACKEND_WEIGHT: u16 = 100;
+
 /// [`CiliumPort`] of one port: `endpoints` are this family's, each the copy this node
-/// serves (as for kube-proxy).
+/// serves (as for kube-proxy). `topology`: Cilium's `--enable-service-topology`.
 fn cilium_port(
     svc: &Service,
     endpoints: &[&Endpoint],
     family: IpFamily,
     this: &ThisNode,
+    topology: bool,
 ) -> CiliumPort {
-    let mut backends: Vec<(CiliumBackend, bool)> = Vec::new();
+    struct Found<'e> {
+        b: CiliumBackend,
+        /// Selected under a Local traffic policy.
+        local: bool,
+        /// `BackendParams.NodeName` is this node's.
+        on_node: bool,
+        /// `BackendParams.Zone.ForZones`.
+        zones: &'e [String],
+    }
+    let mut backends: Vec<Found> = Vec::new();
     for e in endpoints {
         let state = BackendState::of(e.ready, e.serving, e.terminating);
+        let on_node = !this.name.is_empty() && e.node_name.as_deref() == Some(this.name);
         // `DefaultSelectBackends`: a backend without a node name is taken as local.
-        let local = match e.node_name.as_deref() {
-            None | Some("") => true,
-            Some(n) => n == this.name,
-        };
+        let local = on_node || matches!(e.node_name.as_deref(), None | Some(""));
         for ip in std::iter::once(&e.ip).chain(&e.other_addresses) {
             if IpFamily::of(ip) == family {
                 let b = CiliumBackend {
                     ip: *ip,
                     port: e.port,
                     state,
+                    weight: DEFAULT_BACKEND_WEIGHT,
                 };
-                backends.push((b, local));
+                backends.push(Found {
+                    b,
+                    local,
+                    on_node,
+                    zones: &e.hint_zones,
+                });
             }
         }
     }
     // By (address, port), the lowest state first, then one per address.
-    backends.sort_by_key(|(b, _)| (b.ip, b.port, b.state));
-    backends.dedup_by(|b, a| (a.0.ip, a.0.port) == (b.0.ip, b.0.port));
-    let cluster = (0..backends.len() as u32).collect();
-    let local = (0..backends.len() as u32)
-        .filter(|&i| backends[i as usize].1)
+    backends.sort_by_key(|f| (f.b.ip, f.b.port, f.b.state));
+    backends.dedup_by(|b, a| (a.b.ip, a.b.port) == (b.b.ip, b.b.port));
+
+    // Cilium's topology rules narrow every frontend's selection alike.
+    let distribution = if topology {
+        cilium_distribution(svc)
+    } else {
+        None
+    };
+    let active = |f: &&Found| f.b.state == BackendState::Active;
+    /// Which backends the topology rules keep.
+    enum Keep<'z> {
+        All,
+        OnNode,
+        Zone(&'z str),
+    }
+    let (keep, note) = match distribution {
+        None => (Keep::All, String::new()),
+        // PreferSameNode: this node's backends when an active one is here.
+        Some(SAME_NODE) => {
+            if backends.iter().filter(active).any(|f| f.on_node) {
+                (Keep::OnNode, format!("node {}", this.name))
+            } else {
+                let why = format!("no active backend on node {}: every backend", this.name);
+                (Keep::All, why)
+            }
+        }
+        // PreferSameZone: the backends hinted for this node's zone, when the node has a
+        // zone, every active backend has zone hints and one is hinted for the zone
+        // (the safeguards of topology-aware routing; terminating backends, which the
+        // EndpointSlice controller leaves without hints, do not count).
+        Some(_) => {
+            let zone = this.zone;
+            let candidates: Vec<&Found> = backends.iter().filter(active).collect();
+            if zone.is_empty() {
+                (
+                    Keep::All,
+                    format!("node has no {LABEL_ZONE} label: every backend"),
+                )
+            } else if candidates.iter().any(|f| f.zones.is_empty()) {
+                let why = "an active backend has no zone hint: every backend".to_string();
+                (Keep::All, why)
+            } else if candidates.iter().any(|f| f.zones.iter().any(|z| z == zone)) {
+                (Keep::Zone(zone), format!("zone {zone}"))
+            } else {
+                let why = format!("no active backend hinted for zone {zone}: every backend");
+                (Keep::All, why)
+            }
+        }
+    };
+    let kept = |f: &Found| match keep {
+        Keep::All => true,
+        Keep::OnNode => f.on_node,
+        Keep::Zone(z) => f.zones.iter().any(|h| h == z),
+    };
+    let cluster = (0..backends.len() as u32)
+        .filter(|&i| kept(&backends[i as usize]))
         .collect();
+    let local = (0..backends.len() as u32)
+        .filter(|&i| backends[i as usize].local && kept(&backends[i as usize]))
+        .collect();
+    let topology = distribution.map(|d| crate::ir::CiliumTopology {
+        distribution: d,
+        note,
+    });
+    let backends: Vec<CiliumBackend> = backends.into_iter().map(|f| f.b).collect();
     let source_ranges = svc
         .load_balancer_source_ranges
         .iter()
@@ -521,9 +633,10 @@ fn cilium_port(
         .collect();
     let policy = svc.cilium_annotations.get(SRC_RANGES_POLICY);
     CiliumPort {
-        backends: backends.into_iter().map(|(b, _)| b).collect(),
+        backends,
         cluster,
         local,
+        topology,
         source_ranges,
         // `GetSourceRangesPolicy`: `deny` in any case; anything else allows.
         source_ranges_deny: policy.is_some_and(|p| p.eq_ignore_ascii_case("deny")),
@@ -531,6 +644,11 @@ fn cilium_port(
             None => true,
             Some(c) => CILIUM_LB_CLASSES.contains(&c.as_str()),
         },
+        // `GetLBAlgorithmAnnotation` / `ToSVCLoadBalancingAlgorithm`: case matters.
+        lb_algorithm: svc
+            .cilium_annotations
+            .get(LB_ALGORITHM)
+            .and_then(|a| crate::ir::LbAlgorithm::parse(a)),
     }
 }
 
@@ -1491,6 +1609,96 @@ mod tests {
             hint_nodes: nodes.iter().map(|n| n.to_string()).collect(),
             ..ep(addr, node)
         }
+    }
+
+    /// Cilium's topology rules (`DefaultSelectBackends`, `convertService`), only with
+    /// `--enable-service-topology`; kube-proxy's sets are not affected.
+    #[test]
+    fn cilium_topology() {
+        let run = |eps: Vec<Endpoint>,
+                   edit: &dyn Fn(&mut Service),
+                   topology: bool,
+                   this: &str|
+         -> (Vec<String>, Vec<String>, Option<String>) {
+            let mut s = svc("h", ServiceType::ClusterIP, eps);
+            edit(&mut s);
+            let mut m = module(vec![s], nodes());
+            m.cluster.ebpf_service_topology = topology;
+            let p = node_view(&m, &sel(this), IpFamily::IPv4)
+                .unwrap()
+                .ports
+                .remove(0);
+            let c = &p.cilium;
+            let pick = |idx: &[u32]| -> Vec<String> {
+                idx.iter()
+                    .map(|&i| c.backends[i as usize].ip.to_string())
+                    .collect()
+            };
+            (
+                pick(&c.cluster),
+                addrs(&p, &p.cluster_endpoints),
+                c.topology
+                    .as_ref()
+                    .map(|t| format!("{}: {}", t.distribution, t.note)),
+            )
+        };
+        let zoned = || {
+            vec![
+                hinted("10.244.1.5", "n1", &["a"], &[]),
+                hinted("10.244.2.5", "n2", &["a"], &[]),
+                hinted("10.244.3.5", "n3", &["b"], &[]),
+            ]
+        };
+        let td = |t: &'static str| move |s: &mut Service| s.traffic_distribution = Some(t.into());
+        let all = ["10.244.1.5", "10.244.2.5", "10.244.3.5"];
+        // Off: hints and the field are not read.
+        let (c, _, t) = run(zoned(), &td("PreferClose"), false, "n1");
+        assert_eq!((c, t), (all.map(String::from).to_vec(), None));
+        // PreferClose: the zone's backends.
+        let (c, kp, t) = run(zoned(), &td("PreferClose"), true, "n1");
+        assert_eq!(c, ["10.244.1.5", "10.244.2.5"]);
+        assert_eq!(kp, c, "kube-proxy agrees here");
+        assert_eq!(t.as_deref(), Some("PreferSameZone: zone a"));
+        // Hints without a distribution: Cilium every backend, kube-proxy the zone's.
+        let (c, kp, t) = run(zoned(), &|_| {}, true, "n1");
+        assert_eq!((c.len(), kp.len(), t), (3, 2, None));
+        // The annotation, unless disabled; internalTrafficPolicy: Local reads none.
+        let ann = |v: &'static str| move |s: &mut Service| s.topology_mode = Some(v.into());
+        assert_eq!(run(zoned(), &ann("auto"), true, "n1").0.len(), 2);
+        assert_eq!(run(zoned(), &ann("Disabled"), true, "n1").0.len(), 3);
+        let itp = |s: &mut Service| {
+            s.traffic_distribution = Some("PreferClose".into());
+            s.internal_traffic_policy = TrafficPolicy::Local;
+        };
+        assert_eq!(run(zoned(), &itp, true, "n1").2, None);
+        // Safeguards: an active backend without hints, no backend for the zone, a node
+        // without a zone: every backend.
+        let mut missing = zoned();
+        missing[2].hint_zones.clear();
+        let (c, _, t) = run(missing, &td("PreferSameZone"), true, "n1");
+        assert_eq!(c.len(), 3, "{t:?}");
+        let other = vec![hinted("10.244.3.5", "n3", &["b"], &[])];
+        assert_eq!(run(other, &td("PreferClose"), true, "n1").0.len(), 1);
+        let mut m2 = nodes();
+        m2[0].labels.clear();
+        let mut s = svc("h", ServiceType::ClusterIP, zoned());
+        s.traffic_distribution = Some("PreferClose".into());
+        let mut m = module(vec![s], m2);
+        m.cluster.ebpf_service_topology = true;
+        assert_eq!(view(&m).ports[0].cilium.cluster.len(), 3);
+        // A terminating backend without hints does not count and is not kept.
+        let mut eps = zoned();
+        eps.push(terminating(ep("10.244.3.9", "n3"), true));
+        let (c, _, _) = run(eps, &td("PreferClose"), true, "n1");
+        assert_eq!(c, ["10.244.1.5", "10.244.2.5"]);
+        // PreferSameNode: by node name, not node hints; none active here: every backend.
+        let (c, kp, t) = run(zoned(), &td("PreferSameNode"), true, "n1");
+        assert_eq!(c, ["10.244.1.5"]);
+        assert_eq!(kp, ["10.244.1.5", "10.244.2.5"], "kube-proxy: zone hints");
+        assert_eq!(t.as_deref(), Some("PreferSameNode: node n1"));
+        let mut eps = zoned();
+        eps[0] = terminating(eps[0].clone(), true);
+        assert_eq!(run(eps, &td("PreferSameNode"), true, "n1").0.len(), 3);
     }
 
     #[test]

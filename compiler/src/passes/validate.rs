@@ -118,6 +118,7 @@
 //! | SVC323 | error    | ClusterConfig `dnsRecords` is not `spec` or `coredns` |
 //! | SVC324 | error    | ClusterConfig `ebpfMapSizes` is not `KEY=N,...` with known keys |
 //! | SVC325 | warning  | a Service port no port of its EndpointSlices (or Endpoints) matches by name and protocol: kube-proxy finds no endpoint for it |
+//! | SVC326 | error    | ClusterConfig `ebpfLbAlgorithm`, `ebpfMaglevTableSize` or `ebpfMaglevHashSeed` is not a value the cilium-agent accepts |
 //! | SVC330 | error    | `conntrack` section: a timeout is not a duration, or a count is not 0-4294967295 |
 
 mod config;

@@ -18,10 +18,12 @@ const MAX_DEPTH: usize = 48;
 /// saphyr refuses implicit keys longer than 1024 characters.
 const MAX_KEY: usize = 1000;
 
-/// `text` is a piece of a file whose first line is line `line0 + 1`.
-pub(super) fn parse(file: FileId, text: &str, line0: u32) -> Option<Vec<Document>> {
+/// `text` is a piece of a file whose first line is line `line0 + 1`. `Err(Some(at))`: a
+/// block scalar at `at` is longer than [`super::MAX_SCALAR_BYTES`] (SVC023; nothing of it
+/// was copied); `Err(None)`: left to saphyr.
+pub(super) fn parse(file: FileId, text: &str, line0: u32) -> Result<Vec<Document>, Option<Span>> {
     if !text.is_ascii() || text.bytes().any(|b| b == b'\t' || b == b'\r') {
-        return None;
+        return Err(None);
     }
     let mut p = P {
         text: text.as_bytes(),
@@ -29,7 +31,16 @@ pub(super) fn parse(file: FileId, text: &str, line0: u32) -> Option<Vec<Document
         file,
         line0,
         depth: 0,
+        too_long: std::cell::Cell::new(None),
     };
+    match documents(&mut p, text) {
+        Some(docs) => Ok(docs),
+        None => Err(p.too_long.get()),
+    }
+}
+
+fn documents(p: &mut P<'_>, text: &str) -> Option<Vec<Document>> {
+    let file = p.file;
     // Lines, without the empty one after a last line break.
     let mut start = 0;
     for l in text.split_inclusive('\n') {
@@ -100,6 +111,8 @@ struct P<'a> {
     file: FileId,
     line0: u32,
     depth: usize,
+    /// Where a block scalar too long to read starts (see [`parse`]).
+    too_long: std::cell::Cell<Option<Span>>,
 }
 
 /// Whether a plain scalar cannot start at `at` of `l` (or starts what this path leaves
@@ -442,6 +455,11 @@ impl<'a> P<'a> {
         };
         let trailing = lines.iter().rev().take_while(|t| t.is_empty()).count();
         let body = &lines[..lines.len() - trailing];
+        // A block scalar too long to read (SVC023), said before it is copied.
+        if body.iter().map(|t| t.len() + 1).sum::<usize>() > super::MAX_SCALAR_BYTES {
+            self.too_long.set(Some(self.span(first, indent, 1)));
+            return None;
+        }
         let mut text = String::new();
         for (i, t) in body.iter().enumerate() {
             if i > 0 {
@@ -509,6 +527,10 @@ impl<'a> P<'a> {
                     }
                     i += 1;
                 }
+                if end - col > super::MAX_SCALAR_BYTES {
+                    self.too_long.set(Some(self.span(li, col, 1)));
+                    return None;
+                }
                 let text = std::str::from_utf8(&l[col..end]).ok()?;
                 Some((self.plain(li, col, text), end))
             }
@@ -522,6 +544,10 @@ impl<'a> P<'a> {
         let mut text = String::new();
         let mut i = col + 1;
         loop {
+            if text.len() > super::MAX_SCALAR_BYTES {
+                self.too_long.set(Some(self.span(li, col, 1)));
+                return None;
+            }
             let b = *l.get(i)?;
             match (q, b) {
                 (b'\'', b'\'') if l.get(i + 1) == Some(&b'\'') => {
@@ -636,7 +662,7 @@ mod tests {
     /// `None` when the fast path declines; else whether it agrees with saphyr (which must
     /// then find no error), panicking with both trees if not.
     fn agrees(text: &str) -> Option<()> {
-        let fast = parse(FileId(0), text, 3)?;
+        let fast = parse(FileId(0), text, 3).ok()?;
         let (slow, diags) = parse_yaml_strict(FileId(0), text, 3, usize::MAX);
         assert!(
             diags.items.is_empty(),
@@ -749,11 +775,11 @@ mod tests {
         // Found by review: a literal scalar's indicator on a last line without a line
         // break read past the text (saphyr: an empty string).
         for t in ["a: |", "- |-", "a:\n  b: |"] {
-            assert!(parse(FileId(0), t, 0).is_none(), "took {t:?}");
+            assert!(parse(FileId(0), t, 0).is_err(), "took {t:?}");
         }
         // saphyr's key length counts the spaces before the `:`.
         let long = format!("{}{}: v\n", "k".repeat(990), " ".repeat(30));
-        assert!(parse(FileId(0), &long, 0).is_none());
+        assert!(parse(FileId(0), &long, 0).is_err());
         // Not taken: left to saphyr whatever it makes of them.
         let declined = [
             "a: &x 1\nb: *x\n",
@@ -784,7 +810,7 @@ mod tests {
             "a: \"x\n  y\"\n",
         ];
         for t in declined {
-            assert!(parse(FileId(0), t, 0).is_none(), "took {t:?}");
+            assert!(parse(FileId(0), t, 0).is_err(), "took {t:?}");
         }
     }
 

@@ -15,12 +15,18 @@
 //!   terminating ones (the master's `qcount`); maintenance backends have no slot.
 //! - Ids come from [`assign_ids`] only: sorted frontends and backends, previous ids kept.
 //! - Every map has the size [`MapSizes`] gives it; [`layout`] fails rather than grow one.
+//! - Maglev tables ([`Entry::Maglev`]) only when the [`Agent`] options use Maglev: for the
+//!   frontends the reconciler's `useMaglev` picks, over the backends it counts as active,
+//!   written after the frontend's slots; the map is declared only when Maglev is in use.
 
-use std::collections::{BTreeMap, BTreeSet};
+use super::maglev;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use svc_compiler::ir::{
-    BackendState, EbpfMapSizes, NodePortAddresses, NodeView, PortView, Protocol,
+    BackendState, EbpfAgent, EbpfMapSizes, LbAlgorithm, NodePortAddresses, NodeView, PortView,
+    Protocol,
 };
 use svc_compiler::net::{Cidr, IpFamily};
 use svc_compiler::passes::allocate::NodeIds;
@@ -54,6 +60,7 @@ impl MapSizes {
             MapId::Affinity | MapId::AffinityMatch => "affinity",
             MapId::SourceRange => "source-ranges",
             MapId::ReverseSk => "sock-rev",
+            MapId::Maglev => "maglev",
         }
     }
 
@@ -79,6 +86,78 @@ impl MapSizes {
 /// The most frontends one node's maps can name: the rev-NAT index (the service id) is 16
 /// bits and 0 means none.
 pub const MAX_FRONTENDS: usize = u16::MAX as usize;
+
+/// The agent options that choose backends, resolved ([`EbpfAgent`] with Cilium's defaults
+/// for what is unset; `pkg/loadbalancer/config.go`, `pkg/maglev/maglev.go`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Agent {
+    /// `--bpf-lb-algorithm`: the datapath's default algorithm.
+    pub algorithm: LbAlgorithm,
+    /// `--bpf-lb-algorithm-annotation`: `service.cilium.io/lb-algorithm` is read.
+    pub annotation: bool,
+    /// `--bpf-lb-maglev-table-size`: M.
+    pub table_size: u32,
+    /// The murmur3 seed of `--bpf-lb-maglev-hash-seed`.
+    pub seed: u32,
+}
+
+impl Default for Agent {
+    fn default() -> Self {
+        Agent::of(&EbpfAgent::default())
+    }
+}
+
+impl Agent {
+    /// `a` resolved; values the agent would refuse (checked before: SVC326, the target's
+    /// flags) fall back to the defaults.
+    pub fn of(a: &EbpfAgent) -> Agent {
+        let seed = a
+            .maglev_hash_seed
+            .as_deref()
+            .and_then(|s| EbpfAgent::murmur_seed(s).ok());
+        Agent {
+            algorithm: a.lb_algorithm.unwrap_or(LbAlgorithm::Random),
+            annotation: a.lb_algorithm_annotation.unwrap_or(false),
+            table_size: a
+                .maglev_table_size
+                .filter(|m| EbpfAgent::TABLE_SIZES.contains(m))
+                .unwrap_or(EbpfAgent::DEFAULT_TABLE_SIZE),
+            seed: seed.unwrap_or_else(|| {
+                EbpfAgent::murmur_seed(EbpfAgent::DEFAULT_HASH_SEED).expect("Cilium's seed")
+            }),
+        }
+    }
+
+    /// Whether a service may use Maglev, so that the maps are declared: the default
+    /// algorithm is Maglev, or a service can ask for it.
+    pub fn maglev_declared(&self) -> bool {
+        self.algorithm == LbAlgorithm::Maglev || self.annotation
+    }
+
+    /// The algorithm a frontend's master names (`BPFOps.lbAlgorithm`): the service's
+    /// annotation when the agent reads it, else none (the datapath's default).
+    fn algorithm_of(&self, pv: &PortView) -> Option<LbAlgorithm> {
+        if self.annotation {
+            pv.cilium.lb_algorithm
+        } else {
+            None
+        }
+    }
+
+    /// `BPFOps.useMaglev`: whether the frontend gets a Maglev table. Not the node-port
+    /// surrogate (an unspecified address); the annotation, when read, decides for every
+    /// frontend type; else the default algorithm, for the types reachable from outside
+    /// the node (ClusterIP only with `--bpf-lb-external-clusterip`, off here).
+    fn uses_maglev(&self, p: &Planned) -> bool {
+        if p.frontend.addr.ip().is_unspecified() {
+            return false;
+        }
+        if let Some(a) = self.algorithm_of(p.pv) {
+            return a == LbAlgorithm::Maglev;
+        }
+        self.algorithm == LbAlgorithm::Maglev && p.kind != FrontendKind::ClusterIP
+    }
+}
 
 /// `cilium_lb{4,6}_services_v2` key scope (`LB_LOOKUP_SCOPE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -381,10 +460,13 @@ pub enum MapId {
     AffinityMatch,
     SourceRange,
     ReverseSk,
+    /// `cilium_lb{4,6}_maglev`: a hash of maps, rev-NAT id → an array of one value, the
+    /// service's Maglev table. Not the socket load balancer's (it never uses Maglev).
+    Maglev,
 }
 
 impl MapId {
-    pub const ALL: [MapId; 7] = [
+    pub const ALL: [MapId; 8] = [
         MapId::Services,
         MapId::Backends,
         MapId::RevNat,
@@ -392,6 +474,7 @@ impl MapId {
         MapId::AffinityMatch,
         MapId::SourceRange,
         MapId::ReverseSk,
+        MapId::Maglev,
     ];
 
     pub fn name(self, family: IpFamily) -> &'static str {
@@ -410,6 +493,8 @@ impl MapId {
             MapId::SourceRange => "cilium_lb4_source_range",
             MapId::ReverseSk if v6 => "cilium_lb6_reverse_sk",
             MapId::ReverseSk => "cilium_lb4_reverse_sk",
+            MapId::Maglev if v6 => "cilium_lb6_maglev",
+            MapId::Maglev => "cilium_lb4_maglev",
         }
     }
 
@@ -418,6 +503,7 @@ impl MapId {
         match self {
             MapId::Affinity | MapId::ReverseSk => "lru_hash",
             MapId::SourceRange => "lpm_trie",
+            MapId::Maglev => "hash_of_maps",
             _ => "hash",
         }
     }
@@ -443,6 +529,8 @@ impl MapId {
             MapId::SourceRange => (a + 8, 1),
             // cookie, address, port, pad → address, port, rev_nat_index
             MapId::ReverseSk => (a + 12, a + 4),
+            // rev_nat_index (network order) → the inner map (an fd when written)
+            MapId::Maglev => (2, 4),
         }
     }
 }
@@ -457,8 +545,11 @@ pub enum Entry {
         qcount: u16,
         rev_nat: u16,
         flags: u16,
-        /// Session affinity timeout in seconds (the union's low 24 bits; algorithm 0 above).
+        /// Session affinity timeout in seconds (the union's low 24 bits).
         affinity_timeout: Option<u32>,
+        /// The algorithm the service asks for (the union's top byte; none = 0, the
+        /// datapath's default).
+        algorithm: Option<LbAlgorithm>,
     },
     /// Slot 1.. of a frontend.
     Slot {
@@ -493,6 +584,16 @@ pub enum Entry {
         rev_nat: u16,
         cidr: Cidr,
     },
+    /// A frontend's Maglev table (`BPFOps.updateMaglev`, `BPFLBMaps.UpdateMaglev`): the
+    /// outer key is the rev-NAT id; the value is written into a new inner array of one
+    /// element whose fd the outer map stores. [`Entry::value`] gives the inner value:
+    /// the table's backend ids in host order.
+    Maglev {
+        frontend: Frontend,
+        rev_nat: u16,
+        /// Backend ids, `table_size` of them; shared by frontends with the same backends.
+        table: Arc<Vec<u32>>,
+    },
 }
 
 fn ip_bytes(ip: IpAddr) -> Vec<u8> {
@@ -510,6 +611,7 @@ impl Entry {
             Entry::RevNat { .. } => MapId::RevNat,
             Entry::AffinityMatch { .. } => MapId::AffinityMatch,
             Entry::SourceRange { .. } => MapId::SourceRange,
+            Entry::Maglev { .. } => MapId::Maglev,
         }
     }
 
@@ -536,6 +638,7 @@ impl Entry {
             }
             Entry::Backend { id, .. } => k.extend(id.to_le_bytes()),
             Entry::RevNat { id, .. } => k.extend(id.to_be_bytes()),
+            Entry::Maglev { rev_nat, .. } => k.extend(rev_nat.to_be_bytes()),
             Entry::AffinityMatch {
                 backend_id,
                 rev_nat,
@@ -565,10 +668,13 @@ impl Entry {
                 rev_nat,
                 flags,
                 affinity_timeout,
+                algorithm,
                 ..
             } => service_value(
                 &mut v,
-                affinity_timeout.unwrap_or(0) & 0x00ff_ffff,
+                // `SetLbAlg`: the algorithm in the top byte, the timeout below it.
+                (affinity_timeout.unwrap_or(0) & 0x00ff_ffff)
+                    | (algorithm.map_or(0, LbAlgorithm::number) as u32) << 24,
                 *count,
                 *rev_nat,
                 *flags,
@@ -594,6 +700,12 @@ impl Entry {
                 v.extend(frontend.addr.port().to_be_bytes());
             }
             Entry::AffinityMatch { .. } | Entry::SourceRange { .. } => v.push(0),
+            Entry::Maglev { table, .. } => {
+                v.reserve(table.len() * 4);
+                for id in table.iter() {
+                    v.extend(id.to_le_bytes());
+                }
+            }
         }
         v
     }
@@ -625,6 +737,8 @@ pub struct MapSpec {
     pub key_size: u32,
     pub value_size: u32,
     pub max_entries: u32,
+    /// A hash of maps' inner map: an array of one value this big (the Maglev table).
+    pub inner_value_size: Option<u32>,
 }
 
 /// The whole state for one node and family.
@@ -637,6 +751,8 @@ pub struct Layout {
     /// In write order (see the module docs).
     pub entries: Vec<Entry>,
     pub ids: Ids,
+    /// The options the layout followed.
+    pub agent: Agent,
 }
 
 /// One frontend address with what its master entry says and which backends it serves.
@@ -777,14 +893,14 @@ fn parents_wildcard(view: &NodeView, p: &Planned) -> bool {
 
 /// How many entries [`layout`] writes into each configuration map for `view` (in
 /// [`MapId::ALL`] order, the runtime maps 0), counted without laying it out.
-pub fn occupancy(view: &NodeView) -> Vec<(MapId, usize)> {
+pub fn occupancy(view: &NodeView, agent: &Agent) -> Vec<(MapId, usize)> {
     let mut planned = Vec::new();
     for pv in &view.ports {
         frontends_of(view, pv, &mut planned);
     }
     let mut seen: BTreeSet<Frontend> = BTreeSet::new();
     planned.retain(|p| seen.insert(p.frontend));
-    let (mut services, mut matches, mut ranges) = (0, 0, 0);
+    let (mut services, mut matches, mut ranges, mut tables) = (0, 0, 0, 0);
     let mut backends: BTreeSet<(IpAddr, u16, Protocol)> = BTreeSet::new();
     let mut wildcards: BTreeSet<IpAddr> = BTreeSet::new();
     for p in &planned {
@@ -803,6 +919,10 @@ pub fn occupancy(view: &NodeView) -> Vec<(MapId, usize)> {
                 .count();
         }
         ranges += c.source_ranges.len();
+        let n = |st| p.backends.iter().filter(|i| state(i) == st).count();
+        if agent.uses_maglev(p) && n(BackendState::Active) + n(BackendState::Terminating) > 0 {
+            tables += 1;
+        }
         backends.extend(p.backends.iter().map(|&i| {
             let b = &c.backends[i as usize];
             (b.ip, b.port, p.pv.protocol)
@@ -820,6 +940,7 @@ pub fn occupancy(view: &NodeView) -> Vec<(MapId, usize)> {
                 MapId::RevNat => planned.len(),
                 MapId::AffinityMatch => matches,
                 MapId::SourceRange => ranges,
+                MapId::Maglev => tables,
                 MapId::Affinity | MapId::ReverseSk => 0,
             };
             (id, n)
@@ -827,9 +948,19 @@ pub fn occupancy(view: &NodeView) -> Vec<(MapId, usize)> {
         .collect()
 }
 
-/// Lays `view` out as Cilium's maps, each `sizes` big. `previous` ids are kept (see
-/// [`assign_ids`]).
+/// Lays `view` out as Cilium's maps, each `sizes` big, with the agent options of the
+/// view's ClusterConfig. `previous` ids are kept (see [`assign_ids`]).
 pub fn layout(view: &NodeView, previous: Option<&Ids>, sizes: &MapSizes) -> Result<Layout, Error> {
+    layout_with(view, previous, sizes, &Agent::of(&view.ebpf_agent))
+}
+
+/// [`layout`] with these agent options.
+pub fn layout_with(
+    view: &NodeView,
+    previous: Option<&Ids>,
+    sizes: &MapSizes,
+    agent: &Agent,
+) -> Result<Layout, Error> {
     let mut planned = Vec::new();
     for pv in &view.ports {
         frontends_of(view, pv, &mut planned);
@@ -858,6 +989,9 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, sizes: &MapSizes) -> Resu
     let mut entries = Vec::new();
     let mut written: BTreeSet<Backend> = BTreeSet::new();
     let mut wildcards: BTreeSet<IpAddr> = BTreeSet::new();
+    // Frontends with the same backends (a port's cluster IP, node ports, ...) share one
+    // table: the ids and weights decide it.
+    let mut tables: HashMap<Vec<(u32, u16)>, Arc<Vec<u32>>> = HashMap::new();
     for p in &planned {
         let rev_nat = ids.services[&p.frontend];
         // `sortedBackends`: by state (active, terminating, terminating-not-serving,
@@ -914,6 +1048,48 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, sizes: &MapSizes) -> Resu
                 });
             }
         }
+        // `updateFrontend`: the Maglev table over the backends the master counts
+        // (`orderedBackends[:activeCount]`), after the slots; none when it counts none
+        // (the reconciler deletes the table).
+        if agent.uses_maglev(p) && count > 0 {
+            let counted = &slotted[..count as usize];
+            let weights: HashMap<Backend, u16> = p
+                .backends
+                .iter()
+                .map(|&i| {
+                    (
+                        backend_of(p.pv, i).0,
+                        p.pv.cilium.backends[i as usize].weight,
+                    )
+                })
+                .collect();
+            let key: Vec<(u32, u16)> = counted
+                .iter()
+                .map(|(b, _)| (ids.backends[b], weights[b]))
+                .collect();
+            let table = tables
+                .entry(key)
+                .or_insert_with_key(|key| {
+                    let named: Vec<(String, u16)> = counted
+                        .iter()
+                        .zip(key)
+                        .map(|((b, _), (_, w))| (maglev::hash_string(b.addr, b.proto), *w))
+                        .collect();
+                    let (order, table) = maglev::lookup_table(&named, agent.table_size, agent.seed);
+                    Arc::new(
+                        table
+                            .into_iter()
+                            .map(|t| key[order[t as usize]].0)
+                            .collect(),
+                    )
+                })
+                .clone();
+            entries.push(Entry::Maglev {
+                frontend: p.frontend,
+                rev_nat,
+                table,
+            });
+        }
         // Every frontend of the service gets the ranges' entries (the check itself
         // is the master's flag).
         for cidr in &p.pv.cilium.source_ranges {
@@ -933,6 +1109,7 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, sizes: &MapSizes) -> Resu
             rev_nat,
             flags: p.flags,
             affinity_timeout: p.pv.affinity_timeout,
+            algorithm: agent.algorithm_of(p.pv),
         });
         // One wildcard per address, written with its first parent's master.
         let addr = p.frontend.addr.ip();
@@ -957,6 +1134,7 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, sizes: &MapSizes) -> Resu
     }
     let maps = MapId::ALL
         .iter()
+        .filter(|&&id| id != MapId::Maglev || agent.maglev_declared())
         .map(|&id| {
             let (key_size, value_size) = id.sizes(view.family);
             MapSpec {
@@ -965,6 +1143,7 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, sizes: &MapSizes) -> Resu
                 key_size,
                 value_size,
                 max_entries: sizes.of(id),
+                inner_value_size: (id == MapId::Maglev).then_some(4 * agent.table_size),
             }
         })
         .collect();
@@ -974,5 +1153,6 @@ pub fn layout(view: &NodeView, previous: Option<&Ids>, sizes: &MapSizes) -> Resu
         maps,
         entries,
         ids,
+        agent: *agent,
     })
 }

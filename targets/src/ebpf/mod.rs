@@ -22,19 +22,20 @@
 //! the maps are for x86-64 and arm64 nodes).
 
 mod layout;
+pub mod maglev;
 pub mod plan;
 
 pub use layout::{
-    assign_ids, flags_text, frontend_count, layout, occupancy, parse_backend, parse_frontend,
-    state_flag, Backend, Entry, Error, Frontend, FrontendKind, Ids, Layout, MapId, MapSizes,
-    MapSpec, Scope, DEFAULT_MAX_ENTRIES, MAX_FRONTENDS,
+    assign_ids, flags_text, frontend_count, layout, layout_with, occupancy, parse_backend,
+    parse_frontend, state_flag, Agent, Backend, Entry, Error, Frontend, FrontendKind, Ids, Layout,
+    MapId, MapSizes, MapSpec, Scope, DEFAULT_MAX_ENTRIES, MAX_FRONTENDS,
 };
 
 use crate::{Flag, NodeRenderer, Params, Render, Target};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use svc_compiler::diag::Diagnostic;
-use svc_compiler::ir::{BackendState, EbpfMapSizes, NodeView};
+use svc_compiler::ir::{BackendState, EbpfAgent, EbpfMapSizes, LbAlgorithm, NodeView};
 use svc_compiler::passes::allocate::NodeIds;
 
 /// The diagnostic for a node whose entries overflow a map ([`NodeRenderer::input_errors`]).
@@ -80,6 +81,34 @@ pub const TARGET: Target = Target {
             repeatable: false,
             file: false,
         },
+        Flag {
+            name: "lb-algorithm",
+            value_name: "random|maglev",
+            help: "ebpf: Cilium's --bpf-lb-algorithm: maglev writes the cilium_lb{4,6}_maglev tables [default: ClusterConfig ebpfLbAlgorithm, else random]",
+            repeatable: false,
+            file: false,
+        },
+        Flag {
+            name: "lb-algorithm-annotation",
+            value_name: "on|off",
+            help: "ebpf: Cilium's --bpf-lb-algorithm-annotation: honour service.cilium.io/lb-algorithm [default: ClusterConfig ebpfLbAlgorithmAnnotation, else off]",
+            repeatable: false,
+            file: false,
+        },
+        Flag {
+            name: "maglev-table-size",
+            value_name: "M",
+            help: "ebpf: Cilium's --bpf-lb-maglev-table-size, a prime from 251 to 131071 [default: ClusterConfig ebpfMaglevTableSize, else 16381]",
+            repeatable: false,
+            file: false,
+        },
+        Flag {
+            name: "maglev-hash-seed",
+            value_name: "BASE64",
+            help: "ebpf: Cilium's --bpf-lb-maglev-hash-seed, base64 of 12 bytes [default: ClusterConfig ebpfMaglevHashSeed, else JLfvgnHc2kaSUFaI]",
+            repeatable: false,
+            file: false,
+        },
     ],
     planner: None,
     trace: None,
@@ -115,8 +144,32 @@ pub fn options(params: &Params) -> Result<Options, String> {
                 format!("--max-entries `{n}`: give a number from 1 to 4294967295")
             })?);
     }
+    if let Some(a) = params.get("lb-algorithm") {
+        o.agent.lb_algorithm =
+            Some(EbpfAgent::parse_algorithm(a).map_err(|e| format!("--lb-algorithm {e}"))?);
+    }
+    if let Some(a) = params.get("lb-algorithm-annotation") {
+        o.agent.lb_algorithm_annotation = Some(match a {
+            "on" => true,
+            "off" => false,
+            _ => return Err(format!("--lb-algorithm-annotation `{a}`: use on or off")),
+        });
+    }
+    if let Some(m) = params.get("maglev-table-size") {
+        o.agent.maglev_table_size =
+            Some(EbpfAgent::parse_table_size(m).map_err(|e| format!("--maglev-table-size {e}"))?);
+    }
+    if let Some(h) = params.get("maglev-hash-seed") {
+        EbpfAgent::murmur_seed(h).map_err(|e| format!("--maglev-hash-seed {e}"))?;
+        o.agent.maglev_hash_seed = Some(h.to_string());
+    }
     Ok(o)
 }
+
+/// The largest Maglev table a `bpftool batch` line can write: bpftool splits a line into a
+/// bounded number of words (`BATCH_ARG_NB_MAX`), and a table of M entries is 4M hex
+/// words (509 entries load, 1021 do not: "too many arguments").
+pub const BATCH_MAX_TABLE_SIZE: u32 = 509;
 
 /// [`TARGET`]'s renderer: one node at a time, nothing shared between nodes (the ids of
 /// one node's maps depend on all of its frontends).
@@ -126,7 +179,18 @@ struct Renderer {
 
 impl NodeRenderer for Renderer {
     fn check(&self, view: &NodeView) -> Result<(), String> {
-        self.opts.as_ref().map_err(Clone::clone)?;
+        let opts = self.opts.as_ref().map_err(Clone::clone)?;
+        let agent = opts.agent_for(view);
+        if opts.format == Format::Batch
+            && agent.maglev_declared()
+            && agent.table_size > BATCH_MAX_TABLE_SIZE
+        {
+            return Err(format!(
+                "--map-format batch: a Maglev table of {} entries is one value of {} bytes, more words than a `bpftool batch` line takes (tables of up to {BATCH_MAX_TABLE_SIZE} entries fit); use --map-format json, or --maglev-table-size {BATCH_MAX_TABLE_SIZE} or less",
+                agent.table_size,
+                4 * agent.table_size
+            ));
+        }
         check(view).map_err(|e| format!("node {} ({}): {e}", view.node_name, view.family.as_str()))
     }
 
@@ -135,7 +199,7 @@ impl NodeRenderer for Renderer {
             .opts
             .as_ref()
             .expect("NodeRenderer::check refuses bad flags first");
-        map_full(view, &opts.sizes_for(view))
+        map_full(view, &opts.sizes_for(view), &opts.agent_for(view))
     }
 
     fn render_into(&self, view: &NodeView, out: &mut String) {
@@ -158,8 +222,13 @@ impl NodeRenderer for Renderer {
             .as_ref()
             .expect("NodeRenderer::check refuses bad flags first");
         let previous = locked.map(Ids::from_lock);
-        let l = layout(view, previous.as_ref(), &opts.sizes_for(view))
-            .expect("NodeRenderer::check and input_errors counted the frontends and entries");
+        let l = layout_with(
+            view,
+            previous.as_ref(),
+            &opts.sizes_for(view),
+            &opts.agent_for(view),
+        )
+        .expect("NodeRenderer::check and input_errors counted the frontends and entries");
         *out = render(&l, opts);
         Some(l.ids.to_lock())
     }
@@ -196,6 +265,9 @@ pub struct Options {
     /// Map sizes the flags set (`--map-sizes`, `--max-entries` for `all`); each key set
     /// wins over the ClusterConfig's `ebpfMapSizes` ([`Options::sizes_for`]).
     pub sizes: EbpfMapSizes,
+    /// Agent options the flags set (`--lb-algorithm`, ...); each one set wins over the
+    /// ClusterConfig's ([`Options::agent_for`]).
+    pub agent: EbpfAgent,
 }
 
 impl Options {
@@ -203,12 +275,17 @@ impl Options {
     pub fn sizes_for(&self, view: &NodeView) -> MapSizes {
         MapSizes(view.ebpf_map_sizes.overridden_by(&self.sizes))
     }
+
+    /// The agent options for `view`: the ClusterConfig's, overridden by the flags.
+    pub fn agent_for(&self, view: &NodeView) -> Agent {
+        Agent::of(&view.ebpf_agent.overridden_by(&self.agent))
+    }
 }
 
 /// One [`MAP_FULL_CODE`] diagnostic per map `view`'s entries do not fit in at `sizes`
 /// (the reconciler's updates would fail with E2BIG); none when everything fits.
-pub fn map_full(view: &NodeView, sizes: &MapSizes) -> Vec<Diagnostic> {
-    occupancy(view)
+pub fn map_full(view: &NodeView, sizes: &MapSizes, agent: &Agent) -> Vec<Diagnostic> {
+    occupancy(view, agent)
         .into_iter()
         .filter(|&(id, n)| n > sizes.of(id) as usize)
         .map(|(id, n)| {
@@ -244,6 +321,7 @@ impl Default for Options {
             format: Format::Json,
             pin_dir: "/sys/fs/bpf/svc-compile".into(),
             sizes: EbpfMapSizes::default(),
+            agent: EbpfAgent::default(),
         }
     }
 }
@@ -254,22 +332,24 @@ pub fn write_string(
     previous: Option<&Ids>,
     opts: &Options,
 ) -> Result<String, Error> {
-    Ok(render(
-        &layout(view, previous, &opts.sizes_for(view))?,
-        opts,
-    ))
+    Ok(render(&layout_of(view, previous, opts)?, opts))
+}
+
+/// `view` laid out with the sizes and agent options of `opts` over the ClusterConfig's.
+pub fn layout_of(view: &NodeView, previous: Option<&Ids>, opts: &Options) -> Result<Layout, Error> {
+    layout_with(view, previous, &opts.sizes_for(view), &opts.agent_for(view))
 }
 
 pub fn write_json(view: &NodeView, opts: &Options) -> Result<String, Error> {
-    Ok(json_of(&layout(view, None, &opts.sizes_for(view))?))
+    Ok(json_of(&layout_of(view, None, opts)?))
 }
 
 pub fn write_batch(view: &NodeView, opts: &Options) -> Result<String, Error> {
-    Ok(batch_of(&layout(view, None, &opts.sizes_for(view))?, opts))
+    Ok(batch_of(&layout_of(view, None, opts)?, opts))
 }
 
 pub fn write_table(view: &NodeView, opts: &Options) -> Result<String, Error> {
-    Ok(table_of(&layout(view, None, &opts.sizes_for(view))?))
+    Ok(table_of(&layout_of(view, None, opts)?))
 }
 
 /// `0a 60 00 0a`: bpftool's byte spelling (input after `hex`, and its dumps).
@@ -302,6 +382,7 @@ fn push_decoded(s: &mut String, e: &Entry) {
             rev_nat,
             flags,
             affinity_timeout,
+            algorithm,
         } => {
             let _ = write!(
                 s,
@@ -310,6 +391,9 @@ fn push_decoded(s: &mut String, e: &Entry) {
             );
             if let Some(t) = affinity_timeout {
                 let _ = write!(s, r#", "affinityTimeout": {t}"#);
+            }
+            if let Some(a) = algorithm {
+                let _ = write!(s, r#", "lbAlgorithm": "{}""#, algorithm_name(*a));
             }
             s.push('}');
         }
@@ -364,7 +448,36 @@ fn push_decoded(s: &mut String, e: &Entry) {
                 cidr.network()
             );
         }
+        Entry::Maglev {
+            frontend,
+            rev_nat,
+            table,
+        } => {
+            let _ = write!(
+                s,
+                r#"{{"revNat": {rev_nat}, "frontend": "{frontend}", "inner": "{}"}}"#,
+                table_counts(table)
+            );
+        }
     }
+}
+
+fn algorithm_name(a: LbAlgorithm) -> &'static str {
+    match a {
+        LbAlgorithm::Random => "random",
+        LbAlgorithm::Maglev => "maglev",
+    }
+}
+
+/// How often each backend id fills a Maglev table, ids ascending: `1(5461), 2(5460)`, as
+/// Cilium's `lb/maps-dump` prints a table (`MAGLEV: ID=.. INNER=[...]`).
+pub fn table_counts(table: &[u32]) -> String {
+    let mut counts: std::collections::BTreeMap<u32, usize> = Default::default();
+    for id in table {
+        *counts.entry(*id).or_default() += 1;
+    }
+    let each: Vec<String> = counts.iter().map(|(id, n)| format!("{id}({n})")).collect();
+    each.join(", ")
 }
 
 /// Written by hand (one entry a line): a generic JSON value tree of 10,000 services'
@@ -389,13 +502,25 @@ fn json_of(l: &Layout) -> String {
             m.max_entries,
             m.id.flags()
         );
+        // A hash of maps: its entries are written as their inner map's contents.
+        if let Some(v) = m.inner_value_size {
+            s.truncate(s.len() - "\"entries\": [".len());
+            let _ = write!(
+                s,
+                "\"inner\": {{\"type\": \"array\", \"keySize\": 4, \"valueSize\": {v}, \"maxEntries\": 1}},\n      \"entries\": ["
+            );
+        }
         let mut first = true;
         for e in l.entries.iter().filter(|e| e.map() == m.id) {
             s.push_str(if first { "\n        " } else { ",\n        " });
             first = false;
             s.push_str(r#"{"key": ""#);
             push_hex(&mut s, &e.key());
-            s.push_str(r#"", "value": ""#);
+            s.push_str(if m.inner_value_size.is_some() {
+                r#"", "innerKey": "00 00 00 00", "innerValue": ""#
+            } else {
+                r#"", "value": ""#
+            });
             push_hex(&mut s, &e.value());
             s.push_str(r#"", "decoded": "#);
             push_decoded(&mut s, e);
@@ -447,8 +572,18 @@ fn batch_of(l: &Layout, opts: &Options) -> String {
         l.node,
         l.family.as_str()
     );
+    // The kernel keeps 15 bytes of a map name; the pin keeps the whole name.
+    let short = |name: &str| name[..name.len().min(15)].to_string();
     for m in &l.maps {
-        // The kernel keeps 15 bytes of a map name; the pin keeps the whole name.
+        // A hash of maps is created with an inner map of the shape every value has.
+        if let Some(v) = m.inner_value_size {
+            let _ = writeln!(
+                s,
+                "map create {dir}/{}_inner type array key 4 value {v} entries 1 name {}",
+                m.name,
+                short(m.name)
+            );
+        }
         let _ = write!(
             s,
             "map create {dir}/{} type {} key {} value {} entries {} name {}",
@@ -457,18 +592,35 @@ fn batch_of(l: &Layout, opts: &Options) -> String {
             m.key_size,
             m.value_size,
             m.max_entries,
-            &m.name[..m.name.len().min(15)]
+            short(m.name)
         );
         if m.id.flags() != 0 {
             let _ = write!(s, " flags {}", m.id.flags());
         }
+        if m.inner_value_size.is_some() {
+            let _ = write!(s, " inner_map pinned {dir}/{}_inner", m.name);
+        }
         s.push('\n');
     }
     for e in &l.entries {
+        let map = e.map().name(l.family);
+        if let Entry::Maglev { rev_nat, .. } = e {
+            // Cilium's inner maps are not pinned; here each is, so that the batch can
+            // name it in the outer map's update.
+            let inner = format!("{dir}/{map}_inner_{rev_nat}");
+            let _ = writeln!(
+                s,
+                "map create {inner} type array key 4 value {} entries 1 name {}\nmap update pinned {inner} key hex 00 00 00 00 value hex {}\nmap update pinned {dir}/{map} key hex {} value pinned {inner}",
+                4 * l.agent.table_size,
+                short(map),
+                hex(&e.value()),
+                hex(&e.key())
+            );
+            continue;
+        }
         let _ = writeln!(
             s,
-            "map update pinned {dir}/{} key hex {} value hex {}",
-            e.map().name(l.family),
+            "map update pinned {dir}/{map} key hex {} value hex {}",
             hex(&e.key()),
             hex(&e.value())
         );

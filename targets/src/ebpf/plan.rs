@@ -5,7 +5,8 @@
 //! Invariants:
 //! - Only the configuration maps are planned ([`MapId::configured`]): the runtime maps
 //!   (`*_affinity`, `*_reverse_sk`) belong to the datapath, are shared by every
-//!   generation and are never written or compared.
+//!   generation and are never written or compared. The Maglev maps are not the socket
+//!   load balancer's ([`MapId::in_program`]): apply neither creates nor writes them.
 //! - [`diff`] leaves an entry whose bytes are already right alone, and orders the writes
 //!   as Cilium's reconciler does, for every frontend at once: backends, slots, affinity
 //!   matches, source ranges, rev-NAT, masters (slot 0) last, internal-scope ones before
@@ -57,17 +58,25 @@ pub enum Op {
 pub type Contents = HashMap<Vec<u8>, Vec<u8>>;
 
 impl MapId {
-    /// Whether svc-compile writes this map (the others are the datapath's).
+    /// Whether svc-compile writes this map (the others are the datapath's, or not the
+    /// socket load balancer's at all).
     pub fn configured(self) -> bool {
-        !matches!(self, MapId::Affinity | MapId::ReverseSk)
+        !matches!(self, MapId::Affinity | MapId::ReverseSk | MapId::Maglev)
+    }
+
+    /// Whether `bpf/sock_lb.c` declares this map. Cilium's socket load balancer selects
+    /// at random and never reads a Maglev table (`bpf/bpf_sock.c`), nor does this one.
+    pub fn in_program(self) -> bool {
+        self != MapId::Maglev
     }
 }
 
-/// The name of every map of both families and whether it is configured.
+/// The name of every map the socket load balancer declares, of both families, and
+/// whether it is configured.
 pub fn all_maps() -> Vec<(&'static str, bool)> {
     let mut v: Vec<(&'static str, bool)> = Vec::new();
     for fam in [IpFamily::IPv4, IpFamily::IPv6] {
-        for id in MapId::ALL {
+        for id in MapId::ALL.into_iter().filter(|id| id.in_program()) {
             let n = id.name(fam);
             if !v.iter().any(|(m, _)| *m == n) {
                 v.push((n, id.configured()));

@@ -201,6 +201,7 @@ fn ipv6_sizes() {
             MapId::AffinityMatch => (8, 1, 8, 1),
             MapId::SourceRange => (12, 1, 24, 1),
             MapId::ReverseSk => (16, 8, 28, 20),
+            MapId::Maglev => (2, 4, 2, 4),
         };
         assert_eq!((k4, v4, k6, v6), want, "{m:?}");
     }
@@ -434,7 +435,8 @@ fn flags_become_options() {
             sizes: svc_compiler::ir::EbpfMapSizes {
                 all: Some(1024),
                 ..Default::default()
-            }
+            },
+            agent: Default::default(),
         }
     );
     assert_eq!(
@@ -696,17 +698,24 @@ spec:
   ports: [{name: a, port: 80, nodePort: 30090}, {name: b, port: 443, nodePort: 30091}]
 status: {loadBalancer: {ingress: [{ip: 203.0.113.30}]}}
 ";
+    // Random, and Maglev for the NodePort and LoadBalancer frontends.
+    let agents = [Agent::default(), maglev_agent(false)];
+    let mut tables = 0;
     for docs in [&[NODES, SERVICES][..], &[NODES, wild]] {
         let v = view_of(docs);
-        let l = layout(&v, None, &MapSizes::default()).unwrap();
-        for (id, n) in occupancy(&v) {
-            assert_eq!(
-                n,
-                l.entries.iter().filter(|e| e.map() == id).count(),
-                "{id:?}"
-            );
+        for agent in &agents {
+            let l = layout_with(&v, None, &MapSizes::default(), agent).unwrap();
+            for (id, n) in occupancy(&v, agent) {
+                assert_eq!(
+                    n,
+                    l.entries.iter().filter(|e| e.map() == id).count(),
+                    "{id:?}"
+                );
+            }
         }
+        tables += occupancy(&v, &agents[1])[MapId::ALL.len() - 1].1;
     }
+    assert!(tables > 0, "some Maglev table was counted");
     let mut sources = SourceMap::default();
     let f = sources.add("g.yaml", generated);
     let comp = svc_compiler::compile(&sources, &[f], &svc_compiler::Options::default());
@@ -715,13 +724,25 @@ status: {loadBalancer: {ingress: [{ip: 203.0.113.30}]}}
         ips: vec![],
     };
     let v = node_view(&comp.module, &sel, IpFamily::IPv4).unwrap();
-    let l = layout(&v, None, &MapSizes::default()).unwrap();
-    for (id, n) in occupancy(&v) {
-        assert_eq!(
-            n,
-            l.entries.iter().filter(|e| e.map() == id).count(),
-            "{id:?}"
-        );
+    for agent in &agents {
+        let l = layout_with(&v, None, &MapSizes::default(), agent).unwrap();
+        for (id, n) in occupancy(&v, agent) {
+            assert_eq!(
+                n,
+                l.entries.iter().filter(|e| e.map() == id).count(),
+                "{id:?}"
+            );
+        }
+    }
+}
+
+/// Maglev by default (`--bpf-lb-algorithm maglev`) with 251-entry tables.
+fn maglev_agent(annotation: bool) -> Agent {
+    Agent {
+        algorithm: svc_compiler::ir::LbAlgorithm::Maglev,
+        annotation,
+        table_size: 251,
+        ..Agent::default()
     }
 }
 
@@ -730,10 +751,10 @@ status: {loadBalancer: {ingress: [{ip: 203.0.113.30}]}}
 #[test]
 fn a_node_that_overflows_a_map_is_refused() {
     let v = view_of(&[NODES, SERVICES]);
-    let services = occupancy(&v)[0].1;
+    let services = occupancy(&v, &Agent::default())[0].1;
     let fits = MapSizes::all(services as u32);
     assert!(layout(&v, None, &fits).is_ok());
-    assert!(map_full(&v, &fits).is_empty());
+    assert!(map_full(&v, &fits, &Agent::default()).is_empty());
     let small = MapSizes(svc_compiler::ir::EbpfMapSizes {
         services: Some(services as u32 - 1),
         ..Default::default()
@@ -744,7 +765,7 @@ fn a_node_that_overflows_a_map_is_refused() {
         }
         other => panic!("{other:?}"),
     }
-    let d = map_full(&v, &small);
+    let d = map_full(&v, &small, &Agent::default());
     assert_eq!(d.len(), 1);
     assert_eq!(d[0].code, MAP_FULL_CODE);
     assert!(
@@ -814,4 +835,168 @@ fn wildcards_only_for_cilium_owned_load_balancer_ips() {
         })
         .collect();
     assert_eq!(wild, ["203.0.113.2", "203.0.113.1"]);
+}
+
+/// The Maglev flags: each value as the agent takes it, each mistake one line; the flags
+/// win over the ClusterConfig option by option; `--map-format batch` refuses tables a
+/// `bpftool batch` line cannot hold.
+#[test]
+fn maglev_flags() {
+    let params = |kv: &[(&'static str, &str)]| {
+        let mut p = Params::default();
+        for (k, v) in kv {
+            p.push(k, v.to_string());
+        }
+        p
+    };
+    let o = options(&params(&[
+        ("lb-algorithm", "maglev"),
+        ("lb-algorithm-annotation", "on"),
+        ("maglev-table-size", "1021"),
+        ("maglev-hash-seed", "AAECAwQFBgcICQoL"),
+    ]))
+    .unwrap();
+    let mut v = view_of(&[NODES, SERVICES]);
+    v.ebpf_agent.maglev_table_size = Some(251);
+    v.ebpf_agent.lb_algorithm = Some(svc_compiler::ir::LbAlgorithm::Random);
+    assert_eq!(
+        o.agent_for(&v),
+        Agent {
+            algorithm: svc_compiler::ir::LbAlgorithm::Maglev,
+            annotation: true,
+            table_size: 1021,
+            seed: 0x0001_0203,
+        }
+    );
+    // Unset flags leave the ClusterConfig's; unset there, Cilium's defaults.
+    let a = Options::default().agent_for(&v);
+    assert_eq!(
+        (a.algorithm, a.annotation, a.table_size),
+        (svc_compiler::ir::LbAlgorithm::Random, false, 251)
+    );
+    assert_eq!(Agent::default().table_size, 16381);
+    assert_eq!(Agent::default().seed, 0x24b7_ef82);
+    for (k, v) in [
+        ("lb-algorithm", "Maglev"),
+        ("lb-algorithm-annotation", "yes"),
+        ("maglev-table-size", "16383"),
+        ("maglev-hash-seed", "c2hvcnQ="),
+    ] {
+        let e = options(&params(&[(k, v)])).unwrap_err();
+        assert!(e.starts_with(&format!("--{k} `{v}`")), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+    let crate::Render::Node(new) = TARGET.render else {
+        panic!("ebpf renders per node")
+    };
+    let batch = |size: &str| {
+        new(
+            &params(&[
+                ("map-format", "batch"),
+                ("lb-algorithm", "maglev"),
+                ("maglev-table-size", size),
+            ]),
+            crate::Sharing::One,
+        )
+        .check(&v)
+    };
+    assert_eq!(batch("509"), Ok(()));
+    let e = batch("1021").unwrap_err();
+    assert!(e.contains("--map-format json"), "{e}");
+}
+
+/// The reconciler's Maglev rules on one view (the golden cases `cilium-maglev` and
+/// `cilium-maglev-annotation` show the bytes): which frontends get a table, over which
+/// backends, where it is written, and the master's algorithm byte.
+#[test]
+fn maglev_tables_follow_the_reconciler() {
+    let docs = "
+apiVersion: v1
+kind: Service
+metadata: {name: np, namespace: t, annotations: {service.cilium.io/lb-algorithm: maglev}}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.50
+  selector: {app: np}
+  ports: [{port: 80, targetPort: 80, nodePort: 30050}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: np-1, namespace: t, labels: {kubernetes.io/service-name: np}}
+addressType: IPv4
+ports: [{port: 80, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.1.5], nodeName: node-1}
+- {addresses: [10.244.2.5], nodeName: node-2}
+- {addresses: [10.244.2.6], nodeName: node-2, conditions: {ready: false, serving: true, terminating: true}}
+";
+    let v = view_of(&[NODES, docs]);
+    let tables = |agent: &Agent| -> Vec<(String, Vec<u32>)> {
+        let l = layout_with(&v, None, &MapSizes::default(), agent).unwrap();
+        // Each table after its frontend's slots and before its rev-NAT and master.
+        for (i, e) in l.entries.iter().enumerate() {
+            if let Entry::Maglev { frontend, .. } = e {
+                let slot = l.entries[..i]
+                    .iter()
+                    .any(|s| matches!(s, Entry::Slot { frontend: f, .. } if f == frontend));
+                let master = l.entries[..i]
+                    .iter()
+                    .any(|s| matches!(s, Entry::Master { frontend: f, .. } if f == frontend));
+                assert!(slot && !master, "{e:?}");
+                assert_eq!(e.value().len(), 4 * agent.table_size as usize);
+            }
+        }
+        assert_eq!(
+            l.maps.iter().any(|m| m.id == MapId::Maglev),
+            agent.maglev_declared()
+        );
+        l.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Maglev {
+                    frontend, table, ..
+                } => {
+                    let mut ids: Vec<u32> = table.to_vec();
+                    ids.sort();
+                    ids.dedup();
+                    Some((frontend.to_string(), ids))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let ids = layout(&v, None, &MapSizes::default()).unwrap().ids;
+    let be = |a: &str| ids.backends[&parse_backend(a).unwrap()];
+    let active = vec![be("10.244.1.5:80/TCP"), be("10.244.2.5:80/TCP")];
+    // Random: no tables, no map.
+    assert!(tables(&Agent::default()).is_empty());
+    // Maglev by default: the node address's NodePort only, over the active backends.
+    let m = maglev_agent(false);
+    assert_eq!(
+        tables(&m),
+        [("192.0.2.10:30050/TCP".to_string(), active.clone())]
+    );
+    // The annotation read: the cluster IP too, never the surrogate.
+    let annotated = Agent {
+        algorithm: svc_compiler::ir::LbAlgorithm::Random,
+        ..maglev_agent(true)
+    };
+    assert_eq!(
+        tables(&annotated),
+        [
+            ("10.96.0.50:80/TCP".to_string(), active.clone()),
+            ("192.0.2.10:30050/TCP".to_string(), active)
+        ]
+    );
+    // The master's top byte: the annotation's algorithm (2) when read, else 0.
+    let top = |agent: &Agent| -> Vec<u8> {
+        let l = layout_with(&v, None, &MapSizes::default(), agent).unwrap();
+        l.entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Master { .. }))
+            .map(|e| e.value()[3])
+            .collect()
+    };
+    assert_eq!(top(&m), [0, 0, 0]);
+    assert_eq!(top(&annotated), [2, 2, 2]);
 }

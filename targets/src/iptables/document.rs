@@ -114,12 +114,20 @@ const JUMPS: &[Jump] = &[
 
 const CT_NEW: &str = "-m conntrack --ctstate NEW";
 
+/// Said in the setup's comment: the jumps are `-I` lines, which `iptables-restore
+/// --noflush` inserts again on every load of the same document; `apply` adds a jump only
+/// where it is missing.
+pub(crate) const NOFLUSH_TWICE: &str =
+    "# Loading this twice with `--noflush` inserts these jumps twice: \
+     `svc-compile apply` loads it without duplicates.\n";
+
 /// The canary chains and the jumps. Each jump is prepended, so later entries end up above
 /// earlier ones, exactly as kube-proxy's `EnsureRule(Prepend)` calls leave them.
 pub(super) fn write_setup(out: &mut String) {
     out.push_str(
         "# Set up outside the restore data: canary chains and jumps (iptables -N / -I).\n",
     );
+    out.push_str(NOFLUSH_TWICE);
     let _ = writeln!(out, "*mangle\n:{KUBE_PROXY_CANARY} - [0:0]\nCOMMIT");
     for table in ["filter", "nat"] {
         let _ = writeln!(out, "*{table}\n:{KUBE_PROXY_CANARY} - [0:0]");

@@ -171,6 +171,7 @@ pub(super) fn write(view: &NodeView, st: &State, opts: &Options, out: &mut Strin
     );
     if opts.setup {
         out.push_str("# Set up outside the restore data: chains and jumps (iptables -N / -I).\n");
+        out.push_str(crate::iptables::document::NOFLUSH_TWICE);
         for (table, chains) in [("nat", &NAT_CHAINS[..]), ("filter", &FILTER_CHAINS[..])] {
             let _ = writeln!(out, "*{table}");
             for c in chains {

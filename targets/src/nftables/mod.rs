@@ -55,8 +55,8 @@
 //! # The fast layout
 //!
 //! `NodeView::nft_layout == Fast` (`--nft-layout fast`) keeps the table, the base and
-//! top-level chains and the element maps, and changes what is slow to load (README
-//! "Performance"): no endpoint chains and no anonymous sets in per-service rules (endpoints
+//! top-level chains and the element maps, and changes what is slow to load
+//! (docs/performance.md): no endpoint chains and no anonymous sets in per-service rules (endpoints
 //! picked by `numgen random mod k 0` rules that DNAT themselves, firewall ranges as
 //! `return` rules), one `masquerading` rule over the set `hairpin-endpoints` instead of a
 //! hairpin rule per endpoint, and session affinity as one dynamic map per policy chain

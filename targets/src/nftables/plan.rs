@@ -16,8 +16,8 @@
 //!
 //! Why these forms: nft 1.0.6 lists every chain of the table before it runs an `add rule`,
 //! `add element`, `delete element` or any `delete`, and at 112k chains that listing is
-//! 1.4–1.7 s; the forms above run in 0.01–0.1 s on the same table (README, "apply at
-//! scale").
+//! 1.4–1.7 s; the forms above run in 0.01–0.1 s on the same table (docs/performance.md,
+//! "Apply").
 //!
 //! Stale chains are therefore emptied (`flush chain`) and left in place, as kube-proxy
 //! does; they are deleted in one go once [`DELETE_STALE_AT`] have gathered, or with the
@@ -248,7 +248,7 @@ fn element_key(body: &str) -> Option<&str> {
 /// refers to (the chains a chain's rules jump or go to and the sets they name; the chains a
 /// map's elements go to), so that each is written once. nft reads that in about two thirds
 /// of the time it takes for one statement per rule and element where elements and rules
-/// are many (fast layout, 10k services: 3.2 s against 4.8 s; README "apply at scale"), as
+/// are many (fast layout, 10k services: 3.2 s against 4.8 s; docs/performance.md, "Apply"), as
 /// fast where chains are (kube-proxy's layout), and the kernel ends up with the same table.
 /// (Declaring every chain first and filling it later is no faster there: the kernel's
 /// second look-up of each of 112k chains in one transaction made it 1.3× slower.) A cycle

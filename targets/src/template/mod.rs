@@ -5,7 +5,7 @@
 //! `viewVersion`; renaming or removing one bumps [`VIEW_VERSION`]. It is built from the
 //! IR here (not the IR's own serde form), so IR refactors do not break templates. The one
 //! exception is `views`, the node views, which are the IR's `NodeView` as the `ir` target
-//! prints it (documented as such in README "Template view").
+//! prints it (documented as such in docs/templates.md, "The view").
 //!
 //! Environment: undefined variables and attributes are errors (strict), no auto-escaping,
 //! `trim_blocks` and `lstrip_blocks` on (a block tag's line leaves no blank line), the
@@ -304,7 +304,7 @@ impl TemplateError {
     /// template file to the `SourceMap` as `file` (without a line: the whole file).
     pub fn diagnostic(&self, file: FileId) -> Diagnostic {
         let d = Diagnostic::error(TEMPLATE_ERROR_CODE, format!("template: {}", self.message))
-            .hint("the template sees the view documented in README \"Template view\"");
+            .hint("the template sees the view documented in docs/templates.md");
         match self.line {
             Some(line) => {
                 let (col, len) = self.col.unwrap_or((1, 0));

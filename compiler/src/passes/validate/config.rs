@@ -370,4 +370,38 @@ fn cluster(cx: &mut Cx, c: &ClusterConfigDoc) {
             );
         }
     }
+    use crate::ir::EbpfAgent;
+    let agent_errors = [
+        c.ebpf_lb_algorithm.as_ref().map(|a| {
+            (
+                "ebpfLbAlgorithm",
+                a.span,
+                EbpfAgent::parse_algorithm(&a.v).err(),
+            )
+        }),
+        c.ebpf_maglev_table_size.as_ref().map(|m| {
+            (
+                "ebpfMaglevTableSize",
+                m.span,
+                EbpfAgent::parse_table_size(&m.v.to_string()).err(),
+            )
+        }),
+        c.ebpf_maglev_hash_seed.as_ref().map(|h| {
+            (
+                "ebpfMaglevHashSeed",
+                h.span,
+                EbpfAgent::murmur_seed(&h.v).err(),
+            )
+        }),
+    ];
+    for (key, span, err) in agent_errors.into_iter().flatten() {
+        if let Some(e) = err {
+            cx.push(
+                Diagnostic::error("SVC326", format!("invalid {key}: {e}"))
+                    .at(span)
+                    .path(key)
+                    .hint("the cilium-agent would refuse to start: ebpfLbAlgorithm is random or maglev (--bpf-lb-algorithm), ebpfMaglevTableSize one of 251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071 (--bpf-lb-maglev-table-size), ebpfMaglevHashSeed base64 of 12 bytes (--bpf-lb-maglev-hash-seed)"),
+            );
+        }
+    }
 }

@@ -594,7 +594,7 @@ fn cluster_ips(cx: &mut Cx, s: &Service, headless: bool) {
                 .at(c.span)
                 .path(path.clone())
                 .hint(if *cidrs == crate::passes::Settings::default().service_cidrs {
-                    // The default is kubeadm's; many clusters differ (README "The service range").
+                    // The default is kubeadm's; many clusters differ (docs/config.md "The service range").
                     format!("use an address inside {range}, or leave clusterIP unset to have one allocated; {range} is svc-compile's default (kubeadm's): pass your cluster's --service-cluster-ip-range if it differs")
                 } else {
                     format!("use an address inside {range}, or leave clusterIP unset to have one allocated")
