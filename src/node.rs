@@ -85,14 +85,14 @@ struct Watched<'a> {
 }
 
 /// What the agent keeps between compiles: each file's parse, and each file's Services and
-/// EndpointSlices as the change counters see them (made again only for a file parsed
-/// again).
+/// EndpointSlices as the change counters see them (made again only for a file whose
+/// fingerprint changed).
 #[derive(Default)]
 pub(crate) struct AgentCache {
     /// Each input file's text and fingerprint, kept by its `stat`.
     files: FileCache,
     read: svc_compiler::ReadCache,
-    objects: HashMap<String, Vec<Object>>,
+    objects: HashMap<String, ((u64, u64), Vec<Object>)>,
 }
 
 impl AgentCache {
@@ -103,11 +103,13 @@ impl AgentCache {
         objects: &svc_compiler::k8s::Objects,
     ) -> Vec<Object> {
         let mut by_file: BTreeMap<FileId, Vec<Object>> = BTreeMap::new();
+        // A file's objects are made again when its bytes changed since they were made.
         let fresh: HashSet<FileId> = (0..sources.files.len())
             .map(|i| FileId(i as u32))
             .filter(|&f| {
-                let name = sources.name(f);
-                self.read.parsed_last(name) || !self.objects.contains_key(name)
+                self.objects
+                    .get(sources.name(f))
+                    .is_none_or(|(print, _)| *print != sources.print(f))
             })
             .collect();
         let fresh = |f: FileId| fresh.contains(&f);
@@ -142,10 +144,14 @@ impl AgentCache {
             let objects = match by_file.remove(&id) {
                 Some(new) => new,
                 None if fresh(id) => Vec::new(),
-                None => self.objects.remove(&f.name).unwrap_or_default(),
+                None => self
+                    .objects
+                    .remove(&f.name)
+                    .map(|o| o.1)
+                    .unwrap_or_default(),
             };
             all.extend(objects.iter().cloned());
-            kept.insert(f.name.clone(), objects);
+            kept.insert(f.name.clone(), (sources.print(id), objects));
         }
         self.objects = kept;
         all

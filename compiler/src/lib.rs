@@ -216,8 +216,6 @@ fn read_file(f: FileId, text: &str) -> (Objects, Diagnostics) {
 pub struct ReadCache {
     files: std::collections::HashMap<String, Cached>,
     parsed: usize,
-    /// The files the last call parsed, by name.
-    fresh: std::collections::HashSet<String>,
 }
 
 struct Cached {
@@ -258,10 +256,6 @@ impl ReadCache {
             })
             .collect();
         self.parsed += parsed.len();
-        self.fresh = parsed
-            .iter()
-            .map(|c| sources.name(c.id).to_string())
-            .collect();
         for c in parsed {
             self.files.insert(sources.name(c.id).to_string(), c);
         }
@@ -276,12 +270,6 @@ impl ReadCache {
             diags.extend(d.clone());
         }
         (objects, diags)
-    }
-
-    /// Whether the last [`compile_cached`] parsed the file `name` (the others' objects are
-    /// the ones of the call before).
-    pub fn parsed_last(&self, name: &str) -> bool {
-        self.fresh.contains(name)
     }
 
     /// How many files the cache holds (the last compile's inputs).

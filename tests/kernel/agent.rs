@@ -949,6 +949,32 @@ fn the_agent_metrics_count_changes_latencies_rejections_and_repairs() {
         edit(&agent, &v6, "a slice removed", true);
         expect("a slice removed", [3, 4, 1, 6, 5, 5, 1, 0]);
 
+        // One sync sees db's port changed and another file broken (held open for writing
+        // while svc.yaml is replaced): rejected. Once the broken file is gone, the port
+        // change is counted, though svc.yaml was parsed by the rejected sync already.
+        // Named to sort after svc.yaml: removing it moves no other file's id.
+        let extra = dir.path().join("zz-broken.yaml");
+        let mut broken = std::fs::File::create(&extra).unwrap();
+        let before = agent.syncs().len();
+        replace(
+            &svc_yaml,
+            &manifests("", "10.244.1.4", &trigger, 5434, false),
+        );
+        thread::sleep(Duration::from_millis(50));
+        broken.write_all(b"kind: [\n").unwrap();
+        drop(broken);
+        assert_eq!(
+            result(&wait_for(&agent, before, |_| true)),
+            "rejected",
+            "[{target}] {}",
+            agent.said()
+        );
+        expect("a change beside errors", [3, 4, 1, 7, 5, 5, 2, 0]);
+        let before = agent.syncs().len();
+        std::fs::remove_file(&extra).unwrap();
+        assert_eq!(result(&wait_for(&agent, before, |_| true)), "applied");
+        expect("the errors gone", [4, 4, 1, 8, 6, 6, 2, 0]);
+
         // Someone flushes our rules; SIGHUP's sync finds and mends it.
         let good = owned(&lab, target);
         match target {
@@ -968,7 +994,7 @@ fn the_agent_metrics_count_changes_latencies_rejections_and_repairs() {
         agent.signal(libc::SIGHUP);
         assert_eq!(result(&wait_for(&agent, before, |_| true)), "applied");
         assert_eq!(owned(&lab, target), good, "[{target}] not mended");
-        let body = expect("a foreign write mended", [3, 4, 1, 7, 6, 6, 1, 1]);
+        let body = expect("a foreign write mended", [4, 4, 1, 9, 7, 7, 2, 1]);
 
         let mut promtool = Command::new("promtool")
             .args(["check", "metrics"])
