@@ -44,17 +44,23 @@ pub(crate) fn compile_inputs(
     opts: &CompileOpts,
     target: Option<&TargetArgs>,
 ) -> Result<Compiled, Fail> {
-    Ok(compile_read(read_all(opts, target)?, None))
+    Ok(compile_read(read_all(opts, target, None)?, None))
 }
 
-/// The reading half of [`compile_inputs`].
-pub(crate) fn read_all(opts: &CompileOpts, target: Option<&TargetArgs>) -> Result<Read, Fail> {
+/// The reading half of [`compile_inputs`]; with the agent's `cache`, the input files that
+/// did not change since its last call are not read again.
+pub(crate) fn read_all(
+    opts: &CompileOpts,
+    target: Option<&TargetArgs>,
+    cache: Option<&mut svc_node::agent::files::FileCache>,
+) -> Result<Read, Fail> {
     let mut config = crate::config::load(&opts.config, opts.color)?;
     let mut sources = SourceMap::default();
     let inputs = read_inputs(
         &opts.paths,
         &filters(&opts.exclude, &opts.include, config.as_ref()),
         &mut sources,
+        cache,
     )?;
     // After the inputs, so that their ids do not depend on whether there is a config.
     if let Some(c) = &mut config {

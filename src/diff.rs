@@ -156,7 +156,7 @@ fn compile_side(
     let (files, diags) = match spec.strip_prefix("git:") {
         Some(rest) => read_git(side, rest, &filters, &mut sources)?,
         None => {
-            let inputs = read_inputs(&[spec.to_string()], &filters, &mut sources)?;
+            let inputs = read_inputs(&[spec.to_string()], &filters, &mut sources, None)?;
             (inputs.files, inputs.diags)
         }
     };

@@ -11,8 +11,10 @@ use crate::report::Fail;
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use svc_compiler::diag::Diagnostics;
 use svc_compiler::source::{FileId, SourceMap};
+use svc_node::agent::files::{FileCache, Looked, Stamp};
 
 /// `--exclude GLOB` / `--include GLOB` as given, or the config file's `exclude` and
 /// `include`, whose globs are relative to a directory (`base`).
@@ -88,10 +90,13 @@ pub struct Inputs {
 }
 
 /// Files, directories (recursive, *.yaml/*.yml/*.json, hidden entries skipped) and `-`.
+/// With the agent's `cache`, a file whose `stat` shows no change since the last call is
+/// taken from it (text and fingerprint), not read.
 pub fn read_inputs(
     paths: &[String],
     filters: &Filters,
     sources: &mut SourceMap,
+    mut cache: Option<&mut FileCache>,
 ) -> Result<Inputs, Fail> {
     let mut found: Vec<(String, PathBuf)> = Vec::new();
     let mut stdin: Option<Vec<u8>> = None;
@@ -128,13 +133,13 @@ pub fn read_inputs(
     let kustomizations = kustomizations(&found);
     let patches = kustomize_patches(&kustomizations);
     let mut seen: HashSet<PathBuf> = HashSet::new();
-    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut files: Vec<(String, Got)> = Vec::new();
     let mut skipped: Vec<(String, Vec<u8>, String)> = Vec::new();
     let mut helm: Vec<(String, Vec<u8>, Option<String>)> = Vec::new();
     let mut total = stdin.as_ref().map_or(0, |b| b.len() as u64);
-    let mut read_bytes = |name: &str, path: &Path| -> Result<Vec<u8>, Fail> {
-        let bytes = read_capped(name, path, MAX_INPUT_BYTES - total)?;
-        total += bytes.len() as u64;
+    let read_bytes = |name: &str, path: &Path, total: &mut u64| -> Result<Vec<u8>, Fail> {
+        let bytes = read_capped(name, path, MAX_INPUT_BYTES - *total)?;
+        *total += bytes.len() as u64;
         Ok(bytes)
     };
     for (name, path) in found {
@@ -143,19 +148,47 @@ pub fn read_inputs(
         if !seen.insert(real.clone()) {
             continue;
         }
-        match patches.iter().find(|(p, _)| *p == real) {
-            Some((_, by)) => skipped.push((name.clone(), read_bytes(&name, &path)?, by.clone())),
-            None => {
-                let bytes = read_bytes(&name, &path)?;
-                match helm_chart(&path, &bytes) {
-                    Some(chart) => helm.push((name.clone(), bytes, chart)),
-                    None => files.push((name.clone(), bytes)),
+        if let Some((_, by)) = patches.iter().find(|(p, _)| *p == real) {
+            skipped.push((
+                name.clone(),
+                read_bytes(&name, &path, &mut total)?,
+                by.clone(),
+            ));
+            continue;
+        }
+        let looked = match cache.as_deref_mut() {
+            None => None,
+            Some(c) => Some(
+                c.look(&real)
+                    .map_err(|e| Fail(format!("cannot read {}: {e}", path.display())))?,
+            ),
+        };
+        let got = match looked {
+            Some(Looked::Same(text, print)) => {
+                let size = text.len() as u64;
+                if size > MAX_INPUT_BYTES - total {
+                    return Err(too_large(&name, Some(size)));
                 }
+                total += size;
+                Got::Kept(text, print)
             }
+            Some(Looked::Read(stamp)) => {
+                Got::Read(read_bytes(&name, &path, &mut total)?, Some((real, stamp)))
+            }
+            None => Got::Read(read_bytes(&name, &path, &mut total)?, None),
+        };
+        // A Helm chart's template (a Chart.yaml may come or go beside an unchanged file).
+        let text = match &got {
+            Got::Kept(text, _) => text.as_bytes(),
+            Got::Read(bytes, _) => bytes,
+        };
+        match helm_chart(&path, text) {
+            Some(chart) => helm.push((name.clone(), text.to_vec(), chart)),
+            None => files.push((name.clone(), got)),
         }
     }
     if let Some(bytes) = stdin {
-        files.push(("<stdin>".into(), bytes));
+        files.push(("<stdin>".into(), Got::Read(bytes, None)));
     }
     files.sort_by(|a, b| a.0.cmp(&b.0));
     let mut out = Inputs {
@@ -167,15 +200,32 @@ pub fn read_inputs(
             .map(|k| (k.path, k.read))
             .collect(),
     };
-    for (name, bytes) in files {
+    for (name, got) in files {
         let abs = (name != "<stdin>").then(|| absolute(Path::new(&name)));
-        match sources.add_bytes(name, bytes) {
-            (id, None) => {
-                out.files.push(id);
-                out.paths.extend(abs.map(|a| (id, a)));
-            }
-            (_, Some(d)) => out.diags.push(d),
-        }
+        let id = match got {
+            Got::Kept(text, print) => sources.add_shared(name, text, print),
+            Got::Read(bytes, stamp) => match sources.add_bytes(name, bytes) {
+                (id, None) => {
+                    // Text: kept for the next call, with the fingerprint every user of
+                    // this source map takes (computed here, once).
+                    if let (Some(c), Some((real, stamp))) = (cache.as_deref_mut(), stamp) {
+                        c.keep(
+                            &real,
+                            stamp,
+                            sources.file(id).text.clone(),
+                            sources.print(id),
+                        );
+                    }
+                    id
+                }
+                (_, Some(d)) => {
+                    out.diags.push(d);
+                    continue;
+                }
+            },
+        };
+        out.files.push(id);
+        out.paths.extend(abs.map(|a| (id, a)));
     }
     // Patches are in the source map (for the note's location) but are not compiled.
     for (name, bytes, by) in skipped {
@@ -189,6 +239,13 @@ pub fn read_inputs(
             .push(svc_compiler::layout::helm_note(id, chart.as_deref()));
     }
     Ok(out)
+}
+
+/// An input file: read now (with the stamp to keep it in the agent's cache with), or
+/// the cache's text and fingerprint.
+enum Got {
+    Read(Vec<u8>, Option<(PathBuf, Stamp)>),
+    Kept(Arc<String>, (u64, u64)),
 }
 
 /// A path made absolute and normalised as written (`.` and `..` taken away, no symlink

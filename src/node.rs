@@ -7,10 +7,15 @@ use crate::cli::{
 use crate::compile::{compile_read, node_jobs, read_all, target_params_of};
 use crate::inputs::read_file;
 use crate::report::{Emitter, Fail, Outcome};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use svc_compiler::net::IpFamily;
 use svc_compiler::passes::node::node_view;
+use svc_compiler::source::{FileId, SourceMap};
+use svc_node::agent::changes::{Kind, Object};
+use svc_node::agent::files::FileCache;
 use svc_node::apply::{inputs_key, Compiled, Input};
 use svc_node::times::Times;
 use svc_targets::plan::Family;
@@ -65,7 +70,7 @@ pub fn agent(cmd: &AgentCmd) -> Result<Outcome, Fail> {
     let mut source = Watched {
         cmd,
         keyed: target.planner.is_some() && !svc_node::ebpf::applies(target),
-        cache: svc_compiler::ReadCache::default(),
+        cache: AgentCache::default(),
     };
     svc_node::agent::run(target, &cmd.agent, &params, &mut source)?;
     Ok(Outcome::Done)
@@ -76,7 +81,97 @@ pub fn agent(cmd: &AgentCmd) -> Result<Outcome, Fail> {
 struct Watched<'a> {
     cmd: &'a AgentCmd,
     keyed: bool,
-    cache: svc_compiler::ReadCache,
+    cache: AgentCache,
+}
+
+/// What the agent keeps between compiles: each file's parse, and each file's Services and
+/// EndpointSlices as the change counters see them (made again only for a file whose
+/// fingerprint changed).
+#[derive(Default)]
+pub(crate) struct AgentCache {
+    /// Each input file's text and fingerprint, kept by its `stat`.
+    files: FileCache,
+    read: svc_compiler::ReadCache,
+    objects: HashMap<String, ((u64, u64), Vec<Object>)>,
+}
+
+impl AgentCache {
+    /// The inputs' Services and EndpointSlices, in file order.
+    fn objects(
+        &mut self,
+        sources: &SourceMap,
+        objects: &svc_compiler::k8s::Objects,
+    ) -> Vec<Object> {
+        let mut by_file: BTreeMap<FileId, Vec<Object>> = BTreeMap::new();
+        // A file's objects are made again when its bytes changed since they were made.
+        let fresh: HashSet<FileId> = (0..sources.files.len())
+            .map(|i| FileId(i as u32))
+            .filter(|&f| {
+                self.objects
+                    .get(sources.name(f))
+                    .is_none_or(|(print, _)| *print != sources.print(f))
+            })
+            .collect();
+        let fresh = |f: FileId| fresh.contains(&f);
+        for s in objects.services.iter().filter(|s| fresh(s.span.file)) {
+            by_file.entry(s.span.file).or_default().push(Object {
+                kind: Kind::Service,
+                key: format!("{}/{}", s.meta.namespace.v, s.meta.name.v),
+                print: print_of(s),
+                trigger: None,
+            });
+        }
+        for s in objects.slices.iter().filter(|s| fresh(s.span.file)) {
+            let family = match s.address_type.as_ref().map(|a| a.v.as_str()) {
+                Some("IPv4") => Some(IpFamily::IPv4),
+                Some("IPv6") => Some(IpFamily::IPv6),
+                _ => None,
+            };
+            by_file.entry(s.span.file).or_default().push(Object {
+                kind: Kind::Slice(family),
+                key: format!("{}/{}", s.meta.namespace.v, s.meta.name.v),
+                print: print_of(s),
+                trigger: s
+                    .meta
+                    .annotation("endpoints.kubernetes.io/last-change-trigger-time")
+                    .map(|t| t.v.clone()),
+            });
+        }
+        let mut all = Vec::new();
+        let mut kept = HashMap::new();
+        for (id, f) in sources.files.iter().enumerate() {
+            let id = FileId(id as u32);
+            let objects = match by_file.remove(&id) {
+                Some(new) => new,
+                None if fresh(id) => Vec::new(),
+                None => self
+                    .objects
+                    .remove(&f.name)
+                    .map(|o| o.1)
+                    .unwrap_or_default(),
+            };
+            all.extend(objects.iter().cloned());
+            kept.insert(f.name.clone(), (sources.print(id), objects));
+        }
+        self.objects = kept;
+        all
+    }
+}
+
+/// An object's content as decoded, without the locations (`Span { … }` in its `Debug`):
+/// the same object written elsewhere in its file has the same print.
+fn print_of(o: &impl std::fmt::Debug) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    const SPAN: &str = "Span { file: FileId(";
+    let text = format!("{o:?}");
+    let mut h = DefaultHasher::new();
+    let mut rest = text.as_str();
+    while let Some(i) = rest.find(SPAN) {
+        h.write(&rest.as_bytes()[..i]);
+        rest = rest[i..].split_once('}').map_or("", |(_, after)| after);
+    }
+    h.write(rest.as_bytes());
+    h.finish()
 }
 
 impl svc_node::agent::Source for Watched<'_> {
@@ -101,7 +196,7 @@ impl svc_node::agent::Source for Watched<'_> {
     }
 
     fn parsed(&mut self) -> (usize, usize) {
-        (self.cache.take_parsed(), self.cache.files())
+        (self.cache.read.take_parsed(), self.cache.read.files())
     }
 }
 
@@ -207,17 +302,21 @@ pub(crate) fn manifests<'a>(
     target: &'a TargetArgs,
     nodes: &'a Nodes,
     keyed: bool,
-    cache: Option<&'a mut svc_compiler::ReadCache>,
+    cache: Option<&'a mut AgentCache>,
 ) -> Result<Input<'a>, Fail> {
     let mut times = Times::default();
     times.mark("");
-    let read = read_all(opts, Some(target))?;
+    let mut cache = cache;
+    let read = read_all(opts, Some(target), cache.as_mut().map(|c| &mut c.files))?;
+    if let Some(c) = cache.as_mut() {
+        c.files.sweep();
+    }
     times.mark("read the inputs");
     Ok(Input::Manifests {
         key: keyed.then(|| inputs_key(&read.sources)),
         times,
         compile: Box::new(move |times: &mut Times| {
-            let mut compiled = compile_read(read, cache);
+            let mut compiled = compile_read(read, cache.as_mut().map(|c| &mut c.read));
             let mut diags = std::mem::take(&mut compiled.comp.diags);
             let mut views = Vec::new();
             if !diags.has_errors() {
@@ -235,8 +334,14 @@ pub(crate) fn manifests<'a>(
             times.mark("parse, passes and node views");
             let locked_ids = std::mem::take(&mut compiled.comp.lock.ebpf);
             let node = nodes.node.clone().unwrap_or_default();
-            let node_known = compiled.comp.module.nodes.iter().any(|n| n.name == node);
+            let node_eligible = svc_targets::health::node_eligible(
+                compiled.comp.module.nodes.iter().find(|n| n.name == node),
+            );
             let params = compiled.params;
+            let objects = match cache {
+                Some(c) => c.objects(&compiled.sources, &compiled.comp.objects),
+                None => Vec::new(),
+            };
             // Only the views are rendered: what the compile built besides them is freed
             // first, and the renderer writes into that memory instead of new pages (apply
             // keeps freed memory, see `alloc`; 10k services: ~90 MB less at the peak).
@@ -248,7 +353,8 @@ pub(crate) fn manifests<'a>(
                 node,
                 quiet: diags.items.is_empty(),
                 locked_ids,
-                node_known,
+                node_eligible,
+                objects,
             }))
         }),
     })

@@ -240,3 +240,119 @@ fn the_agents_cached_compile_is_a_fresh_compile_at_every_step() {
     );
     assert!(parsed_again > 12 * 10, "{parsed_again} parsed again");
 }
+
+/// The agent's file cache ([`svc_node::agent::files::FileCache`], what a sync reads its
+/// inputs through) gives every file's current bytes at every step of random edits made as
+/// fast as they come: same-size rewrites in place (also with the modification time set
+/// back), renames over the file with the same or other bytes, appends; and, after the
+/// files have been quiet for longer than [`svc_node::agent::files::RACY`], unchanged files
+/// are not read again. Once with the kernel's file times, once with them cut to the
+/// second (a file system with coarse times: most edits then fall in the tick of the read
+/// before, and only the racy rule tells them).
+#[test]
+fn the_agents_file_cache_never_serves_stale_bytes() {
+    for coarse in [false, true] {
+        file_cache_case(coarse);
+    }
+}
+
+fn file_cache_case(coarse: bool) {
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    use svc_node::agent::files::{now_ns, FileCache, Looked, Stat, RACY};
+    let dir = crate::support::TempDir::new(&format!("file-cache-{coarse}"));
+    let paths: Vec<std::path::PathBuf> = (0..4)
+        .map(|i| dir.path().join(format!("f{i}.yaml")))
+        .collect();
+    // What a sync does: the cache's text, or the file read and kept.
+    let sync = |cache: &mut FileCache, step: &str| {
+        for p in &paths {
+            let read = now_ns();
+            let mut stat = Stat::of(&std::fs::metadata(p).unwrap());
+            if coarse {
+                let second = 1_000_000_000;
+                stat.mtime -= stat.mtime.rem_euclid(second);
+                stat.ctime -= stat.ctime.rem_euclid(second);
+            }
+            let text = match cache.look_at(p, stat, read) {
+                Looked::Same(text, print) => {
+                    assert_eq!(print, svc_compiler::source::fingerprint(&text));
+                    text.to_string()
+                }
+                Looked::Read(stamp) => {
+                    let text = std::fs::read_to_string(p).unwrap();
+                    let print = svc_compiler::source::fingerprint(&text);
+                    cache.keep(p, stamp, std::sync::Arc::new(text.clone()), print);
+                    text
+                }
+            };
+            assert_eq!(
+                text,
+                std::fs::read_to_string(p).unwrap(),
+                "{step}: {} served stale",
+                p.display()
+            );
+        }
+        cache.sweep()
+    };
+    let what = if coarse {
+        "coarse times"
+    } else {
+        "the kernel's times"
+    };
+    let mut rng = Rng::new(7);
+    let mut cache = FileCache::default();
+    for (i, p) in paths.iter().enumerate() {
+        std::fs::write(p, format!("kind: Service # {i} 0000\n")).unwrap();
+    }
+    let mut edits = 0;
+    for round in 0..2 {
+        for step in 0..200 {
+            let what = format!("{what}: round {round} step {step}");
+            let p = rng.pick(&paths).clone();
+            let old = std::fs::read(&p).unwrap();
+            // The same length, other bytes: the counter at the end of the line.
+            let mut same_size = old.clone();
+            let n = same_size.len();
+            same_size[n - 5..n - 1].copy_from_slice(format!("{:04}", step % 10_000).as_bytes());
+            match rng.index(6) {
+                0 => {
+                    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+                    f.write_all_at(&same_size, 0).unwrap();
+                }
+                1 => {
+                    let before = std::fs::metadata(&p).unwrap();
+                    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+                    f.write_all_at(&same_size, 0).unwrap();
+                    // `touch -d`: the modification time as it was.
+                    f.set_modified(before.modified().unwrap()).unwrap();
+                }
+                2 => {
+                    let tmp = p.with_extension("tmp");
+                    std::fs::write(&tmp, &same_size).unwrap();
+                    std::fs::rename(&tmp, &p).unwrap();
+                }
+                3 => {
+                    let tmp = p.with_extension("tmp");
+                    std::fs::write(&tmp, &old).unwrap();
+                    std::fs::rename(&tmp, &p).unwrap();
+                }
+                4 => {
+                    let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+                    f.write_all(b"# 0000\n").unwrap();
+                }
+                _ => {}
+            }
+            edits += 1;
+            sync(&mut cache, &what);
+        }
+        // Quiet for longer than RACY: the files settle, and are then taken from the cache.
+        std::thread::sleep(RACY + std::time::Duration::from_millis(100));
+        sync(&mut cache, &format!("{what}: round {round}: settling"));
+        assert_eq!(
+            sync(&mut cache, &format!("{what}: round {round}: settled")),
+            0
+        );
+    }
+    assert!(edits > 0);
+}

@@ -748,6 +748,12 @@ pub struct Node {
     pub labels: BTreeMap<String, String>,
     #[serde(rename = "podCIDRs")]
     pub pod_cidrs: Vec<Cidr>,
+    /// `metadata.deletionTimestamp` is set: the node is being deleted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
+    /// `spec.taints[].key`, as written.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
 }
 
 impl Node {

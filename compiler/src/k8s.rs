@@ -152,6 +152,8 @@ pub struct NodeObj {
     pub pod_cidrs: Vec<Sp<String>>,
     /// (type, address)
     pub addresses: Vec<(String, Sp<String>)>,
+    /// `spec.taints[].key`, in order.
+    pub taints: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -1059,6 +1061,7 @@ fn node(root: &Node, path: &Path, d: &mut Decoder) -> Option<NodeObj> {
     let meta = meta(root, path, "Node", d, false)?;
     let sp = path.key("spec");
     let mut pod_cidrs = Vec::new();
+    let mut taints = Vec::new();
     if let Some(s) = f.get("spec").and_then(|n| {
         d.map(
             n,
@@ -1078,6 +1081,18 @@ fn node(root: &Node, path: &Path, d: &mut Decoder) -> Option<NodeObj> {
         pod_cidrs = d.str_list(s.get("podCIDRs"), &sp.key("podCIDRs"));
         if pod_cidrs.is_empty() {
             pod_cidrs.extend(d.str_(s.get("podCIDR"), &sp.key("podCIDR")));
+        }
+        let tp = sp.key("taints");
+        for (i, t) in d.seq(s.get("taints"), &tp).iter().enumerate() {
+            let p = tp.index(i);
+            if let Some(tf) = d.map(
+                t,
+                &p,
+                "taint",
+                Some(&["key", "value", "effect", "timeAdded"]),
+            ) {
+                taints.extend(d.str_(tf.get("key"), &p.key("key")).map(|k| k.v));
+            }
         }
     }
     let mut addresses = Vec::new();
@@ -1104,6 +1119,7 @@ fn node(root: &Node, path: &Path, d: &mut Decoder) -> Option<NodeObj> {
         meta,
         pod_cidrs,
         addresses,
+        taints,
     })
 }
 

@@ -214,7 +214,7 @@ fn read_file(f: FileId, text: &str) -> (Objects, Diagnostics) {
 
 /// Each input file's parse result from the last [`compile_cached`], by name. An entry
 /// stands while the file has the same [`FileId`] (the spans in its objects name it) and
-/// the same bytes (compared by a 128-bit fingerprint and the length); files gone from the
+/// the same bytes (compared by [`source::fingerprint`] and the length); files gone from the
 /// inputs are forgotten, so the cache holds one result per input file.
 #[derive(Default)]
 pub struct ReadCache {
@@ -233,10 +233,8 @@ impl ReadCache {
     /// [`read`], parsing only the files not cached.
     fn read(&mut self, sources: &SourceMap, inputs: &[FileId]) -> (Objects, Diagnostics) {
         use rayon::prelude::*;
-        let prints: Vec<(u64, u64)> = inputs
-            .par_iter()
-            .map(|&f| fingerprint(&sources.file(f).text))
-            .collect();
+        // Files added with their fingerprint (the agent's) are not hashed again.
+        let prints: Vec<(u64, u64)> = inputs.par_iter().map(|&f| sources.print(f)).collect();
         let stale: Vec<(FileId, (u64, u64))> = inputs
             .iter()
             .zip(&prints)
@@ -288,18 +286,6 @@ impl ReadCache {
     pub fn take_parsed(&mut self) -> usize {
         std::mem::take(&mut self.parsed)
     }
-}
-
-/// Two differently seeded SipHash runs over `text`.
-fn fingerprint(text: &str) -> (u64, u64) {
-    use std::hash::{DefaultHasher, Hasher};
-    let run = |seed: u8| {
-        let mut h = DefaultHasher::new();
-        h.write_u8(seed);
-        h.write(text.as_bytes());
-        h.finish()
-    };
-    (run(1), run(2))
 }
 
 /// A file that holds `{{`, `${NAME` or `{NAME}` and does not parse, or has an error on a line with

@@ -10,7 +10,7 @@
 //! into SVC015 ([`SourceMap::add_bytes`] lives there).
 
 use serde::Serialize;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// Index into [`SourceMap::files`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -41,9 +41,27 @@ impl Span {
 #[derive(Clone, Debug)]
 pub struct SourceFile {
     pub name: String,
-    pub text: String,
+    /// Shared: the agent keeps each file's text between syncs and hands the same text to
+    /// every compile ([`SourceMap::add_shared`]).
+    pub text: Arc<String>,
+    /// [`fingerprint`] of the text; computed on the first [`SourceMap::print`], or given.
+    print: OnceLock<(u64, u64)>,
     /// Byte offset of the start of each line; built on the first [`SourceMap::line_text`].
     line_starts: OnceLock<Vec<usize>>,
+}
+
+/// A file's fingerprint: two differently seeded SipHash runs over its text (128 bits; a
+/// fingerprint, not a defence against someone crafting collisions in their own
+/// manifests). What the agent's caches and the apply's inputs key compare files by.
+pub fn fingerprint(text: &str) -> (u64, u64) {
+    use std::hash::{DefaultHasher, Hasher};
+    let run = |seed: u8| {
+        let mut h = DefaultHasher::new();
+        h.write_u8(seed);
+        h.write(text.as_bytes());
+        h.finish()
+    };
+    (run(1), run(2))
 }
 
 impl SourceFile {
@@ -89,10 +107,35 @@ impl SourceMap {
         }
         self.files.push(SourceFile {
             name: name.into(),
-            text,
+            text: Arc::new(text),
+            print: OnceLock::new(),
             line_starts: OnceLock::new(),
         });
         FileId(self.files.len() as u32 - 1)
+    }
+
+    /// Add a file whose text an earlier [`SourceMap::add_decoded`] of another map made,
+    /// with its [`fingerprint`]: shared, neither copied nor hashed again.
+    pub fn add_shared(
+        &mut self,
+        name: impl Into<String>,
+        text: Arc<String>,
+        print: (u64, u64),
+    ) -> FileId {
+        self.files.push(SourceFile {
+            name: name.into(),
+            text,
+            print: OnceLock::from(print),
+            line_starts: OnceLock::new(),
+        });
+        FileId(self.files.len() as u32 - 1)
+    }
+
+    /// The [`fingerprint`] of a file's text (computed once per map, or given to
+    /// [`SourceMap::add_shared`]).
+    pub fn print(&self, id: FileId) -> (u64, u64) {
+        let f = self.file(id);
+        *f.print.get_or_init(|| fingerprint(&f.text))
     }
 
     /// Add a file read as bytes. UTF-8 (a BOM is dropped) and UTF-16 with a BOM (as
@@ -227,7 +270,7 @@ mod tests {
     fn a_lone_carriage_return_is_a_line_break() {
         let mut m = SourceMap::default();
         let f = m.add("f", "a: 1\rb: 2\r\r\nc: 3\r");
-        assert_eq!(m.file(f).text, "a: 1\nb: 2\n\r\nc: 3\n");
+        assert_eq!(m.file(f).text.as_str(), "a: 1\nb: 2\n\r\nc: 3\n");
         assert_eq!(m.line_text(f, 2), Some("b: 2"));
         assert_eq!(m.line_text(f, 3), Some(""));
         assert_eq!(m.line_text(f, 4), Some("c: 3"));

@@ -86,6 +86,8 @@ pub fn node(name: &str, addrs: &[&str], zone: Option<&str>) -> Node {
         addresses: addrs.iter().map(|a| ip(a)).collect(),
         labels,
         pod_cidrs: vec![],
+        deleting: false,
+        taints: vec![],
     }
 }
 

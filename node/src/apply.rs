@@ -126,9 +126,13 @@ pub struct Compiled {
     pub quiet: bool,
     /// eBPF service and backend ids the `--lock` file holds, by (node, family).
     pub locked_ids: BTreeMap<(String, String), NodeIds>,
-    /// The inputs hold a Node manifest of that name (the agent's `/healthz` says whether
-    /// the node is eligible, as kube-proxy's does).
-    pub node_known: bool,
+    /// The node may take load-balancer traffic (`svc_targets::health::node_eligible`: its
+    /// Node manifest is among the inputs, not being deleted nor tainted for deletion); the
+    /// agent's `/healthz` says so, as kube-proxy's does.
+    pub node_eligible: bool,
+    /// The Services and EndpointSlices of the inputs, for the agent's change counters
+    /// (empty unless the caller was asked for them).
+    pub objects: Vec<crate::agent::changes::Object>,
 }
 
 /// The report's words for the fast path (tests look for them).
@@ -653,6 +657,7 @@ impl Ctx<'_> {
     ) -> Result<Option<Option<Generation>>, Fail> {
         let start = Instant::now();
         let mut times = Times::default();
+        times.family = Some(family);
         let cmds = self.planner.commands(family);
         let dir = self.dir(family);
         let ext = self.target.ext;
@@ -780,7 +785,7 @@ impl Ctx<'_> {
                             decide::Fingerprint::Untaken
                         }
                     };
-                    times.mark("fingerprint the node");
+                    times.kernel("fingerprint the node");
                     Seen::Fingerprint(f)
                 }
                 Step::RecordGeneration(g) => {
@@ -791,7 +796,7 @@ impl Ctx<'_> {
                 }
                 Step::ReadNode => {
                     kernel = Some(self.read_node(&cmds)?);
-                    times.mark("read the node");
+                    times.kernel("read the node");
                     Seen::Done
                 }
                 Step::Prepare(from) => {
@@ -818,7 +823,7 @@ impl Ctx<'_> {
                         Some(p) => {
                             prep =
                                 Some(p.map_err(|e| Fail(format!("cannot apply {source}: {e}")))?);
-                            times.mark("plan");
+                            times.plan("plan");
                             Seen::Prepared(true)
                         }
                     }
@@ -828,7 +833,7 @@ impl Ctx<'_> {
                     Seen::Direct(match self.load_direct(p, kernel.as_deref(), &cmds, &dir)? {
                         DirectLoad::Skipped => decide::Direct::Skipped,
                         DirectLoad::Done(done, path, g, digest) => {
-                            times.mark(match digest {
+                            times.kernel(match digest {
                                 Some(_) => "load and fingerprint",
                                 None => "load and read back",
                             });
@@ -839,7 +844,7 @@ impl Ctx<'_> {
                             decide::Direct::Done { at: g, plan: facts }
                         }
                         DirectLoad::Reread(after) => {
-                            times.mark("load and read back");
+                            times.kernel("load and read back");
                             kernel = Some(after);
                             decide::Direct::Reread
                         }
@@ -856,10 +861,10 @@ impl Ctx<'_> {
                     let canonical = self
                         .scratch(p, &cmds, ext, source)
                         .map_err(|f| Fail(format!("{}{}", f.0, unrecorded(decider.reread()))))?;
-                    times.mark("scratch namespace");
+                    times.kernel("scratch namespace");
                     let new = plan::plan(p, &canonical)
                         .map_err(|e| Fail(format!("cannot plan {what}: {e}")))?;
-                    times.mark("plan step two");
+                    times.plan("plan step two");
                     let facts = self.planned(&new);
                     plan = Some(new);
                     load_path = None;
@@ -885,7 +890,7 @@ impl Ctx<'_> {
                     gone_before = match (&p.touched, gone) {
                         (Some(t), true) => {
                             let gone = self.gone_elements(family, t);
-                            times.mark("read what goes");
+                            times.kernel("read what goes");
                             gone
                         }
                         _ => nftdigest::Gone::new(),
@@ -896,12 +901,12 @@ impl Ctx<'_> {
                     let (argv, out) = if step == Step::Check {
                         let argv = self.on_node(cmds.check.clone(), load_path.as_deref());
                         let out = run_captured(&argv)?;
-                        times.mark("check on the node");
+                        times.kernel("check on the node");
                         (argv, out)
                     } else {
                         let argv = self.on_node(cmds.load.clone(), load_path.as_deref());
                         let out = run_loader(&argv, self.lock.as_ref(), &dir.load_log())?;
-                        times.mark("load");
+                        times.kernel("load");
                         (argv, out)
                     };
                     if !out.ok {
@@ -955,7 +960,7 @@ impl Ctx<'_> {
                             self.fingerprint(family, at.as_ref(), reuse)
                         }
                     };
-                    times.mark("fingerprint the node");
+                    times.kernel("fingerprint the node");
                     if let Some(n) = digest_now.as_ref().map(|d| d.keyed).filter(|n| *n > 0) {
                         times
                             .notes
@@ -969,7 +974,7 @@ impl Ctx<'_> {
                         (true, Some(k)) => (gen_start.clone(), k),
                         _ => (nfgen::generation(netns), self.read_node(&cmds)?),
                     };
-                    times.mark("read back");
+                    times.kernel("read back");
                     let read = p
                         .owned(&after)
                         .map_err(|e| Fail(format!("{what}: cannot read the node back: {e}")))?;
@@ -982,7 +987,7 @@ impl Ctx<'_> {
                 Step::Record { at, rewrite } => {
                     let p = plan.as_ref().expect("planned");
                     let owned = owned.as_deref().unwrap_or(&p.expected);
-                    times.mark("compare");
+                    times.plan("compare");
                     let same_doc = applied_doc.as_deref() == Some(doc);
                     let header = match &applied_header {
                         Some(h) if same_doc => h.clone(),
@@ -1063,7 +1068,7 @@ impl Ctx<'_> {
                         start.elapsed().as_millis(),
                         by_words(by)
                     );
-                    times.mark("compare with the record");
+                    times.plan("compare with the record");
                     times.notes.insert(0, Mode::Unchanged.to_string());
                     times.print(&what);
                     return Ok(Some(at));
@@ -1082,6 +1087,9 @@ impl Ctx<'_> {
                     }
                     let p = plan.as_ref().expect("planned");
                     let verified = start.elapsed().as_millis();
+                    // The recorded document loaded again: what someone else changed in
+                    // our rules was put back.
+                    times.repaired = loaded && applied_doc.as_deref() == Some(doc);
                     let cleaned = match cleanup {
                         Some(spec) if loaded && !self.args.dry_run => {
                             self.clean_conntrack(&what, spec, &mut times)
@@ -1133,10 +1141,13 @@ impl Ctx<'_> {
     /// words the report line ends with when entries were deleted. A failure is a warning:
     /// the load stands.
     fn clean_conntrack(&self, what: &str, spec: &Spec, times: &mut Times) -> String {
+        let start = Instant::now();
         let cleaned = conntrack::clean(self.args.netns.as_deref(), spec);
-        times.mark("conntrack cleanup");
+        times.kernel("conntrack cleanup");
+        let took = start.elapsed();
         match cleaned {
             Ok(c) => {
+                times.conntrack = Some((took, c.deleted as u64));
                 if let Some((n, e)) = c.failed {
                     eprintln!(
                         "svc-compile: warning: {what}: {n} stale UDP conntrack {} could not be deleted ({e}); clients may keep reaching an old endpoint until {} out (`conntrack -D -p udp` deletes them)",
@@ -1513,8 +1524,10 @@ const NOT_COMPILED: &str = "the inputs are the last apply's: not compiled";
 
 /// The fingerprint of what decides an apply's documents: this executable (its size,
 /// modification time and inode: a rebuilt or upgraded binary may compile differently), the
-/// command line, and every file the compile reads, by name and bytes. 128 bits from two
-/// differently prefixed SipHash runs (a few ms for 20 MB); a fingerprint, not a defence
+/// command line, and every file the compile reads, by name, length and
+/// [`svc_compiler::source::fingerprint`] (each file's, computed once per source map or
+/// given with it: the agent's files come with the fingerprint it keeps by their `stat`).
+/// 128 bits from two differently prefixed SipHash runs; a fingerprint, not a defence
 /// against someone crafting collisions in their own manifests.
 pub fn inputs_key(sources: &SourceMap) -> String {
     use std::hash::{DefaultHasher, Hasher};
@@ -1531,11 +1544,13 @@ pub fn inputs_key(sources: &SourceMap) -> String {
             h.write(a.as_bytes());
             h.write_u8(0);
         }
-        for f in &sources.files {
+        for (i, f) in sources.files.iter().enumerate() {
+            let (a, b) = sources.print(svc_compiler::source::FileId(i as u32));
             h.write(f.name.as_bytes());
             h.write_u8(0);
             h.write_usize(f.text.len());
-            h.write(f.text.as_bytes());
+            h.write_u64(a);
+            h.write_u64(b);
         }
         h.finish()
     };

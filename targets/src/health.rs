@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use svc_compiler::ir::{NodePortAddresses, NodeView};
+use svc_compiler::ir::{Node, NodePortAddresses, NodeView};
 use svc_compiler::net::IpFamily;
 
 /// One service's health-check server on a node.
@@ -81,6 +81,17 @@ pub fn health_checks<'a>(views: impl IntoIterator<Item = &'a NodeView>) -> Vec<H
         .collect()
 }
 
+/// The Cluster Autoscaler's taint on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Whether the node may take load-balancer traffic, as kube-proxy's `/healthz` says
+/// (`proxy_health.go`, `NodeEligible`): a Node manifest of that name (kube-proxy waits for
+/// its Node before it serves), not being deleted (`deletionTimestamp`), and no taint with
+/// the key [`TO_BE_DELETED_TAINT`], whatever its value or effect. `/livez` does not ask.
+pub fn node_eligible(node: Option<&Node>) -> bool {
+    node.is_some_and(|n| !n.deleting && !n.taints.iter().any(|t| t == TO_BE_DELETED_TAINT))
+}
+
 /// The address that stands for all of a family's.
 pub fn unspecified(family: IpFamily) -> IpAddr {
     match family {
@@ -128,6 +139,32 @@ mod tests {
         let v4 = t::view(m, "node-1", IpFamily::IPv4);
         let v6 = t::view(m, "node-1", IpFamily::IPv6);
         health_checks([&v4, &v6])
+    }
+
+    #[test]
+    fn a_node_being_deleted_or_tainted_for_deletion_is_not_eligible() {
+        let node = t::node("n1", &["10.0.0.1"], None);
+        assert!(node_eligible(Some(&node)));
+        assert!(!node_eligible(None));
+        let deleting = Node {
+            deleting: true,
+            ..node.clone()
+        };
+        assert!(!node_eligible(Some(&deleting)));
+        let tainted = |keys: &[&str]| Node {
+            taints: keys.iter().map(|k| k.to_string()).collect(),
+            ..node.clone()
+        };
+        assert!(!node_eligible(Some(&tainted(&[
+            "node.kubernetes.io/unschedulable",
+            "ToBeDeletedByClusterAutoscaler"
+        ]))));
+        // Other taints, and the key's other spellings, leave it eligible.
+        assert!(node_eligible(Some(&tainted(&[
+            "node.kubernetes.io/unschedulable",
+            "DeletionCandidateOfClusterAutoscaler",
+            "tobedeletedbyclusterautoscaler"
+        ]))));
     }
 
     #[test]

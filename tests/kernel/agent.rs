@@ -701,3 +701,322 @@ fn the_agent_serves_health_checks_healthz_and_metrics() {
         );
     });
 }
+
+/// `/healthz` follows the node's Node manifest as kube-proxy's follows the Node object:
+/// 503 with `nodeEligible: false` while node-1 is tainted `ToBeDeletedByClusterAutoscaler`
+/// or has a `deletionTimestamp`, 200 again when neither; `/livez` stays 200 throughout.
+#[test]
+fn healthz_says_a_node_being_deleted_is_not_eligible() {
+    use super::serve::get;
+    for_each_target("kernel agent: healthz and the Node", |target| {
+        let lab = Lab::new(&format!("agh{}", &target[..3]), &LabSpec::default()).expect("lab");
+        let (dir, state, logs) = (
+            TempDir::new("agent-in"),
+            TempDir::new("agent-state"),
+            TempDir::new("agent-log"),
+        );
+        inputs(dir.path(), &manifests(V1_API, CHAT));
+        let nodes_yaml = dir.path().join("nodes.yaml");
+        let nodes = std::fs::read_to_string(&nodes_yaml).unwrap();
+        let node_1 = "metadata:\n  name: node-1\n";
+        assert!(nodes.contains(node_1));
+        let agent = Agent::started(
+            &lab,
+            target,
+            (&dir, &state, &logs),
+            &["--sync-period", "1h"],
+        );
+        let healthz = SocketAddr::new("192.0.2.10".parse().unwrap(), 10256);
+        let check = |when: &str, eligible: bool| {
+            let g = get(&lab, "client1", healthz, "/healthz");
+            assert_eq!(
+                (
+                    g.status,
+                    g.body.contains(&format!("\"nodeEligible\":{eligible}"))
+                ),
+                (if eligible { 200 } else { 503 }, true),
+                "[{target}] /healthz {when}: {}",
+                g.body
+            );
+            let l = get(&lab, "client1", healthz, "/livez");
+            assert_eq!(l.status, 200, "[{target}] /livez {when}: {}", l.body);
+        };
+        check("at start", true);
+        // node-1's spec comes first in the file.
+        let spec_1 = "spec:\n  podCIDRs: [10.244.1.0/24]\n";
+        let taints = |list: &str| nodes.replacen(spec_1, &format!("{spec_1}  taints:\n{list}"), 1);
+        for (when, text, eligible) in [
+            (
+                "tainted for deletion",
+                taints(
+                    "  - {key: node.kubernetes.io/unschedulable, effect: NoSchedule}\n  \
+                     - {key: ToBeDeletedByClusterAutoscaler, value: \"1767225600\", effect: NoSchedule}\n",
+                ),
+                false,
+            ),
+            (
+                "tainted otherwise",
+                taints("  - {key: DeletionCandidateOfClusterAutoscaler, value: \"1767225600\", effect: PreferNoSchedule}\n"),
+                true,
+            ),
+            (
+                "being deleted",
+                nodes.replacen(
+                    node_1,
+                    &format!("{node_1}  deletionTimestamp: \"2026-01-01T00:00:00Z\"\n"),
+                    1,
+                ),
+                false,
+            ),
+            ("as before", nodes.clone(), true),
+        ] {
+            assert!(
+                when == "as before" || text != nodes,
+                "[{target}] {when}: the edit missed"
+            );
+            let before = agent.syncs().len();
+            replace(&nodes_yaml, &text);
+            let s = wait_for(&agent, before, |_| true);
+            assert_eq!(result(&s), "applied", "[{target}] {when}: {}", agent.said());
+            check(when, eligible);
+        }
+    });
+}
+
+/// The agent's metrics move as kube-proxy's would over a series of real changes, checked
+/// with exact counts after each: a Service or EndpointSlice added, changed or removed is
+/// one change (an edit that moves objects in their file without changing them is none);
+/// a changed slice's `last-change-trigger-time` starts its network programming latency,
+/// observed once at the end of the sync that programs it (a trigger time before the
+/// agent's start, or a removed slice, is not); the compile, plan and kernel histograms
+/// count each compile and each family's apply; manifests with errors count a rejected
+/// sync and nothing else; a foreign write mended counts one drift repair. The exposition
+/// stays clean under `promtool check metrics`.
+#[test]
+fn the_agent_metrics_count_changes_latencies_rejections_and_repairs() {
+    use super::serve::get;
+    for_each_target("kernel agent: metrics", |target| {
+        let lab = Lab::new(&format!("agm{}", &target[..3]), &LabSpec::default()).expect("lab");
+        let (dir, state, logs) = (
+            TempDir::new("agent-in"),
+            TempDir::new("agent-state"),
+            TempDir::new("agent-log"),
+        );
+        let rfc3339 = |t: std::time::SystemTime| {
+            let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
+            let out = Command::new("date")
+                .args([
+                    "-u",
+                    "-d",
+                    &format!("@{}.{:09}", d.as_secs(), d.subsec_nanos()),
+                    "+%Y-%m-%dT%H:%M:%S.%NZ",
+                ])
+                .output()
+                .unwrap();
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        // Written before the agent starts.
+        let t0 = rfc3339(std::time::SystemTime::now());
+        // `web` and `db`, each with one slice; the comment, web's endpoint and trigger
+        // time, db's port and whether db's slice is there vary (db's slice says `t0`).
+        let manifests = |comment: &str,
+                         web_ep: &str,
+                         trigger: &str,
+                         db_port: u16,
+                         db_slice: bool| {
+            let service = |name: &str, ip: &str, port: u16| {
+                format!(
+                    "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\n\
+                     spec:\n  clusterIP: {ip}\n  ports:\n  - {{port: {port}, targetPort: 8080}}\n---\n"
+                )
+            };
+            let slice = |name: &str, svc: &str, ep: &str, trigger: &str| {
+                format!(
+                    "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                     metadata:\n  name: {name}\n  namespace: shop\n  labels: {{kubernetes.io/service-name: {svc}}}\n  \
+                     annotations: {{endpoints.kubernetes.io/last-change-trigger-time: \"{trigger}\"}}\n\
+                     addressType: IPv4\nports:\n- {{port: 8080, protocol: TCP}}\n\
+                     endpoints:\n- {{addresses: [{ep}], nodeName: node-1}}\n---\n"
+                )
+            };
+            let mut text = comment.to_string();
+            text += &service("web", "10.96.0.40", 80);
+            text += &slice("web-1", "web", web_ep, trigger);
+            text += &service("db", "10.96.0.41", db_port);
+            if db_slice {
+                text += &slice("db-1", "db", "10.244.1.3", &t0);
+            }
+            text
+        };
+        inputs(dir.path(), &manifests("", "10.244.1.2", &t0, 5432, true));
+        let svc_yaml = dir.path().join("svc.yaml");
+        let mut agent = Agent::started(
+            &lab,
+            target,
+            (&dir, &state, &logs),
+            &["--sync-period", "1h"],
+        );
+        let scrape = || {
+            let m = get(&lab, "node", "127.0.0.1:10249".parse().unwrap(), "/metrics");
+            assert_eq!(m.status, 200, "[{target}] {}", m.body);
+            m.body
+        };
+        let value = |body: &str, key: &str| -> f64 {
+            body.lines()
+                .find_map(|l| {
+                    let (k, v) = l.rsplit_once(' ')?;
+                    (k == key).then(|| v.parse::<f64>().unwrap())
+                })
+                .unwrap_or(0.0)
+        };
+        const V4: &str = "{ip_family=\"IPv4\"}";
+        let keys = [
+            "kubeproxy_sync_proxy_rules_service_changes_total".to_string(),
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total".to_string(),
+            format!("kubeproxy_network_programming_duration_seconds_count{V4}"),
+            "svc_compile_agent_compile_duration_seconds_count".to_string(),
+            format!("svc_compile_agent_plan_duration_seconds_count{V4}"),
+            format!("svc_compile_agent_kernel_duration_seconds_count{V4}"),
+            "svc_compile_agent_rejected_syncs_total".to_string(),
+            format!("svc_compile_agent_drift_repairs_total{V4}"),
+        ];
+        // [service changes, endpoint changes, latencies, compiles, plans, kernels,
+        // rejected, repairs]
+        let expect = |when: &str, want: [u32; 8]| {
+            let body = scrape();
+            let got: Vec<f64> = keys.iter().map(|k| value(&body, k)).collect();
+            let want: Vec<f64> = want.iter().map(|&w| f64::from(w)).collect();
+            assert_eq!(
+                got,
+                want,
+                "[{target}] {when}: {keys:?}\n{body}\n{}",
+                agent.said()
+            );
+            body
+        };
+        let edit = |agent: &Agent, text: &str, when: &str, applied: bool| {
+            let before = agent.syncs().len();
+            replace(&svc_yaml, text);
+            let s = wait_for(agent, before, |_| true);
+            let want = if applied { "applied" } else { "rejected" };
+            assert_eq!(result(&s), want, "[{target}] {when}: {}", agent.said());
+        };
+        // Everything is added at the start; the trigger time is older than the agent.
+        expect("at start", [2, 2, 0, 1, 1, 1, 0, 0]);
+
+        // web's endpoint moves; its slice says the change was triggered 1.5 s ago (after
+        // the agent started: it started more than 2 s ago).
+        thread::sleep(Duration::from_secs(2));
+        let trigger = std::time::SystemTime::now() - Duration::from_millis(1500);
+        let trigger = rfc3339(trigger);
+        let v2 = manifests("", "10.244.1.4", &trigger, 5432, true);
+        edit(&agent, &v2, "an endpoint moved", true);
+        let body = expect("an endpoint moved", [2, 3, 1, 2, 2, 2, 0, 0]);
+        let npd = "kubeproxy_network_programming_duration_seconds";
+        let sum = value(&body, &format!("{npd}_sum{V4}"));
+        assert!(
+            (1.5..1.5 + WAIT.as_secs_f64()).contains(&sum),
+            "[{target}] latency {sum} s, not from the trigger time"
+        );
+        let le = |b: &str| {
+            value(
+                &body,
+                &format!("{npd}_bucket{{ip_family=\"IPv4\",le=\"{b}\"}}"),
+            )
+        };
+        assert_eq!((le("1"), le("+Inf")), (0.0, 1.0), "[{target}] {body}");
+
+        // A comment above everything moves every object in the file: no change.
+        edit(
+            &agent,
+            &format!("# moved down a line\n{v2}"),
+            "a comment",
+            true,
+        );
+        expect("a comment", [2, 3, 1, 3, 3, 3, 0, 0]);
+
+        // db's port: one Service change.
+        let v4 = manifests("", "10.244.1.4", &trigger, 5433, true);
+        edit(&agent, &v4, "a port", true);
+        expect("a port", [3, 3, 1, 4, 4, 4, 0, 0]);
+
+        // Errors: rejected, compiled, nothing else.
+        edit(&agent, &format!("{v4}kind: [\n"), "errors", false);
+        expect("errors", [3, 3, 1, 5, 4, 4, 1, 0]);
+
+        // db's slice removed (counted from the last applied sync): a change, no latency.
+        let v6 = manifests("", "10.244.1.4", &trigger, 5433, false);
+        edit(&agent, &v6, "a slice removed", true);
+        expect("a slice removed", [3, 4, 1, 6, 5, 5, 1, 0]);
+
+        // One sync sees db's port changed and another file broken (held open for writing
+        // while svc.yaml is replaced): rejected. Once the broken file is gone, the port
+        // change is counted, though svc.yaml was parsed by the rejected sync already.
+        // Named to sort after svc.yaml: removing it moves no other file's id.
+        let extra = dir.path().join("zz-broken.yaml");
+        let mut broken = std::fs::File::create(&extra).unwrap();
+        let before = agent.syncs().len();
+        replace(
+            &svc_yaml,
+            &manifests("", "10.244.1.4", &trigger, 5434, false),
+        );
+        thread::sleep(Duration::from_millis(50));
+        broken.write_all(b"kind: [\n").unwrap();
+        drop(broken);
+        assert_eq!(
+            result(&wait_for(&agent, before, |_| true)),
+            "rejected",
+            "[{target}] {}",
+            agent.said()
+        );
+        expect("a change beside errors", [3, 4, 1, 7, 5, 5, 2, 0]);
+        let before = agent.syncs().len();
+        std::fs::remove_file(&extra).unwrap();
+        assert_eq!(result(&wait_for(&agent, before, |_| true)), "applied");
+        expect("the errors gone", [4, 4, 1, 8, 6, 6, 2, 0]);
+
+        // Someone flushes our rules; SIGHUP's sync finds and mends it.
+        let good = owned(&lab, target);
+        match target {
+            "iptables" => exec(&lab, "iptables", &["-t", "nat", "-F", "KUBE-SERVICES"]),
+            _ => exec(
+                &lab,
+                "nft",
+                &["flush", "chain", "ip", "kube-proxy", "services"],
+            ),
+        };
+        assert_ne!(
+            owned(&lab, target),
+            good,
+            "[{target}] the foreign write did nothing"
+        );
+        let before = agent.syncs().len();
+        agent.signal(libc::SIGHUP);
+        assert_eq!(result(&wait_for(&agent, before, |_| true)), "applied");
+        assert_eq!(owned(&lab, target), good, "[{target}] not mended");
+        let body = expect("a foreign write mended", [4, 4, 1, 9, 7, 7, 2, 1]);
+
+        let mut promtool = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("promtool (Debian package prometheus; .ci/run installs it)");
+        promtool
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.as_bytes())
+            .unwrap();
+        let out = promtool.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "[{target}] promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        agent.signal(libc::SIGTERM);
+        assert_eq!(agent.exit(), 0);
+    });
+}

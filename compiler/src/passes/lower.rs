@@ -191,6 +191,8 @@ pub fn lower(
                     .iter()
                     .filter_map(|c| c.v.parse().ok())
                     .collect(),
+                deleting: n.meta.deletion_timestamp,
+                taints: n.taints.clone(),
             }
         })
         .collect();

@@ -15,16 +15,20 @@
 //! Architecture Invariant: the agent decides nothing `apply` decides; it chooses when to
 //! sync and reports what each sync did.
 
+pub mod changes;
+pub mod files;
 pub mod watch;
 
 use crate::apply::{self, Compile, Input};
 use crate::serve::{self, HealthCheck, Servers};
 use crate::times::Times;
 use crate::Fail;
+use changes::{Object, Tracker};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 use svc_compiler::net::IpFamily;
+use svc_targets::plan::Family;
 use svc_targets::{Params, Target};
 use watch::{Batch, Wake, Watch};
 
@@ -136,6 +140,7 @@ pub fn run(
         servers,
         families: vec![IpFamily::IPv4],
         checks: None,
+        tracker: Tracker::new(SystemTime::now()),
     };
     agent.log_line("started", &[("target", target.name.to_string())]);
     agent.sync(source, Reason::Start);
@@ -190,14 +195,22 @@ struct Agent<'a> {
     families: Vec<IpFamily>,
     /// The health checks being served (`None`: no compile yet).
     checks: Option<Vec<HealthCheck>>,
+    /// The objects of the last applied sync, for the change counters.
+    tracker: Tracker,
 }
 
-/// What a sync's compile showed, for the servers.
+/// What a sync's compile showed, for the servers and the metrics.
 struct Seen {
+    compile_secs: f64,
+    /// `None`: the manifests have errors.
+    views: Option<Views>,
+}
+
+struct Views {
     checks: Vec<HealthCheck>,
     families: Vec<IpFamily>,
-    node_known: bool,
-    compile_secs: f64,
+    node_eligible: bool,
+    objects: Vec<Object>,
 }
 
 impl Agent<'_> {
@@ -223,18 +236,47 @@ impl Agent<'_> {
             }
         };
         let secs = start.elapsed().as_secs_f64();
+        let ended = SystemTime::now();
         let metrics = self.servers.metrics();
-        if let Some(s) = &seen {
-            metrics.observe_compile(s.compile_secs);
+        let kept = crate::times::take_kept();
+        for k in &kept {
+            let Some(f) = k.family.map(ip_family) else {
+                continue;
+            };
+            metrics.observe_plan(f, k.plan.as_secs_f64());
+            metrics.observe_kernel(f, k.kernel.as_secs_f64());
+            if k.repaired {
+                metrics.drift_repaired(f);
+            }
+            if let Some((took, deleted)) = k.conntrack {
+                metrics.conntrack_reconciled(f, took.as_secs_f64(), deleted);
+            }
         }
-        match (&result, seen) {
-            (Synced::Applied, Some(s)) => {
-                self.families = s.families;
-                self.servers.set_node_eligible(s.node_known);
-                for (service, e) in self.servers.set_health_checks(s.checks.clone()) {
+        let mut views = None;
+        if let Some(s) = seen {
+            metrics.observe_compile(s.compile_secs);
+            views = s.views;
+        }
+        match (&result, views) {
+            (Synced::Applied, Some(v)) => {
+                self.families = v.families;
+                // The sync that programs a change: counted, and its latency measured, now.
+                let changes = self.tracker.changes(&v.objects, &self.families);
+                self.tracker.applied(&v.objects);
+                metrics.service_changes(changes.services);
+                metrics.endpoint_changes(changes.slices);
+                for (family, trigger) in changes.triggers {
+                    let latency = match ended.duration_since(trigger) {
+                        Ok(d) => d.as_secs_f64(),
+                        Err(e) => -e.duration().as_secs_f64(),
+                    };
+                    metrics.observe_network_programming(family, latency);
+                }
+                self.servers.set_node_eligible(v.node_eligible);
+                for (service, e) in self.servers.set_health_checks(v.checks.clone()) {
                     self.log_line("health-check", &[("service", service), ("error", e)]);
                 }
-                self.checks = Some(s.checks);
+                self.checks = Some(v.checks);
             }
             (Synced::Rejected, _) => metrics.sync_rejected(),
             _ => {}
@@ -272,8 +314,8 @@ impl Agent<'_> {
             }
         }
         fields.push(("parsed", format!("{parsed}/{files}")));
-        let phases = crate::times::take_kept();
-        if !phases.is_empty() {
+        if !kept.is_empty() {
+            let phases: Vec<&str> = kept.iter().map(|k| k.line.as_str()).collect();
             fields.push(("phases", phases.join("; ")));
         }
         fields.push(("ms", ms));
@@ -320,16 +362,28 @@ fn watch_compile<'a>(input: Input<'a>, force: bool, seen: &'a mut Option<Seen>) 
         times,
         compile: Box::new(move |t: &mut Times| -> Compile {
             let start = Instant::now();
-            let r = compile(t);
-            if let Ok(Ok(c)) = &r {
-                *seen = Some(Seen {
+            let mut r = compile(t);
+            let views = match &mut r {
+                Ok(Ok(c)) => Some(Views {
                     checks: svc_targets::health::health_checks(&c.views),
                     families: c.views.iter().map(|v| v.family).collect(),
-                    node_known: c.node_known,
-                    compile_secs: start.elapsed().as_secs_f64(),
-                });
-            }
+                    node_eligible: c.node_eligible,
+                    objects: std::mem::take(&mut c.objects),
+                }),
+                _ => None,
+            };
+            *seen = Some(Seen {
+                compile_secs: start.elapsed().as_secs_f64(),
+                views,
+            });
             r
         }),
+    }
+}
+
+fn ip_family(f: Family) -> IpFamily {
+    match f {
+        Family::V4 => IpFamily::IPv4,
+        Family::V6 => IpFamily::IPv6,
     }
 }

@@ -19,7 +19,8 @@ fn sync_buckets() -> Vec<f64> {
 }
 
 /// `network_programming_duration_seconds`' buckets: 0, then 0.25 and 0.5 s, 1 … 59 s by
-/// 1 s, 60 … 115 s by 5 s, 120 … 300 s by 30 s.
+/// 1 s, 60 … 115 s by 5 s, 120 … 300 s by 30 s (component-base's `MergeBuckets` starts its
+/// list with the 0).
 fn network_programming_buckets() -> Vec<f64> {
     let mut b = vec![0.0, 0.25, 0.5];
     b.extend((1..=59).map(f64::from));
@@ -158,7 +159,7 @@ impl Metrics {
         .with_label_values::<&str>(&[]);
         let plan = histogram(
             "svc_compile_agent_plan_duration_seconds",
-            "Time to render and plan one family's rules, in seconds".into(),
+            "Time to plan one family's rules (from the record or the node's read) and compare what was read back, in seconds".into(),
             sync_buckets(),
             family,
         );
@@ -170,7 +171,8 @@ impl Metrics {
         );
         let drift_repairs = counter(
             "svc_compile_agent_drift_repairs_total",
-            "Syncs that found the node's rules changed by someone else and wrote them again".into(),
+            "Syncs that found the node's rules changed by someone else and loaded them again"
+                .into(),
             family,
         );
         let rejected_syncs = counter(
@@ -233,20 +235,21 @@ impl Metrics {
         kind.with_label_values(&f).observe(seconds);
     }
 
-    /// From a change's trigger time (an input file's modification time) to its rules
-    /// being synced.
+    /// From a changed EndpointSlice's `endpoints.kubernetes.io/last-change-trigger-time`
+    /// to the end of the sync that programmed it (may be negative with a clock skew, as
+    /// kube-proxy's).
     pub fn observe_network_programming(&self, family: IpFamily, seconds: f64) {
         self.network_programming
             .with_label_values(&[family.as_str()])
             .observe(seconds);
     }
 
-    /// Endpoint (slice) changes seen in a sync.
+    /// EndpointSlices added, changed or removed, seen by a sync.
     pub fn endpoint_changes(&self, n: u64) {
         self.endpoint_changes.inc_by(n);
     }
 
-    /// Service changes seen in a sync.
+    /// Services added, changed or removed, seen by a sync.
     pub fn service_changes(&self, n: u64) {
         self.service_changes.inc_by(n);
     }
@@ -265,7 +268,7 @@ impl Metrics {
         self.compile.observe(seconds);
     }
 
-    /// Rendering and planning `family` took `seconds`.
+    /// Planning `family` took `seconds`.
     pub fn observe_plan(&self, family: IpFamily, seconds: f64) {
         self.plan
             .with_label_values(&[family.as_str()])
@@ -279,7 +282,8 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// A sync of `family` found drift and repaired it.
+    /// A sync of `family` found the rules the record says are loaded changed by someone
+    /// else, and loaded them again.
     pub fn drift_repaired(&self, family: IpFamily) {
         self.drift_repairs
             .with_label_values(&[family.as_str()])
