@@ -645,6 +645,18 @@ fn internal(view: &NodeView, p: &Packet, pv: &PortView, mode: Mode, t: &mut Trac
     forward(p, pv, set, masq, &why, mode, t);
 }
 
+/// loadBalancerSourceRanges on `p` (every proxy mode's rule): the step that says why it
+/// passes, or `None` when it is dropped (the mode says how).
+fn source_ranges_pass(pv: &PortView, p: &Packet) -> Option<String> {
+    match pv.source_ranges.iter().find(|c| c.contains(&p.src)) {
+        Some(c) => Some(format!("loadBalancerSourceRanges: source allowed by {c}")),
+        None if pv.source_ranges_include_node && p.src == p.dst => {
+            Some("loadBalancerSourceRanges: the node's own traffic to its LB IP".into())
+        }
+        None => None,
+    }
+}
+
 /// Traffic to an external IP, load-balancer IP or node port.
 fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, t: &mut Trace) {
     let step = |t: &mut Trace, rule: Rule, text: String| t.steps.push(Step { rule, text });
@@ -662,9 +674,7 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
         if t.origin == Origin::Node {
             t.met(ModeRule::SourceRangesInNode);
         }
-        let allowed = pv.source_ranges.iter().find(|c| c.contains(&p.src));
-        let own = pv.source_ranges_include_node && p.src == p.dst;
-        if allowed.is_none() && !own {
+        let Some(passed) = source_ranges_pass(pv, p) else {
             let ranges: Vec<String> = pv.source_ranges.iter().map(|c| c.to_string()).collect();
             step(
                 t,
@@ -677,15 +687,8 @@ fn external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, mode: Mode, 
             );
             t.verdict = Verdict::Drop;
             return;
-        }
-        step(
-            t,
-            Rule::Firewall,
-            match allowed {
-                Some(c) => format!("loadBalancerSourceRanges: source allowed by {c}"),
-                None => "loadBalancerSourceRanges: the node's own traffic to its LB IP".into(),
-            },
-        );
+        };
+        step(t, Rule::Firewall, passed);
     }
     if !pv.uses_external_chain {
         // No endpoint anywhere (the external chain exists whenever there are some).
@@ -814,9 +817,7 @@ fn ipvs_external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, t: &mut
     if ranges && t.origin != Origin::Node {
         // KUBE-LOAD-BALANCER-FW is filled whatever the endpoints; its filter INPUT rules
         // run before IPVS (LOCAL_IN) for every packet that arrives, pods' included.
-        let allowed = pv.source_ranges.iter().find(|c| c.contains(&p.src));
-        let own = pv.source_ranges_include_node && p.src == p.dst;
-        if allowed.is_none() && !own {
+        let Some(passed) = source_ranges_pass(pv, p) else {
             step(
                 t,
                 Rule::Firewall,
@@ -828,15 +829,8 @@ fn ipvs_external(view: &NodeView, p: &Packet, pv: &PortView, how: Match, t: &mut
             );
             t.verdict = Verdict::Drop;
             return;
-        }
-        step(
-            t,
-            Rule::Firewall,
-            match allowed {
-                Some(c) => format!("loadBalancerSourceRanges: source allowed by {c}"),
-                None => "loadBalancerSourceRanges: the node's own traffic to its LB IP".into(),
-            },
-        );
+        };
+        step(t, Rule::Firewall, passed);
     }
     let set = ipvs_reals(pv, pv.external_local, t);
     if set.is_empty() {

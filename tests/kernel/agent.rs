@@ -229,6 +229,26 @@ fn foreign(lab: &Lab, target: &str) -> String {
     )
 }
 
+/// A foreign write to what the agent owns: its services dispatch chain flushed (after
+/// checking that this changes the owned state). Returns the owned state before it.
+fn flush_services(lab: &Lab, target: &str) -> String {
+    let good = owned(lab, target);
+    match target {
+        "iptables" => exec(lab, "iptables", &["-t", "nat", "-F", "KUBE-SERVICES"]),
+        _ => exec(
+            lab,
+            "nft",
+            &["flush", "chain", "ip", "kube-proxy", "services"],
+        ),
+    };
+    assert_ne!(
+        owned(lab, target),
+        good,
+        "[{target}] the foreign write did nothing"
+    );
+    good
+}
+
 fn exec(lab: &Lab, prog: &str, args: &[&str]) -> String {
     lab.exec_ok("node", prog, args, None)
         .unwrap_or_else(|e| panic!("{prog} {args:?}: {e}"))
@@ -391,20 +411,7 @@ fn the_agent_follows_edits_keeps_the_last_good_state_and_leaves_the_rules_on_exi
         assert_eq!(result(&s), "applied");
 
         // A foreign change to what we own is mended by the next periodic sync.
-        let good = owned(&lab, target);
-        match target {
-            "iptables" => exec(&lab, "iptables", &["-t", "nat", "-F", "KUBE-SERVICES"]),
-            _ => exec(
-                &lab,
-                "nft",
-                &["flush", "chain", "ip", "kube-proxy", "services"],
-            ),
-        };
-        assert_ne!(
-            owned(&lab, target),
-            good,
-            "[{target}] the foreign change did nothing"
-        );
+        let good = flush_services(&lab, target);
         let before = agent.syncs().len();
         let s = wait_for(&agent, before, |s| s["reason"] == "sync period");
         assert_eq!(result(&s), "applied", "[{target}] {}", agent.said());
@@ -976,20 +983,7 @@ fn the_agent_metrics_count_changes_latencies_rejections_and_repairs() {
         expect("the errors gone", [4, 4, 1, 8, 6, 6, 2, 0]);
 
         // Someone flushes our rules; SIGHUP's sync finds and mends it.
-        let good = owned(&lab, target);
-        match target {
-            "iptables" => exec(&lab, "iptables", &["-t", "nat", "-F", "KUBE-SERVICES"]),
-            _ => exec(
-                &lab,
-                "nft",
-                &["flush", "chain", "ip", "kube-proxy", "services"],
-            ),
-        };
-        assert_ne!(
-            owned(&lab, target),
-            good,
-            "[{target}] the foreign write did nothing"
-        );
+        let good = flush_services(&lab, target);
         let before = agent.syncs().len();
         agent.signal(libc::SIGHUP);
         assert_eq!(result(&wait_for(&agent, before, |_| true)), "applied");
