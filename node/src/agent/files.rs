@@ -134,8 +134,20 @@ impl FileCache {
     }
 }
 
-/// The wall clock, in nanoseconds since the epoch.
+/// The clock the kernel stamps files with (`CLOCK_REALTIME_COARSE`, what `current_time`
+/// reads), in nanoseconds since the epoch. A read's moment must come from it, not from
+/// the precise wall clock, which runs up to a tick ahead: a write just after a read could
+/// otherwise be stamped with a time before that read (seen with times cut to the second,
+/// where such a write kept the second of the last change and was served stale).
 pub fn now_ns() -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+        return i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec);
+    }
     match SystemTime::now().duration_since(UNIX_EPOCH) {
         Ok(d) => d.as_nanos() as i128,
         Err(e) => -(e.duration().as_nanos() as i128),
